@@ -1,0 +1,234 @@
+//! Attaching the classifier to an interface, at ingress and egress: TCX links at the head of
+//! the chain where the kernel has them (6.6+), else clsact + cls_bpf. Only what we create is
+//! ever removed: our own filters (our handle, a priority that was free), and the clsact qdisc
+//! only when we created it and no other filter is left on it.
+
+use std::io;
+use std::os::fd::AsFd;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+
+use libbpf_rs::{AsRawLibbpf, Link, MapCore, MapFlags, Program, TcHookBuilder, TC_EGRESS, TC_INGRESS};
+
+use crate::datapath::Datapath;
+use crate::error::{Context, Error, Result};
+use crate::netlink;
+use crate::types::hook_kind;
+
+/// How to attach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttachMode {
+    /// TCX where the kernel has it, else clsact + cls_bpf.
+    #[default]
+    Auto,
+    /// TCX links only.
+    Tcx,
+    /// clsact + cls_bpf only.
+    Tc,
+}
+
+/// How a triggered packet is copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MirrorMethod {
+    /// `bpf_clone_redirect` from the classifier (direct action).
+    #[default]
+    Clone,
+    /// A classic cls_bpf filter with an `act_mirred egress mirror` action (implies tc mode).
+    Mirred,
+}
+
+/// Our filter handle on clsact hooks ("MR"): a filter with it is ours.
+pub const TC_HANDLE: u32 = 0x4d52;
+
+#[derive(Debug)]
+enum Hook {
+    Tcx(#[allow(dead_code)] Link),
+    Tc { egress: bool, prio: u16 },
+}
+
+/// The classifier attached to one interface; give it back to [`Datapath::detach`].
+#[derive(Debug)]
+pub struct Attachment {
+    /// The interface.
+    pub ifindex: u32,
+    /// The mode used (never `Auto`).
+    pub mode: AttachMode,
+    /// The mirror method.
+    pub method: MirrorMethod,
+    /// Whether we created the clsact qdisc (tc mode).
+    pub created_qdisc: bool,
+    hooks: Vec<Hook>,
+}
+
+/// Whether `e` says "this kernel has no TCX".
+fn tcx_missing(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP | libc::EPERM))
+}
+
+fn attach_tcx(prog: &Program<'_>, ifindex: u32) -> io::Result<Link> {
+    // SAFETY: bpf_tcx_opts is a plain C struct; all-zero is its documented default.
+    let mut opts: libbpf_sys::bpf_tcx_opts = unsafe { std::mem::zeroed() };
+    opts.sz = std::mem::size_of::<libbpf_sys::bpf_tcx_opts>() as _;
+    // Before every other program: we only observe and always pass packets on.
+    opts.flags = libbpf_sys::BPF_F_BEFORE;
+    // SAFETY: the program pointer is valid while `prog` is borrowed; opts outlives the call.
+    let link = unsafe {
+        libbpf_sys::bpf_program__attach_tcx(prog.as_libbpf_object().as_ptr(), ifindex as i32, &opts)
+    };
+    match NonNull::new(link) {
+        // SAFETY: libbpf returned a valid, owned link that we hand over to Link.
+        Some(ptr) => Ok(unsafe { Link::from_ptr(ptr) }),
+        None => Err(io::Error::last_os_error()),
+    }
+}
+
+/// The lowest priority no filter uses on that hook.
+fn free_prio(ifindex: u32, egress: bool) -> io::Result<u16> {
+    let used = netlink::filters(ifindex, egress)?;
+    Ok((1..u16::MAX).find(|p| !used.iter().any(|f| f.prio == *p)).unwrap_or(u16::MAX))
+}
+
+impl Datapath<'_> {
+    fn programs(&self, mode: AttachMode, method: MirrorMethod) -> [&Program<'_>; 2] {
+        let p = &self.skel().progs;
+        match (mode, method) {
+            (AttachMode::Tcx, _) => [&p.tcx_ingress_mirror, &p.tcx_egress_mirror],
+            (_, MirrorMethod::Clone) => [&p.tc_ingress_mirror, &p.tc_egress_mirror],
+            (_, MirrorMethod::Mirred) => [&p.tc_ingress_mirred, &p.tc_egress_mirred],
+        }
+    }
+
+    /// Attaches the classifier to `ifindex`, ingress and egress.
+    pub fn attach(&self, ifindex: u32, mode: AttachMode, method: MirrorMethod) -> Result<Attachment> {
+        let mode = match (mode, method) {
+            (AttachMode::Tcx, MirrorMethod::Mirred) => {
+                return Err(Error::Unsupported("the mirred method needs tc mode (a classic filter carries the action)".into()))
+            }
+            (_, MirrorMethod::Mirred) => AttachMode::Tc,
+            (m, _) => m,
+        };
+        let mut att = Attachment { ifindex, mode, method, created_qdisc: false, hooks: Vec::new() };
+        let result = match mode {
+            AttachMode::Tcx => self.attach_tcx_both(&mut att),
+            AttachMode::Tc => self.attach_tc_both(&mut att),
+            AttachMode::Auto => match self.attach_tcx_both(&mut att) {
+                Err(Error::Io { ref source, .. }) if tcx_missing(source) => {
+                    tracing::info!(ifindex, error = %source, "TCX not available, using clsact + cls_bpf");
+                    att.mode = AttachMode::Tc;
+                    self.attach_tc_both(&mut att)
+                }
+                r => r,
+            },
+        };
+        if let Err(e) = result {
+            // Undo whatever half was done; the error that matters is the first one.
+            let _ = self.detach_hooks(&mut att);
+            return Err(e);
+        }
+        let bits = (1u32 << hook_kind::HOOK_INGRESS.0) | (1u32 << hook_kind::HOOK_EGRESS.0);
+        self.skel()
+            .maps
+            .attached_ifaces
+            .update(&ifindex.to_ne_bytes(), &bits.to_ne_bytes(), MapFlags::ANY)
+            .context(|| format!("recording ifindex {ifindex} as attached"))?;
+        Ok(att)
+    }
+
+    fn attach_tcx_both(&self, att: &mut Attachment) -> Result<()> {
+        att.mode = AttachMode::Tcx;
+        for prog in self.programs(AttachMode::Tcx, att.method) {
+            let link = attach_tcx(prog, att.ifindex).context(|| format!("attaching TCX to ifindex {}", att.ifindex))?;
+            att.hooks.push(Hook::Tcx(link));
+        }
+        Ok(())
+    }
+
+    fn attach_tc_both(&self, att: &mut Attachment) -> Result<()> {
+        let ifindex = att.ifindex;
+        let [ingress, egress] = self.programs(AttachMode::Tc, att.method);
+        // Create clsact only if absent, and remember whether we did.
+        let mut qdisc = libbpf_sys::bpf_tc_hook {
+            sz: std::mem::size_of::<libbpf_sys::bpf_tc_hook>() as _,
+            ifindex: ifindex as i32,
+            attach_point: libbpf_sys::BPF_TC_INGRESS,
+            ..Default::default()
+        };
+        // SAFETY: `qdisc` is a valid, sized bpf_tc_hook that outlives the call.
+        let rc = unsafe { libbpf_sys::bpf_tc_hook_create(&mut qdisc) };
+        match rc {
+            0 => att.created_qdisc = true,
+            e if e == -libc::EEXIST => {}
+            e => return Err(io::Error::from_raw_os_error(-e)).context(|| format!("creating clsact on ifindex {ifindex}")),
+        }
+        let mirror_ifindex = self.settings()?.mirror_ifindex;
+        for (egress_hook, prog) in [(false, ingress), (true, egress)] {
+            let prio = free_prio(ifindex, egress_hook).context(|| format!("listing filters of ifindex {ifindex}"))?;
+            let what = || format!("attaching cls_bpf to ifindex {ifindex} ({})", if egress_hook { "egress" } else { "ingress" });
+            match att.method {
+                MirrorMethod::Clone => {
+                    TcHookBuilder::new(prog.as_fd())
+                        .ifindex(ifindex as i32)
+                        .replace(false)
+                        .handle(TC_HANDLE)
+                        .priority(prio as u32)
+                        .hook(if egress_hook { TC_EGRESS } else { TC_INGRESS })
+                        .attach()
+                        .context(what)?;
+                }
+                MirrorMethod::Mirred => {
+                    if mirror_ifindex == 0 {
+                        return Err(Error::Unsupported("the mirred method needs the mirror interface set before attach".into()));
+                    }
+                    let name = prog.name().to_string_lossy().into_owned();
+                    netlink::add_mirred_filter(ifindex, egress_hook, prio, TC_HANDLE, prog.as_fd().as_raw_fd(), &name, mirror_ifindex)
+                        .context(what)?;
+                }
+            }
+            att.hooks.push(Hook::Tc { egress: egress_hook, prio });
+        }
+        Ok(())
+    }
+
+    fn detach_hooks(&self, att: &mut Attachment) -> Result<()> {
+        let ifindex = att.ifindex;
+        let mut first_err = None;
+        for hook in att.hooks.drain(..) {
+            if let Hook::Tc { egress, prio } = hook {
+                match netlink::del_filter(ifindex, egress, prio, TC_HANDLE) {
+                    Ok(()) => {}
+                    // The interface (and all on it) is gone already.
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::ENODEV | libc::ENOENT)) => {}
+                    Err(e) => {
+                        first_err.get_or_insert(Error::Io { what: format!("removing our filter from ifindex {ifindex}"), source: e });
+                    }
+                }
+            }
+            // A TCX link detaches when dropped here.
+        }
+        if att.created_qdisc {
+            let empty = netlink::filters(ifindex, false).map(|f| f.is_empty()).unwrap_or(false)
+                && netlink::filters(ifindex, true).map(|f| f.is_empty()).unwrap_or(false);
+            if empty {
+                let prog = &self.skel().progs.tc_ingress_mirror;
+                let mut hook = TcHookBuilder::new(prog.as_fd()).ifindex(ifindex as i32).hook(TC_INGRESS | TC_EGRESS);
+                match hook.destroy() {
+                    Ok(()) => {}
+                    Err(e) if matches!(e.kind(), libbpf_rs::ErrorKind::NotFound) => {}
+                    Err(e) => {
+                        first_err.get_or_insert(Error::Bpf { what: format!("removing our clsact from ifindex {ifindex}"), source: e });
+                    }
+                }
+            } else {
+                tracing::info!(ifindex, "leaving the clsact qdisc we created: other filters use it now");
+            }
+            att.created_qdisc = false;
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Detaches from the interface: our filters or links, and our clsact if nobody else uses it.
+    pub fn detach(&self, mut att: Attachment) -> Result<()> {
+        let _ = self.skel().maps.attached_ifaces.delete(&att.ifindex.to_ne_bytes());
+        self.detach_hooks(&mut att)
+    }
+}

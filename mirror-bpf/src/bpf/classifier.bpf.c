@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * The classifier on each container's host-side veth, at ingress and egress.
+ *
+ * Per packet: parse to a canonical flow key; count it in the per-CPU flow table; if the flow
+ * is marked, copy it to the mirror interface (within its budget); otherwise look at the start
+ * of the TCP payload for an HTTP request (remember its time) or status line (look up a rule by
+ * status; on a match, mark the flow and copy from this packet on, both directions).
+ *
+ * Fail-open: every entry point returns "continue" (TC_ACT_UNSPEC / TCX_NEXT, both -1), so
+ * the production packet and any filter after ours always go on, whatever happens here.
+ * Exactly once: at egress, a packet that came in through an attached ingress was handled there.
+ */
+#include "include/vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "include/compat.h"
+#include "include/types.h"
+#include "include/maps.h"
+#include "include/parse.h"
+#include "include/http.h"
+#include "include/flow.h"
+#include "include/mirror.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Force the types that only user space reads into BTF, hence into the skeleton. */
+struct trigger_event _trigger_event = {};
+struct counters _counters = {};
+enum mirror_limits _mirror_limits = 0;
+enum hook_kind _hook_kind = 0;
+enum mirror_method _mirror_method = 0;
+enum flow_dir _flow_dir = 0;
+enum stat_idx _stat_idx = 0;
+
+/*
+ * classify - everything the classifier does for one packet.
+ * @hook: where the program is attached.
+ * @method: whether the copy is made here (clone) or by an act_mirred action (mirred).
+ * @return 1 when the packet is to be mirrored.
+ */
+static __always_inline int classify(struct __sk_buff *skb, enum hook_kind hook,
+                                    enum mirror_method method)
+{
+    __u32 zero = 0;
+    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
+
+    if (!cnt || !set)
+        return 0;
+    cnt->v[STAT_PACKETS]++;
+    cnt->v[STAT_BYTES] += skb->len;
+
+    if (hook == HOOK_EGRESS) {
+        __u32 iif = skb->ingress_ifindex;
+        __u32 *hooks = iif ? bpf_map_lookup_elem(&attached_ifaces, &iif) : NULL;
+        if (hooks && (*hooks & (1 << HOOK_INGRESS))) {
+            cnt->v[STAT_DUPLICATE]++;
+            return 0;
+        }
+    }
+
+    struct pkt_meta m = {};
+    int res = parse_packet(skb, &m);
+    if (res != PARSE_TCP) {
+        cnt->v[res == PARSE_OTHER ? STAT_NON_TCP : STAT_MALFORMED]++;
+        return 0;
+    }
+
+    __u64 now = bpf_ktime_get_ns();
+    flow_account(&m, skb->len, now, cnt);
+
+    struct mirror_mark *mk = bpf_map_lookup_elem(&mirror_marks, &m.key);
+    if (mk)
+        return mark_admit(mk, skb->len, now, cnt) && mirror_copy(skb, set, method, cnt);
+    if (!m.payload_len)
+        return 0;
+
+    __u16 status = 0;
+    int kind = http_classify(skb, &m, &status);
+    if (kind == HTTP_REQUEST) {
+        http_note_request(skb, &m, now, cnt);
+        return 0;
+    }
+    if (kind != HTTP_RESPONSE)
+        return 0;
+    cnt->v[STAT_HTTP_RESPONSES]++;
+
+    struct rule_action *ra = rule_lookup(set, m.src_port, status);
+    if (!ra)
+        return 0;
+    return mirror_trigger(skb, &m, ra, status, hook, now, cnt) &&
+           mirror_copy(skb, set, method, cnt);
+}
+
+/* clsact + cls_bpf in direct-action mode. */
+SEC("tc")
+int tc_ingress_mirror(struct __sk_buff *skb)
+{
+    classify(skb, HOOK_INGRESS, MIRROR_CLONE);
+    return TC_ACT_UNSPEC;
+}
+
+SEC("tc")
+int tc_egress_mirror(struct __sk_buff *skb)
+{
+    classify(skb, HOOK_EGRESS, MIRROR_CLONE);
+    return TC_ACT_UNSPEC;
+}
+
+/* TCX links (kernel 6.6+), attached at the head of the chain. */
+SEC("tcx/ingress")
+int tcx_ingress_mirror(struct __sk_buff *skb)
+{
+    classify(skb, HOOK_INGRESS, MIRROR_CLONE);
+    return TCX_NEXT;
+}
+
+SEC("tcx/egress")
+int tcx_egress_mirror(struct __sk_buff *skb)
+{
+    classify(skb, HOOK_EGRESS, MIRROR_CLONE);
+    return TCX_NEXT;
+}
+
+/*
+ * Classic cls_bpf (not direct action) carrying "action mirred egress mirror": a match makes
+ * the action copy the packet. The action's control is "continue", so later filters still run.
+ */
+SEC("tc")
+int tc_ingress_mirred(struct __sk_buff *skb)
+{
+    return classify(skb, HOOK_INGRESS, MIRROR_MIRRED) ? CLS_MATCH : CLS_NO_MATCH;
+}
+
+SEC("tc")
+int tc_egress_mirred(struct __sk_buff *skb)
+{
+    return classify(skb, HOOK_EGRESS, MIRROR_MIRRED) ? CLS_MATCH : CLS_NO_MATCH;
+}

@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * This file contains every map of the classifier. Sizes here are defaults: user space sets
+ * max_entries before load. Key/Value and the reason for each type are given per map.
+ */
+#ifndef MIRROR_MAPS_H
+#define MIRROR_MAPS_H
+
+#include "types.h"
+
+/*
+ * Key: struct flow_key. Value: struct flow_traffic, one copy per CPU.
+ * Per-CPU LRU: counters are updated without atomics and a flood of new flows evicts the
+ * least recently used entries instead of failing. Summed across CPUs in user space.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, struct flow_key);
+    __type(value, struct flow_traffic);
+} flow_table SEC(".maps");
+
+/*
+ * Key: struct flow_key. Value: struct mirror_mark.
+ * Shared (not per-CPU) so that a mark is seen at once by the CPU handling the other
+ * direction. Only triggers insert here, so new flows cannot push marks out.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 16384);
+    __type(key, struct flow_key);
+    __type(value, struct mirror_mark);
+} mirror_marks SEC(".maps");
+
+/*
+ * Key: struct flow_key. Value: struct http_request.
+ * The latest request per flow, written in place; read by the response on any CPU.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, struct flow_key);
+    __type(value, struct http_request);
+} http_requests SEC(".maps");
+
+/*
+ * Key: HTTP status (0..599). Value: struct rule_action of the rule covering it (rule_id 0: none).
+ * Indexed by status so that a lookup costs the same with 1 or 10,000 rules.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, HTTP_STATUS_SLOTS);
+    __type(key, __u32);
+    __type(value, struct rule_action);
+} status_rules SEC(".maps");
+
+/* Key: struct port_status_key. Value: struct rule_action. Rules scoped to a server port. */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, struct port_status_key);
+    __type(value, struct rule_action);
+} port_rules SEC(".maps");
+
+/* Key: rule slot. Value: triggers of that rule, per CPU. */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, RULE_SLOTS);
+    __type(key, __u32);
+    __type(value, __u64);
+} rule_hits SEC(".maps");
+
+/* Key: 0. Value: struct counters, per CPU (one lookup serves every counter of a packet). */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct counters);
+} stats SEC(".maps");
+
+/* Key: ifindex. Value: enum hook_kind bits attached. Lets egress skip packets already seen. */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 8192);
+    __type(key, __u32);
+    __type(value, __u32);
+} attached_ifaces SEC(".maps");
+
+/* Key: 0. Value: struct settings. */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct settings);
+} settings SEC(".maps");
+
+/* One struct trigger_event per trigger; triggers are rare, 256 KiB holds ~1,300. */
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, 256 * 1024);
+} events SEC(".maps");
+
+#endif /* MIRROR_MAPS_H */

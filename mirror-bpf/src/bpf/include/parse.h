@@ -1,0 +1,231 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * This file contains the header parser: Ethernet, up to two 802.1Q/802.1ad tags, IPv4 with
+ * options, IPv6 with a bounded walk over extension headers, TCP with options. Headers are
+ * read in the linear area; anything truncated or inconsistent is reported, never guessed.
+ */
+#ifndef MIRROR_PARSE_H
+#define MIRROR_PARSE_H
+
+#include "compat.h"
+#include "types.h"
+
+/* How many IPv6 extension headers are walked before giving up. */
+#define IPV6_EXT_MAX 6
+/* How many VLAN tags are stripped. */
+#define VLAN_MAX 2
+
+enum parse_result {
+    PARSE_TCP = 0,   /* a TCP segment: struct pkt_meta is filled */
+    PARSE_OTHER,     /* valid, but not for us (non-IP, non-TCP, non-first fragment) */
+    PARSE_MALFORMED, /* truncated or inconsistent */
+};
+
+/* What the classifier needs from one packet. */
+struct pkt_meta {
+    struct flow_key key;
+    __u32 payload_off; /* from the start of the frame */
+    __u32 payload_len; /* TCP payload length per the IP header */
+    __u16 src_port;    /* host order */
+    __u8 dir;          /* enum flow_dir */
+    __u8 tcp_flags;
+};
+
+struct cursor {
+    void *pos;
+    void *end;
+};
+
+/*
+ * cursor_take - claim the next @len bytes.
+ * @return a pointer to them, or NULL when the packet is shorter.
+ */
+static __always_inline void *cursor_take(struct cursor *c, __u32 len)
+{
+    void *p = c->pos;
+
+    if (p + len > c->end)
+        return NULL;
+    c->pos = p + len;
+    return p;
+}
+
+/*
+ * flow_key_set - fill @m->key in canonical order from source and destination endpoints.
+ * @saddr/@daddr: four words each (IPv4 uses word 0). Sets @m->dir to the packet's direction.
+ */
+static __always_inline void flow_key_set(struct pkt_meta *m, const __u32 *saddr, const __u32 *daddr,
+                                         __u16 sport, __u16 dport)
+{
+    int src_is_lo = 0, decided = 0;
+
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (!decided && saddr[i] != daddr[i]) {
+            src_is_lo = bpf_ntohl(saddr[i]) < bpf_ntohl(daddr[i]);
+            decided = 1;
+        }
+    }
+    if (!decided)
+        src_is_lo = sport <= dport;
+
+    const __u32 *lo = src_is_lo ? saddr : daddr;
+    const __u32 *hi = src_is_lo ? daddr : saddr;
+
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        m->key.addr_lo[i] = lo[i];
+        m->key.addr_hi[i] = hi[i];
+    }
+    m->key.port_lo = src_is_lo ? sport : dport;
+    m->key.port_hi = src_is_lo ? dport : sport;
+    m->dir = src_is_lo ? FLOW_DIR_FORWARD : FLOW_DIR_REVERSE;
+}
+
+/*
+ * parse_tcp - parse the TCP header at the cursor and finish @m.
+ * @l4_len: bytes of L4 (header + payload) according to the IP header.
+ */
+static __always_inline int parse_tcp(struct cursor *c, void *frame, struct pkt_meta *m,
+                                     const __u32 *saddr, const __u32 *daddr, __u32 l4_len)
+{
+    struct tcphdr *tcp = cursor_take(c, sizeof(*tcp));
+
+    if (!tcp)
+        return PARSE_MALFORMED;
+    __u32 doff = tcp->doff * 4;
+    if (doff < sizeof(*tcp) || doff > l4_len)
+        return PARSE_MALFORMED;
+    /* Options must be present in the packet too. */
+    if (!cursor_take(c, doff - sizeof(*tcp)))
+        return PARSE_MALFORMED;
+
+    __u16 sport = bpf_ntohs(tcp->source);
+    flow_key_set(m, saddr, daddr, sport, bpf_ntohs(tcp->dest));
+    m->key.proto = IPPROTO_TCP;
+    m->src_port = sport;
+    m->tcp_flags = ((__u8 *)tcp)[13];
+    m->payload_off = (__u32)(c->pos - frame);
+    m->payload_len = l4_len - doff;
+    return PARSE_TCP;
+}
+
+/* parse_ipv4 - IPv4 header with options; non-first fragments are PARSE_OTHER. */
+static __always_inline int parse_ipv4(struct cursor *c, void *frame, struct pkt_meta *m)
+{
+    struct iphdr *ip = cursor_take(c, sizeof(*ip));
+
+    if (!ip)
+        return PARSE_MALFORMED;
+    __u32 ihl = ip->ihl * 4;
+    __u32 tot_len = bpf_ntohs(ip->tot_len);
+    if (ip->version != 4 || ihl < sizeof(*ip) || tot_len < ihl)
+        return PARSE_MALFORMED;
+    if (!cursor_take(c, ihl - sizeof(*ip)))
+        return PARSE_MALFORMED;
+    if (bpf_ntohs(ip->frag_off) & IP_OFFSET_MASK)
+        return PARSE_OTHER;
+    if (ip->protocol != IPPROTO_TCP)
+        return PARSE_OTHER;
+
+    __u32 saddr[4] = {ip->saddr, 0, 0, 0};
+    __u32 daddr[4] = {ip->daddr, 0, 0, 0};
+    m->key.family = 4;
+    return parse_tcp(c, frame, m, saddr, daddr, tot_len - ihl);
+}
+
+/* parse_ipv6 - IPv6 header, then hop-by-hop, routing, destination-options, fragment, AH. */
+static __always_inline int parse_ipv6(struct cursor *c, void *frame, struct pkt_meta *m)
+{
+    struct ipv6hdr *ip6 = cursor_take(c, sizeof(*ip6));
+
+    if (!ip6)
+        return PARSE_MALFORMED;
+    if (ip6->version != 6)
+        return PARSE_MALFORMED;
+
+    __u32 l4_len = bpf_ntohs(ip6->payload_len);
+    __u8 next = ip6->nexthdr;
+
+#pragma unroll
+    for (int i = 0; i < IPV6_EXT_MAX; i++) {
+        __u32 len;
+
+        switch (next) {
+        case IPPROTO_HOPOPTS:
+        case IPPROTO_ROUTING:
+        case IPPROTO_DSTOPTS: {
+            __u8 *ext = cursor_take(c, 2);
+            if (!ext)
+                return PARSE_MALFORMED;
+            next = ext[0];
+            len = (ext[1] + 1) * 8;
+            break;
+        }
+        case IPPROTO_AH: {
+            __u8 *ext = cursor_take(c, 2);
+            if (!ext)
+                return PARSE_MALFORMED;
+            next = ext[0];
+            len = (ext[1] + 2) * 4;
+            break;
+        }
+        case IPPROTO_FRAGMENT: {
+            struct frag_hdr *frag = cursor_take(c, sizeof(*frag));
+            if (!frag)
+                return PARSE_MALFORMED;
+            if (bpf_ntohs(frag->frag_off) & IP6_OFFSET_MASK)
+                return PARSE_OTHER;
+            next = frag->nexthdr;
+            len = sizeof(*frag);
+            if (l4_len < len)
+                return PARSE_MALFORMED;
+            l4_len -= len;
+            continue;
+        }
+        case IPPROTO_TCP:
+            m->key.family = 6;
+            return parse_tcp(c, frame, m, (__u32 *)&ip6->saddr, (__u32 *)&ip6->daddr, l4_len);
+        default:
+            return PARSE_OTHER;
+        }
+        /* The 2 bytes already taken are part of len. */
+        if (len < 2 || l4_len < len || !cursor_take(c, len - 2))
+            return PARSE_MALFORMED;
+        l4_len -= len;
+    }
+    return next == IPPROTO_TCP ? PARSE_MALFORMED : PARSE_OTHER;
+}
+
+/*
+ * parse_packet - parse the frame of @skb into @m.
+ * @return enum parse_result.
+ */
+static __always_inline int parse_packet(struct __sk_buff *skb, struct pkt_meta *m)
+{
+    void *frame = (void *)(long)skb->data;
+    struct cursor c = {.pos = frame, .end = (void *)(long)skb->data_end};
+    struct ethhdr *eth = cursor_take(&c, sizeof(*eth));
+
+    if (!eth)
+        return PARSE_MALFORMED;
+    __u16 proto = bpf_ntohs(eth->h_proto);
+
+#pragma unroll
+    for (int i = 0; i < VLAN_MAX; i++) {
+        if (proto != ETH_P_8021Q && proto != ETH_P_8021AD)
+            break;
+        struct vlan_hdr *vlan = cursor_take(&c, sizeof(*vlan));
+        if (!vlan)
+            return PARSE_MALFORMED;
+        proto = bpf_ntohs(vlan->h_vlan_encapsulated_proto);
+    }
+
+    if (proto == ETH_P_IP)
+        return parse_ipv4(&c, frame, m);
+    if (proto == ETH_P_IPV6)
+        return parse_ipv6(&c, frame, m);
+    return PARSE_OTHER;
+}
+
+#endif /* MIRROR_PARSE_H */

@@ -1,0 +1,157 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * This file contains every type and constant shared between the BPF programs and Rust.
+ * Rust reads them from the skeleton (mirror_bpf::types), never from a hand-kept copy:
+ * constants are enums so that they reach BTF, and sizes are asserted on both sides.
+ * Fixed-width fields only, explicit padding, ports in host order, addresses in network order.
+ */
+#ifndef MIRROR_TYPES_H
+#define MIRROR_TYPES_H
+
+/* Sizes that shape the maps and buffers. */
+enum mirror_limits {
+    /* Raw start of an HTTP request kept for events: "OPTIONS " + 64 target bytes + slack. */
+    HTTP_REQUEST_HEAD_LEN = 88,
+    /* status_rules is indexed by the status code itself: 0..599. */
+    HTTP_STATUS_SLOTS = 600,
+    /* Rule hit counters are indexed by rule slot; 0 is never used. */
+    RULE_SLOTS = 16384,
+};
+
+/* Which tc hook a program runs at. */
+enum hook_kind {
+    HOOK_INGRESS = 0,
+    HOOK_EGRESS = 1,
+};
+
+/* How a triggered packet reaches the mirror interface. */
+enum mirror_method {
+    /* bpf_clone_redirect() from the program itself (direct action). */
+    MIRROR_CLONE = 0,
+    /* The program only classifies; an act_mirred action on the classic filter copies. */
+    MIRROR_MIRRED = 1,
+};
+
+/* Direction of a packet inside its flow: forward is "lo" endpoint -> "hi" endpoint. */
+enum flow_dir {
+    FLOW_DIR_FORWARD = 0,
+    FLOW_DIR_REVERSE = 1,
+    FLOW_DIRS = 2,
+};
+
+/* Per-CPU counters, one slot each in struct counters. */
+enum stat_idx {
+    STAT_PACKETS = 0,         /* every packet the classifier saw */
+    STAT_BYTES,               /* skb->len of those */
+    STAT_NON_TCP,             /* not IPv4/IPv6 TCP, or a non-first fragment: passed untouched */
+    STAT_MALFORMED,           /* truncated or inconsistent headers: passed untouched */
+    STAT_DUPLICATE,           /* egress copy of a packet already seen at an attached ingress */
+    STAT_HTTP_REQUESTS,       /* TCP payloads that start an HTTP/1.x request */
+    STAT_HTTP_RESPONSES,      /* TCP payloads that start an HTTP/1.x status line */
+    STAT_TRIGGERS,            /* responses that matched a rule and marked their flow */
+    STAT_MIRRORED_PACKETS,    /* packets copied to the mirror interface (or handed to mirred) */
+    STAT_MIRRORED_BYTES,      /* their bytes */
+    STAT_MIRROR_ERRORS,       /* bpf_clone_redirect() failed */
+    STAT_MIRROR_NO_TARGET,    /* a marked packet found no mirror interface configured */
+    STAT_MIRROR_ENDED,        /* marks that reached their packet, byte or time limit */
+    STAT_FLOWS_CREATED,       /* flow_table inserts (evictions = created - live - deleted) */
+    STAT_FLOW_INSERT_FAILED,  /* flow_table insert failed */
+    STAT_MARK_INSERT_FAILED,  /* mirror_marks insert failed: the trigger could not mark */
+    STAT_REQUEST_INSERT_FAILED, /* http_requests insert failed */
+    STAT_RINGBUF_DROPS,       /* trigger events lost because the ring buffer was full */
+    STAT_MAX,
+};
+
+/*
+ * Direction-independent flow identity: the two (address, port) endpoints in canonical
+ * order ("lo" compares lower), the IP family and the L4 protocol. IPv4 uses word 0.
+ */
+struct flow_key {
+    __u32 addr_lo[4];
+    __u32 addr_hi[4];
+    __u16 port_lo;
+    __u16 port_hi;
+    __u8 proto;
+    __u8 family; /* 4 or 6 */
+    __u8 _pad[2];
+};
+
+/* Traffic of one direction of a flow, on one CPU. */
+struct flow_dir_stats {
+    __u64 packets;
+    __u64 bytes;
+    __u64 first_seen_ns; /* bpf_ktime_get_ns() */
+    __u64 last_seen_ns;
+    __u8 tcp_flags; /* OR of every TCP flag byte seen */
+    __u8 _pad[7];
+};
+
+/* flow_table value: per CPU, summed in user space. */
+struct flow_traffic {
+    struct flow_dir_stats dir[FLOW_DIRS];
+};
+
+/* What a matching rule does: written by user space at every (port, status) it covers. */
+struct rule_action {
+    __u32 rule_id;         /* user-visible id; 0 = no rule */
+    __u32 slot;            /* index into rule_hits */
+    __u64 max_packets;     /* mirror budget per flow; 0 = unlimited */
+    __u64 max_bytes;       /* 0 = unlimited */
+    __u64 max_duration_ns; /* 0 = unlimited */
+};
+
+/* port_rules key: a rule scoped to a server port. */
+struct port_status_key {
+    __u16 port;
+    __u16 status;
+};
+
+/* A flow marked for mirroring, shared by all CPUs. packets/bytes grow atomically. */
+struct mirror_mark {
+    __u32 rule_id;
+    __u32 slot;
+    __u64 trigger_ns;
+    __u64 deadline_ns; /* 0 = none */
+    __u64 max_packets; /* 0 = unlimited */
+    __u64 max_bytes;   /* 0 = unlimited */
+    __u64 packets;     /* mirrored so far */
+    __u64 bytes;
+    __u32 ended;  /* a limit was reached: nothing more is mirrored (32 bits for cmpxchg) */
+    __u16 status; /* the status that triggered */
+    __u16 _pad;
+};
+
+/* The latest HTTP request seen on a flow (shared by all CPUs). */
+struct http_request {
+    __u64 ts_ns;
+    __u32 head_len; /* valid bytes in head */
+    __u32 _pad;
+    __u8 head[HTTP_REQUEST_HEAD_LEN]; /* raw "METHOD target HTTP/1.x" prefix */
+};
+
+/* Ring-buffer record, one per trigger. */
+struct trigger_event {
+    struct flow_key key;
+    __u64 ts_ns;
+    __u64 request_to_response_ns; /* 0 when no request was seen */
+    __u32 rule_id;
+    __u32 ifindex; /* interface the trigger packet was seen on */
+    __u16 status;
+    __u8 hook;      /* enum hook_kind */
+    __u8 dir;       /* enum flow_dir of the response */
+    __u32 request_head_len;
+    __u8 request_head[HTTP_REQUEST_HEAD_LEN];
+};
+
+/* Runtime settings, one entry in the settings map, changed by user space at any time. */
+struct settings {
+    __u32 mirror_ifindex; /* 0 = no mirror interface: marked packets are counted, not copied */
+    __u32 port_rules;     /* number of entries in port_rules: 0 skips that lookup */
+};
+
+/* Per-CPU counters (one entry in the stats map). */
+struct counters {
+    __u64 v[STAT_MAX];
+};
+
+#endif /* MIRROR_TYPES_H */

@@ -1,0 +1,214 @@
+//! Loading the classifier and driving it: settings, rules, flows, counters, events.
+
+use std::mem::MaybeUninit;
+use std::time::Duration;
+
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
+
+use crate::error::{Context, Error, Result};
+use crate::event::TriggerEvent;
+use crate::flow::{Flow, FlowKey, MirrorMark};
+use crate::rule::{Rule, RuleId};
+use crate::ruleset::{KeyWrite, RuleSet, ANY_PORT};
+use crate::skel::classifier::{ClassifierSkel, ClassifierSkelBuilder};
+use crate::stats::Counters;
+use crate::{bytes_of, read_plain, types};
+
+/// Map sizes, set before load.
+#[derive(Debug, Clone)]
+pub struct DatapathOptions {
+    /// Flows in the per-CPU flow table (LRU: the oldest go first).
+    pub flows_max: u32,
+    /// Flows that can be marked for mirroring at once.
+    pub marks_max: u32,
+    /// Ring buffer for trigger events, bytes (a power of two, multiple of the page size).
+    pub ringbuf_bytes: u32,
+}
+
+impl Default for DatapathOptions {
+    fn default() -> Self {
+        Self { flows_max: 65_536, marks_max: 16_384, ringbuf_bytes: 256 * 1024 }
+    }
+}
+
+/// A rule as installed, with its trigger count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleInfo {
+    /// Its id.
+    pub id: RuleId,
+    /// The rule.
+    pub rule: Rule,
+    /// Flows it triggered.
+    pub hits: u64,
+}
+
+/// The loaded classifier.
+pub struct Datapath<'obj> {
+    skel: ClassifierSkel<'obj>,
+    rules: RuleSet,
+}
+
+const ZERO: [u8; 4] = 0u32.to_ne_bytes();
+
+impl<'obj> Datapath<'obj> {
+    /// Opens and loads the classifier with the given map sizes. `storage` holds libbpf's object.
+    pub fn load(storage: &'obj mut MaybeUninit<OpenObject>, opts: &DatapathOptions) -> Result<Self> {
+        let mut open = ClassifierSkelBuilder::default().open(storage).context(|| "opening the classifier".into())?;
+        let maps = &mut open.maps;
+        maps.flow_table.set_max_entries(opts.flows_max).context(|| "sizing flow_table".into())?;
+        maps.http_requests.set_max_entries(opts.flows_max).context(|| "sizing http_requests".into())?;
+        maps.mirror_marks.set_max_entries(opts.marks_max).context(|| "sizing mirror_marks".into())?;
+        maps.events.set_max_entries(opts.ringbuf_bytes).context(|| "sizing events".into())?;
+        let skel = open.load().context(|| "loading the classifier (is this root, with BTF?)".into())?;
+        Ok(Self { skel, rules: RuleSet::new() })
+    }
+
+    /// The skeleton, for programs, maps and tests.
+    pub fn skel(&self) -> &ClassifierSkel<'obj> {
+        &self.skel
+    }
+
+    /// The runtime settings.
+    pub fn settings(&self) -> Result<types::settings> {
+        let v = self.skel.maps.settings.lookup(&ZERO, MapFlags::ANY).context(|| "reading settings".into())?;
+        Ok(v.map(|b| read_plain(&b)).unwrap_or_default())
+    }
+
+    fn write_settings(&self, f: impl FnOnce(&mut types::settings)) -> Result<()> {
+        let mut s = self.settings()?;
+        f(&mut s);
+        self.skel.maps.settings.update(&ZERO, bytes_of(&s), MapFlags::ANY).context(|| "writing settings".into())
+    }
+
+    /// Sets the interface that mirrored packets are copied to (0: none, packets are only counted).
+    pub fn set_mirror_ifindex(&self, ifindex: u32) -> Result<()> {
+        self.write_settings(|s| s.mirror_ifindex = ifindex)
+    }
+
+    /// Adds a rule with the next free id.
+    pub fn add_rule(&mut self, rule: Rule) -> Result<RuleId> {
+        let id = self.rules.next_id();
+        self.insert_rule(id, rule)?;
+        Ok(id)
+    }
+
+    /// Adds a rule with a given id (to restore saved rules).
+    pub fn insert_rule(&mut self, id: RuleId, rule: Rule) -> Result<()> {
+        if self.rules.get(id).is_some() {
+            self.remove_rule(id)?;
+        }
+        let writes = self.rules.add(id, rule).ok_or(Error::TooManyRules(types::mirror_limits::RULE_SLOTS.0 as usize - 1))?;
+        let slot = self.rules.get(id).map(|e| e.slot).unwrap_or(0);
+        // A reused slot starts from zero hits.
+        let ncpus = libbpf_rs::num_possible_cpus().context(|| "counting CPUs".into())?;
+        let zeros = vec![0u64.to_ne_bytes().to_vec(); ncpus];
+        self.skel
+            .maps
+            .rule_hits
+            .update_percpu(&slot.to_ne_bytes(), &zeros, MapFlags::ANY)
+            .context(|| format!("resetting hits of rule {id}"))?;
+        self.apply(&writes)
+    }
+
+    /// Removes a rule. Flows it already marked stay mirrored until their limits.
+    pub fn remove_rule(&mut self, id: RuleId) -> Result<Rule> {
+        let (entry, writes) = self.rules.remove(id).ok_or(Error::NoSuchRule(id))?;
+        self.apply(&writes)?;
+        Ok(entry.rule)
+    }
+
+    fn apply(&self, writes: &[KeyWrite]) -> Result<()> {
+        let maps = &self.skel.maps;
+        for ((port, status), action) in writes {
+            let action = action.unwrap_or_default();
+            if *port == ANY_PORT {
+                let key = u32::from(*status).to_ne_bytes();
+                maps.status_rules.update(&key, bytes_of(&action), MapFlags::ANY)
+            } else {
+                let key = types::port_status_key { port: *port, status: *status };
+                if action.rule_id == 0 {
+                    maps.port_rules.delete(bytes_of(&key))
+                } else {
+                    maps.port_rules.update(bytes_of(&key), bytes_of(&action), MapFlags::ANY)
+                }
+            }
+            .context(|| format!("writing the rule entry for port {port} status {status}"))?;
+        }
+        let port_keys = self.rules.port_keys();
+        self.write_settings(|s| s.port_rules = port_keys)
+    }
+
+    /// The rules, by id, with their hit counts.
+    pub fn rules(&self) -> Result<Vec<RuleInfo>> {
+        self.rules
+            .iter()
+            .map(|(id, e)| {
+                let hits = self.sum_percpu_u64(&self.skel.maps.rule_hits, e.slot)?;
+                Ok(RuleInfo { id, rule: e.rule.clone(), hits })
+            })
+            .collect()
+    }
+
+    fn sum_percpu_u64(&self, map: &dyn MapCore, idx: u32) -> Result<u64> {
+        let per_cpu = map.lookup_percpu(&idx.to_ne_bytes(), MapFlags::ANY).context(|| format!("reading {}", map.name().to_string_lossy()))?;
+        Ok(per_cpu.unwrap_or_default().iter().map(|b| read_plain::<u64>(b)).sum())
+    }
+
+    /// The counters, summed over CPUs.
+    pub fn counters(&self) -> Result<Counters> {
+        let per_cpu = self.skel.maps.stats.lookup_percpu(&ZERO, MapFlags::ANY).context(|| "reading stats".into())?;
+        let mut sum = vec![0u64; types::stat_idx::STAT_MAX.0 as usize];
+        for b in per_cpu.unwrap_or_default() {
+            let c: types::counters = read_plain(&b);
+            for (s, v) in sum.iter_mut().zip(c.v.iter()) {
+                *s += v;
+            }
+        }
+        Ok(Counters::from_values(sum))
+    }
+
+    /// The mark of one flow.
+    pub fn mark(&self, key: &FlowKey) -> Result<Option<MirrorMark>> {
+        let raw = key.to_raw();
+        let v = self.skel.maps.mirror_marks.lookup(bytes_of(&raw), MapFlags::ANY).context(|| "reading mirror_marks".into())?;
+        Ok(v.map(|b| MirrorMark::from(&read_plain::<types::mirror_mark>(&b))))
+    }
+
+    /// Every flow of the flow table, with traffic summed over CPUs and its mark.
+    pub fn flows(&self) -> Result<Vec<Flow>> {
+        let table = &self.skel.maps.flow_table;
+        let mut flows = Vec::new();
+        for k in table.keys() {
+            // A flow evicted between keys() and the lookup is simply skipped.
+            let Some(per_cpu) = table.lookup_percpu(&k, MapFlags::ANY).context(|| "reading flow_table".into())? else {
+                continue;
+            };
+            let values: Vec<types::flow_traffic> = per_cpu.iter().map(|b| read_plain(b)).collect();
+            let key = FlowKey::from(&read_plain::<types::flow_key>(&k));
+            flows.push(Flow::from_percpu(key, &values, self.mark(&key)?));
+        }
+        Ok(flows)
+    }
+
+    /// A ring buffer that calls `f` for each trigger event; poll it to receive them.
+    pub fn events<F>(&self, mut f: F) -> Result<RingBuffer<'static>>
+    where
+        F: FnMut(TriggerEvent) + 'static,
+    {
+        let mut b = RingBufferBuilder::new();
+        b.add(&self.skel.maps.events, move |data: &[u8]| {
+            if let Some(ev) = TriggerEvent::parse(data) {
+                f(ev);
+            }
+            0
+        })
+        .context(|| "opening the events ring buffer".into())?;
+        b.build().context(|| "opening the events ring buffer".into())
+    }
+
+    /// Polls `rb` once for at most `timeout`.
+    pub fn poll_events(rb: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
+        rb.poll(timeout).context(|| "polling events".into())
+    }
+}

@@ -1,0 +1,58 @@
+//! Errors of the data-path API.
+
+use std::io;
+
+/// What can go wrong while loading, attaching or driving the data path.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A libbpf call failed.
+    #[error("{what}: {source}")]
+    Bpf {
+        /// The operation that failed.
+        what: String,
+        /// libbpf's error.
+        #[source]
+        source: libbpf_rs::Error,
+    },
+    /// A netlink or system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// The operation that failed.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A rule could not be parsed.
+    #[error(transparent)]
+    Rule(#[from] crate::rule::RuleError),
+    /// No rule has this id.
+    #[error("no rule with id {0}")]
+    NoSuchRule(u32),
+    /// Every rule slot is taken.
+    #[error("too many rules: at most {0}")]
+    TooManyRules(usize),
+    /// The kernel lacks what the requested mode needs.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// Result of the data-path API.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Adds the failed operation's name to a libbpf error.
+pub(crate) trait Context<T> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> Context<T> for libbpf_rs::Result<T> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| Error::Bpf { what: what(), source })
+    }
+}
+
+impl<T> Context<T> for io::Result<T> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| Error::Io { what: what(), source })
+    }
+}

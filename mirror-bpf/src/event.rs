@@ -1,0 +1,89 @@
+//! Trigger events from the ring buffer, typed.
+
+use std::time::Duration;
+
+use crate::flow::FlowKey;
+use crate::types;
+
+/// One trigger: a response matched a rule and its flow is now mirrored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TriggerEvent {
+    /// The flow.
+    pub key: FlowKey,
+    /// When, monotonic ns.
+    pub ts_ns: u64,
+    /// The rule that matched.
+    pub rule_id: u32,
+    /// The response's status.
+    pub status: u16,
+    /// Interface the response was seen on.
+    pub ifindex: u32,
+    /// Seen at egress (else ingress) of that interface.
+    pub egress: bool,
+    /// The response went from `key.hi` to `key.lo` (else `lo` to `hi`): the server is the sender.
+    pub reverse: bool,
+    /// Request method, when the request was seen.
+    pub method: Option<String>,
+    /// First bytes (at most 64) of the request target.
+    pub target: Option<String>,
+    /// From the request's first segment to the status line.
+    pub request_to_response: Option<Duration>,
+}
+
+/// Longest target prefix reported.
+const TARGET_MAX: usize = 64;
+
+impl TriggerEvent {
+    /// Decodes a ring-buffer record.
+    pub fn parse(data: &[u8]) -> Option<Self> {
+        if data.len() < std::mem::size_of::<types::trigger_event>() {
+            return None;
+        }
+        let ev: types::trigger_event = crate::read_plain(data);
+        let head_len = (ev.request_head_len as usize).min(ev.request_head.len());
+        let (method, target) = split_request(&ev.request_head[..head_len]);
+        Some(TriggerEvent {
+            key: FlowKey::from(&ev.key),
+            ts_ns: ev.ts_ns,
+            rule_id: ev.rule_id,
+            status: ev.status,
+            ifindex: ev.ifindex,
+            egress: ev.hook == types::hook_kind::HOOK_EGRESS.0 as u8,
+            reverse: ev.dir == types::flow_dir::FLOW_DIR_REVERSE.0 as u8,
+            method,
+            target,
+            request_to_response: (ev.request_to_response_ns != 0)
+                .then(|| Duration::from_nanos(ev.request_to_response_ns)),
+        })
+    }
+}
+
+/// "GET /path HTTP/1.1..." -> ("GET", "/path"), the target cut at a space, CR or 64 bytes.
+fn split_request(head: &[u8]) -> (Option<String>, Option<String>) {
+    let Some(sp) = head.iter().position(|b| *b == b' ') else {
+        return (None, None);
+    };
+    let method = String::from_utf8_lossy(&head[..sp]).into_owned();
+    let rest = &head[sp + 1..];
+    let end = rest.iter().position(|b| *b == b' ' || *b == b'\r' || *b == b'\n').unwrap_or(rest.len());
+    let target = String::from_utf8_lossy(&rest[..end.min(TARGET_MAX)]).into_owned();
+    (Some(method), Some(target))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_head_is_split() {
+        assert_eq!(
+            split_request(b"GET /bar?x=1 HTTP/1.1\r\nHost: a"),
+            (Some("GET".into()), Some("/bar?x=1".into()))
+        );
+        let long = format!("POST /{} HTTP/1.1", "a".repeat(100));
+        let (m, t) = split_request(&long.as_bytes()[..88]);
+        assert_eq!(m.as_deref(), Some("POST"));
+        assert_eq!(t.unwrap().len(), TARGET_MAX);
+        assert_eq!(split_request(b""), (None, None));
+    }
+}

@@ -1,0 +1,195 @@
+//! Flows as user space sees them: typed keys, per-direction traffic summed over CPUs, marks.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use crate::types;
+
+/// A direction-independent flow: `lo` is the endpoint that compares lower.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowKey {
+    /// The lower endpoint.
+    pub lo: SocketAddr,
+    /// The higher endpoint.
+    pub hi: SocketAddr,
+    /// L4 protocol number (6 for TCP).
+    pub proto: u8,
+}
+
+fn addr(words: &[u32; 4], family: u8) -> IpAddr {
+    let mut bytes = [0u8; 16];
+    for (i, w) in words.iter().enumerate() {
+        bytes[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+    }
+    if family == 4 {
+        IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(bytes))
+    }
+}
+
+fn words(ip: IpAddr) -> [u32; 4] {
+    let bytes: [u8; 16] = match ip {
+        IpAddr::V4(v4) => {
+            let mut b = [0u8; 16];
+            b[..4].copy_from_slice(&v4.octets());
+            b
+        }
+        IpAddr::V6(v6) => v6.octets(),
+    };
+    std::array::from_fn(|i| u32::from_ne_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()))
+}
+
+impl From<&types::flow_key> for FlowKey {
+    fn from(k: &types::flow_key) -> Self {
+        FlowKey {
+            lo: SocketAddr::new(addr(&k.addr_lo, k.family), k.port_lo),
+            hi: SocketAddr::new(addr(&k.addr_hi, k.family), k.port_hi),
+            proto: k.proto,
+        }
+    }
+}
+
+impl FlowKey {
+    /// The key of the flow between two endpoints, in canonical order (as the classifier builds it).
+    pub fn new(a: SocketAddr, b: SocketAddr, proto: u8) -> Self {
+        let ka = (words(a.ip()).map(u32::from_be), a.port());
+        let kb = (words(b.ip()).map(u32::from_be), b.port());
+        let (lo, hi) = if ka <= kb { (a, b) } else { (b, a) };
+        FlowKey { lo, hi, proto }
+    }
+
+    /// The map key.
+    pub fn to_raw(&self) -> types::flow_key {
+        types::flow_key {
+            addr_lo: words(self.lo.ip()),
+            addr_hi: words(self.hi.ip()),
+            port_lo: self.lo.port(),
+            port_hi: self.hi.port(),
+            proto: self.proto,
+            family: if self.lo.is_ipv4() { 4 } else { 6 },
+            _pad: [0; 2],
+        }
+    }
+}
+
+impl fmt::Display for FlowKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} <-> {}", self.lo, self.hi)
+    }
+}
+
+/// Traffic of one direction of a flow, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DirStats {
+    /// Packets.
+    pub packets: u64,
+    /// Bytes (skb->len).
+    pub bytes: u64,
+    /// First packet, monotonic ns (0: none).
+    pub first_seen_ns: u64,
+    /// Last packet, monotonic ns.
+    pub last_seen_ns: u64,
+    /// OR of the TCP flags seen.
+    pub tcp_flags: u8,
+}
+
+impl DirStats {
+    fn add(&mut self, d: &types::flow_dir_stats) {
+        self.packets += d.packets;
+        self.bytes += d.bytes;
+        if d.first_seen_ns != 0 && (self.first_seen_ns == 0 || d.first_seen_ns < self.first_seen_ns) {
+            self.first_seen_ns = d.first_seen_ns;
+        }
+        self.last_seen_ns = self.last_seen_ns.max(d.last_seen_ns);
+        self.tcp_flags |= d.tcp_flags;
+    }
+}
+
+/// A flow marked for mirroring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MirrorMark {
+    /// The rule that triggered.
+    pub rule_id: u32,
+    /// The status that triggered.
+    pub status: u16,
+    /// When it triggered, monotonic ns.
+    pub trigger_ns: u64,
+    /// Packets mirrored so far.
+    pub packets: u64,
+    /// Bytes mirrored so far.
+    pub bytes: u64,
+    /// A limit was reached; nothing more is mirrored.
+    pub ended: bool,
+}
+
+impl From<&types::mirror_mark> for MirrorMark {
+    fn from(m: &types::mirror_mark) -> Self {
+        MirrorMark {
+            rule_id: m.rule_id,
+            status: m.status,
+            trigger_ns: m.trigger_ns,
+            packets: m.packets,
+            bytes: m.bytes,
+            ended: m.ended != 0,
+        }
+    }
+}
+
+/// A flow from the flow table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flow {
+    /// Its endpoints.
+    pub key: FlowKey,
+    /// Traffic from `key.lo` to `key.hi`.
+    pub forward: DirStats,
+    /// Traffic from `key.hi` to `key.lo`.
+    pub reverse: DirStats,
+    /// Its mirror mark, when triggered.
+    pub mark: Option<MirrorMark>,
+}
+
+impl Flow {
+    pub(crate) fn from_percpu(key: FlowKey, per_cpu: &[types::flow_traffic], mark: Option<MirrorMark>) -> Self {
+        let (mut forward, mut reverse) = (DirStats::default(), DirStats::default());
+        for v in per_cpu {
+            forward.add(&v.dir[types::flow_dir::FLOW_DIR_FORWARD.0 as usize]);
+            reverse.add(&v.dir[types::flow_dir::FLOW_DIR_REVERSE.0 as usize]);
+        }
+        Flow { key, forward, reverse, mark }
+    }
+
+    /// Time since the last packet, against a monotonic `now_ns`.
+    pub fn idle(&self, now_ns: u64) -> Duration {
+        Duration::from_nanos(now_ns.saturating_sub(self.forward.last_seen_ns.max(self.reverse.last_seen_ns)))
+    }
+}
+
+/// The monotonic clock the classifier stamps with (`bpf_ktime_get_ns`).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_round_trips_and_is_canonical() {
+        let a: SocketAddr = "198.18.0.2:40000".parse().unwrap();
+        let b: SocketAddr = "198.18.1.2:80".parse().unwrap();
+        let k = FlowKey::new(a, b, 6);
+        assert_eq!(k, FlowKey::new(b, a, 6));
+        assert_eq!(k.lo, a);
+        assert_eq!(FlowKey::from(&k.to_raw()), k);
+        let a6: SocketAddr = "[2001:2::2]:40000".parse().unwrap();
+        let b6: SocketAddr = "[2001:2::1]:80".parse().unwrap();
+        let k6 = FlowKey::new(a6, b6, 6);
+        assert_eq!(k6.lo, b6);
+        assert_eq!(FlowKey::from(&k6.to_raw()), k6);
+    }
+}

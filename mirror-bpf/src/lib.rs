@@ -1,0 +1,80 @@
+//! The data path of the mirror: a tc classifier that finds HTTP status triggers, keeps a flow
+//! table and mirrors exactly the triggered flows, and the Rust API that loads, attaches and
+//! drives it.
+//!
+//! Every struct shared with the BPF programs is defined once, in `src/bpf/include/types.h`,
+//! and reaches Rust through the skeleton ([`types`]). This module only asserts their layout
+//! and marks them as plain old data.
+
+#![warn(missing_docs)]
+
+pub mod attach;
+pub mod datapath;
+pub mod error;
+pub mod event;
+pub mod flow;
+mod netlink;
+mod ruleset;
+pub mod rule;
+pub mod stats;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use attach::{AttachMode, Attachment, MirrorMethod};
+pub use datapath::{Datapath, DatapathOptions};
+pub use error::{Error, Result};
+pub use event::TriggerEvent;
+pub use flow::{DirStats, Flow, FlowKey, MirrorMark};
+pub use rule::{Limits, Rule, RuleError, RuleId, StatusMatch};
+pub use stats::Counters;
+
+/// Generated skeletons, one per `src/bpf/<name>.bpf.c`.
+#[allow(missing_docs, clippy::all, non_camel_case_types, non_snake_case, non_upper_case_globals)]
+pub mod skel {
+    /// The classifier attached to container veths.
+    pub mod classifier {
+        include!(concat!(env!("OUT_DIR"), "/classifier.skel.rs"));
+    }
+    /// An empty tc program, the baseline of every per-packet cost.
+    pub mod baseline {
+        include!(concat!(env!("OUT_DIR"), "/baseline.skel.rs"));
+    }
+}
+
+/// Types shared with the BPF programs (from `types.h`, through BTF).
+pub use skel::classifier::types;
+
+macro_rules! plain_types {
+    ($($t:ident = $size:expr),* $(,)?) => {$(
+        // SAFETY: repr(C) structs of integers and arrays of integers, with every padding byte
+        // spelled out as a field (the size assert below fails otherwise): any bit pattern is valid.
+        unsafe impl plain::Plain for types::$t {}
+        const _: () = assert!(std::mem::size_of::<types::$t>() == $size);
+    )*};
+}
+
+plain_types! {
+    flow_key = 40,
+    flow_dir_stats = 40,
+    flow_traffic = 80,
+    rule_action = 32,
+    port_status_key = 4,
+    mirror_mark = 64,
+    http_request = 104,
+    trigger_event = 160,
+    settings = 8,
+    counters = 8 * types::stat_idx::STAT_MAX.0 as usize,
+}
+
+/// The bytes of a shared value, as a map wants them.
+pub(crate) fn bytes_of<T: plain::Plain>(v: &T) -> &[u8] {
+    // SAFETY: T is Plain: every byte of it is initialised (no implicit padding).
+    unsafe { plain::as_bytes(v) }
+}
+
+/// A shared value read back from map bytes (which need not be aligned).
+pub(crate) fn read_plain<T: plain::Plain + Default>(b: &[u8]) -> T {
+    let mut v = T::default();
+    plain::copy_from_bytes(&mut v, b).expect("map value has the size of its BTF type");
+    v
+}

@@ -1,0 +1,169 @@
+//! The rule set in user space and its compilation into the classifier's rule maps.
+//!
+//! Each (port, status) key the rules cover holds the rule with the lowest id among those that
+//! cover it; port-scoped keys are looked up first by the classifier. This module is pure logic:
+//! it says which map entries change, [`crate::Datapath`] writes them.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::rule::{Rule, RuleId};
+use crate::types;
+
+/// Port 0 stands for "any port" (the global status_rules array).
+pub(crate) const ANY_PORT: u16 = 0;
+
+/// A rule and the slot of its hit counter.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub rule: Rule,
+    pub slot: u32,
+}
+
+/// A change to one rule-map entry: `None` clears it.
+pub(crate) type KeyWrite = ((u16, u16), Option<types::rule_action>);
+
+#[derive(Debug)]
+pub(crate) struct RuleSet {
+    rules: BTreeMap<RuleId, Entry>,
+    winners: HashMap<(u16, u16), RuleId>,
+    free_slots: Vec<u32>,
+    next_id: RuleId,
+}
+
+impl RuleSet {
+    pub fn new() -> Self {
+        let slots = types::mirror_limits::RULE_SLOTS.0;
+        // Slot 0 is never used; pop() hands out the lowest first.
+        Self { rules: BTreeMap::new(), winners: HashMap::new(), free_slots: (1..slots).rev().collect(), next_id: 1 }
+    }
+
+    pub fn get(&self, id: RuleId) -> Option<&Entry> {
+        self.rules.get(&id)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (RuleId, &Entry)> {
+        self.rules.iter().map(|(id, e)| (*id, e))
+    }
+
+    /// Number of port-scoped keys in use (the classifier skips that lookup at 0).
+    pub fn port_keys(&self) -> u32 {
+        self.winners.keys().filter(|(p, _)| *p != ANY_PORT).count() as u32
+    }
+
+    /// The id the next [`RuleSet::add`] without an id will get.
+    pub fn next_id(&self) -> RuleId {
+        self.next_id
+    }
+
+    /// Adds `rule` as `id`. Returns the map writes, or `None` when no slot is free.
+    pub fn add(&mut self, id: RuleId, rule: Rule) -> Option<Vec<KeyWrite>> {
+        let slot = self.free_slots.pop()?;
+        self.next_id = self.next_id.max(id + 1);
+        let keys: Vec<_> = keys_of(&rule).collect();
+        self.rules.insert(id, Entry { rule, slot });
+        let mut writes = Vec::new();
+        for key in keys {
+            let current = self.winners.get(&key).copied();
+            if current.is_none_or(|c| id < c) {
+                self.winners.insert(key, id);
+                writes.push((key, Some(self.action(id))));
+            }
+        }
+        Some(writes)
+    }
+
+    /// Removes rule `id`. Returns it, its slot and the map writes.
+    pub fn remove(&mut self, id: RuleId) -> Option<(Entry, Vec<KeyWrite>)> {
+        let entry = self.rules.remove(&id)?;
+        self.free_slots.push(entry.slot);
+        let mut writes = Vec::new();
+        for key in keys_of(&entry.rule) {
+            if self.winners.get(&key) != Some(&id) {
+                continue;
+            }
+            // The next rule covering this key, if any, takes over.
+            let next = self.rules.iter().find(|(_, e)| keys_of(&e.rule).any(|k| k == key)).map(|(id, _)| *id);
+            match next {
+                Some(n) => {
+                    self.winners.insert(key, n);
+                    writes.push((key, Some(self.action(n))));
+                }
+                None => {
+                    self.winners.remove(&key);
+                    writes.push((key, None));
+                }
+            }
+        }
+        Some((entry, writes))
+    }
+
+    fn action(&self, id: RuleId) -> types::rule_action {
+        let e = &self.rules[&id];
+        let l = &e.rule.limits;
+        types::rule_action {
+            rule_id: id,
+            slot: e.slot,
+            max_packets: l.packets,
+            max_bytes: l.bytes,
+            max_duration_ns: l.duration.as_nanos().min(u64::MAX as u128) as u64,
+        }
+    }
+}
+
+/// The (port, status) keys a rule covers.
+fn keys_of(rule: &Rule) -> impl Iterator<Item = (u16, u16)> + '_ {
+    let port = rule.port.unwrap_or(ANY_PORT);
+    rule.statuses().map(move |s| (port, s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(s: &str) -> Rule {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn lowest_id_wins_and_next_takes_over() {
+        let mut set = RuleSet::new();
+        let w = set.add(1, r("status=500-501")).unwrap();
+        assert_eq!(w.len(), 2);
+        // Rule 2 covers 500..599 but only the uncovered keys change.
+        let w = set.add(2, r("status=5xx")).unwrap();
+        assert_eq!(w.len(), 98);
+        assert!(w.iter().all(|((_, s), a)| *s >= 502 && a.unwrap().rule_id == 2));
+        // Removing rule 1 hands 500 and 501 to rule 2.
+        let (_, w) = set.remove(1).unwrap();
+        assert_eq!(w.len(), 2);
+        assert!(w.iter().all(|(_, a)| a.unwrap().rule_id == 2));
+        let (_, w) = set.remove(2).unwrap();
+        assert_eq!(w.len(), 100);
+        assert!(w.iter().all(|(_, a)| a.is_none()));
+        assert!(set.remove(2).is_none());
+    }
+
+    #[test]
+    fn port_rules_are_counted_and_slots_reused() {
+        let mut set = RuleSet::new();
+        set.add(1, r("port=8080 status=503")).unwrap();
+        set.add(2, r("status=503")).unwrap();
+        assert_eq!(set.port_keys(), 1);
+        let slot = set.get(1).unwrap().slot;
+        set.remove(1).unwrap();
+        assert_eq!(set.port_keys(), 0);
+        set.add(3, r("status=404")).unwrap();
+        assert_eq!(set.get(3).unwrap().slot, slot);
+        assert_eq!(set.next_id(), 4);
+    }
+
+    #[test]
+    fn slots_run_out() {
+        let mut set = RuleSet::new();
+        let n = types::mirror_limits::RULE_SLOTS.0 - 1;
+        for id in 1..=n {
+            set.add(id, r("port=1 status=500")).unwrap();
+        }
+        assert!(set.add(n + 1, r("status=500")).is_none());
+    }
+}

@@ -1,0 +1,71 @@
+//! The classifier's per-CPU counters, summed.
+
+use crate::types::stat_idx;
+
+/// Name of each counter, in the order of `enum stat_idx` (checked by a test against the enum).
+pub const COUNTER_NAMES: &[(stat_idx, &str)] = &[
+    (stat_idx::STAT_PACKETS, "packets"),
+    (stat_idx::STAT_BYTES, "bytes"),
+    (stat_idx::STAT_NON_TCP, "non_tcp"),
+    (stat_idx::STAT_MALFORMED, "malformed"),
+    (stat_idx::STAT_DUPLICATE, "duplicate"),
+    (stat_idx::STAT_HTTP_REQUESTS, "http_requests"),
+    (stat_idx::STAT_HTTP_RESPONSES, "http_responses"),
+    (stat_idx::STAT_TRIGGERS, "triggers"),
+    (stat_idx::STAT_MIRRORED_PACKETS, "mirrored_packets"),
+    (stat_idx::STAT_MIRRORED_BYTES, "mirrored_bytes"),
+    (stat_idx::STAT_MIRROR_ERRORS, "mirror_errors"),
+    (stat_idx::STAT_MIRROR_NO_TARGET, "mirror_no_target"),
+    (stat_idx::STAT_MIRROR_ENDED, "mirror_ended"),
+    (stat_idx::STAT_FLOWS_CREATED, "flows_created"),
+    (stat_idx::STAT_FLOW_INSERT_FAILED, "flow_insert_failed"),
+    (stat_idx::STAT_MARK_INSERT_FAILED, "mark_insert_failed"),
+    (stat_idx::STAT_REQUEST_INSERT_FAILED, "request_insert_failed"),
+    (stat_idx::STAT_RINGBUF_DROPS, "ringbuf_drops"),
+];
+
+/// Counters summed over every CPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    values: Vec<u64>,
+}
+
+impl Counters {
+    pub(crate) fn from_values(values: Vec<u64>) -> Self {
+        Self { values }
+    }
+
+    /// One counter.
+    pub fn get(&self, idx: stat_idx) -> u64 {
+        self.values.get(idx.0 as usize).copied().unwrap_or(0)
+    }
+
+    /// Every counter with its name.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        COUNTER_NAMES.iter().map(|(idx, name)| (*name, self.get(*idx)))
+    }
+
+    /// The change since `earlier` (counters only grow).
+    pub fn since(&self, earlier: &Counters) -> Counters {
+        let values = self
+            .values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v.saturating_sub(earlier.values.get(i).copied().unwrap_or(0)))
+            .collect();
+        Counters { values }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_cover_the_enum_in_order() {
+        assert_eq!(COUNTER_NAMES.len(), stat_idx::STAT_MAX.0 as usize);
+        for (i, (idx, _)) in COUNTER_NAMES.iter().enumerate() {
+            assert_eq!(idx.0 as usize, i);
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Helpers for tests and benchmarks that run the classifier: loading, `BPF_PROG_TEST_RUN`,
+//! privileges, throwaway network namespaces, and the shared test addresses.
+
+pub mod consts;
+pub mod packet;
+
+use std::mem::MaybeUninit;
+use std::process::Command;
+
+use libbpf_rs::{OpenObject, ProgramInput, ProgramMut};
+
+use crate::types;
+use crate::{Datapath, DatapathOptions};
+
+/// The verdict of every entry point but the mirred ones: "continue" (TC_ACT_UNSPEC / TCX_NEXT).
+pub const VERDICT_CONTINUE: u32 = u32::MAX;
+
+/// True when the tests run in CI (`CI=true`): missing privileges then fail instead of skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Whether this process may load BPF and create namespaces. Without root it fails in CI and
+/// returns false elsewhere, after saying that the test did not run.
+#[track_caller]
+pub fn require_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    let here = std::panic::Location::caller();
+    assert!(!in_ci(), "{here}: this test needs root (BPF, netns) and CI=true forbids skipping it");
+    eprintln!("NOT RUN ({here}): needs root");
+    false
+}
+
+/// Loads the classifier for a test (its object lives as long as the process).
+pub fn load(opts: &DatapathOptions) -> Datapath<'static> {
+    let storage = Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit()));
+    Datapath::load(storage, opts).unwrap_or_else(|e| panic!("loading the classifier: {e}"))
+}
+
+/// A `__sk_buff` context for test_run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SkbContext {
+    /// skb->ifindex (must exist in the caller's netns; 0 = loopback).
+    pub ifindex: u32,
+    /// skb->skb_iif.
+    pub ingress_ifindex: u32,
+}
+
+/// Runs `prog` once over `frame`; returns its verdict and the frame it left.
+pub fn run(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext) -> (u32, Vec<u8>) {
+    let (ret, out, _) = run_repeat(prog, frame, ctx, 1);
+    (ret, out)
+}
+
+/// Runs `prog` `repeat` times over `frame`; returns the verdict, the frame and ns per run.
+pub fn run_repeat(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext, repeat: u32) -> (u32, Vec<u8>, f64) {
+    let mut skb = types::__sk_buff::default();
+    skb.ifindex = ctx.ifindex;
+    skb.ingress_ifindex = ctx.ingress_ifindex;
+    // SAFETY: __sk_buff is a plain C struct of integers; we only view its bytes.
+    let mut ctx_bytes = unsafe {
+        std::slice::from_raw_parts(std::ptr::from_ref(&skb).cast::<u8>(), std::mem::size_of_val(&skb)).to_vec()
+    };
+    let mut out = vec![0u8; frame.len() + 256];
+    let mut input = ProgramInput::default();
+    input.data_in = Some(frame);
+    input.data_out = Some(&mut out);
+    input.context_in = Some(&mut ctx_bytes);
+    input.repeat = repeat;
+    let output = prog.test_run(input).unwrap_or_else(|e| panic!("test_run of {}: {e}", prog.name().to_string_lossy()));
+    let ret = output.return_value;
+    let ns = output.duration.as_nanos() as f64;
+    let len = output.data.as_ref().map_or(0, |d| d.len());
+    out.truncate(len.min(frame.len() + 256));
+    (ret, out, ns)
+}
+
+/// Runs a command, panicking with its output when it fails.
+#[track_caller]
+pub fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(out.status.success(), "{cmd}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Moves the calling thread into a new, anonymous network namespace: what the test creates in
+/// it (and in processes it starts) disappears when the thread ends. Loopback is brought up.
+pub fn enter_private_netns() {
+    // SAFETY: unshare only changes the calling thread's namespace.
+    let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+    sh("ip link set lo up");
+}
+
+/// ifindex of a link in the calling thread's netns.
+pub fn ifindex(name: &str) -> u32 {
+    let c = std::ffi::CString::new(name).unwrap();
+    // SAFETY: a valid C string; if_nametoindex reads it only.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    assert_ne!(i, 0, "no link named {name}");
+    i
+}
+
+/// Packets a link has sent and received, from netlink (via ip -s), in the caller's netns.
+pub fn link_packets(name: &str) -> (u64, u64) {
+    let out = sh(&format!("ip -s -o link show dev {name}"));
+    // "... RX: bytes packets ... \    <rx bytes> <rx packets> ... TX: ... \    <tx bytes> <tx packets>"
+    let nums: Vec<u64> = out
+        .split('\\')
+        .filter_map(|part| {
+            let f: Vec<&str> = part.split_whitespace().collect();
+            (f.len() >= 2 && f[0].parse::<u64>().is_ok()).then(|| f[1].parse().unwrap_or(0))
+        })
+        .collect();
+    (nums.first().copied().unwrap_or(0), nums.get(1).copied().unwrap_or(0))
+}
