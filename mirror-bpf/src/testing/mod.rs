@@ -57,13 +57,15 @@ pub fn run(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext) -> (u32, Vec<u8
 
 /// Runs `prog` `repeat` times over `frame`; returns the verdict, the frame and ns per run.
 pub fn run_repeat(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext, repeat: u32) -> (u32, Vec<u8>, f64) {
-    let mut skb = types::__sk_buff::default();
-    skb.ifindex = ctx.ifindex;
-    skb.ingress_ifindex = ctx.ingress_ifindex;
-    // SAFETY: __sk_buff is a plain C struct of integers; we only view its bytes.
-    let mut ctx_bytes = unsafe {
-        std::slice::from_raw_parts(std::ptr::from_ref(&skb).cast::<u8>(), std::mem::size_of_val(&skb)).to_vec()
-    };
+    // Built byte by byte: the kernel refuses any non-zero byte outside the few fields it
+    // accepts, padding included.
+    use std::mem::offset_of;
+    let mut ctx_bytes = vec![0u8; std::mem::size_of::<types::__sk_buff>()];
+    let mut put = |off: usize, v: u32| ctx_bytes[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+    put(offset_of!(types::__sk_buff, ifindex), ctx.ifindex);
+    put(offset_of!(types::__sk_buff, ingress_ifindex), ctx.ingress_ifindex);
+    // The kernel refuses a wire length below the frame's.
+    put(offset_of!(types::__sk_buff, wire_len), frame.len() as u32);
     let mut out = vec![0u8; frame.len() + 256];
     let mut input = ProgramInput::default();
     input.data_in = Some(frame);
