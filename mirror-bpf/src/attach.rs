@@ -102,7 +102,9 @@ impl Datapath<'_> {
     pub fn attach(&self, ifindex: u32, mode: AttachMode, method: MirrorMethod) -> Result<Attachment> {
         let mode = match (mode, method) {
             (AttachMode::Tcx, MirrorMethod::Mirred) => {
-                return Err(Error::Unsupported("the mirred method needs tc mode (a classic filter carries the action)".into()))
+                return Err(Error::Unsupported(
+                    "the mirred method needs tc mode (a classic filter carries the action)".into(),
+                ))
             }
             (_, MirrorMethod::Mirred) => AttachMode::Tc,
             (m, _) => m,
@@ -137,7 +139,8 @@ impl Datapath<'_> {
     fn attach_tcx_both(&self, att: &mut Attachment) -> Result<()> {
         att.mode = AttachMode::Tcx;
         for prog in self.programs(AttachMode::Tcx, att.method) {
-            let link = attach_tcx(prog, att.ifindex).context(|| format!("attaching TCX to ifindex {}", att.ifindex))?;
+            let link = attach_tcx(prog, att.ifindex)
+                .context(|| format!("attaching TCX to ifindex {}", att.ifindex))?;
             att.hooks.push(Hook::Tcx(link));
         }
         Ok(())
@@ -158,12 +161,21 @@ impl Datapath<'_> {
         match rc {
             0 => att.created_qdisc = true,
             e if e == -libc::EEXIST => {}
-            e => return Err(io::Error::from_raw_os_error(-e)).context(|| format!("creating clsact on ifindex {ifindex}")),
+            e => {
+                return Err(io::Error::from_raw_os_error(-e))
+                    .context(|| format!("creating clsact on ifindex {ifindex}"))
+            }
         }
         let mirror_ifindex = self.settings()?.mirror_ifindex;
         for (egress_hook, prog) in [(false, ingress), (true, egress)] {
-            let prio = free_prio(ifindex, egress_hook).context(|| format!("listing filters of ifindex {ifindex}"))?;
-            let what = || format!("attaching cls_bpf to ifindex {ifindex} ({})", if egress_hook { "egress" } else { "ingress" });
+            let prio = free_prio(ifindex, egress_hook)
+                .context(|| format!("listing filters of ifindex {ifindex}"))?;
+            let what = || {
+                format!(
+                    "attaching cls_bpf to ifindex {ifindex} ({})",
+                    if egress_hook { "egress" } else { "ingress" }
+                )
+            };
             match att.method {
                 MirrorMethod::Clone => {
                     TcHookBuilder::new(prog.as_fd())
@@ -177,11 +189,21 @@ impl Datapath<'_> {
                 }
                 MirrorMethod::Mirred => {
                     if mirror_ifindex == 0 {
-                        return Err(Error::Unsupported("the mirred method needs the mirror interface set before attach".into()));
+                        return Err(Error::Unsupported(
+                            "the mirred method needs the mirror interface set before attach".into(),
+                        ));
                     }
                     let name = prog.name().to_string_lossy().into_owned();
-                    netlink::add_mirred_filter(ifindex, egress_hook, prio, TC_HANDLE, prog.as_fd().as_raw_fd(), &name, mirror_ifindex)
-                        .context(what)?;
+                    netlink::add_mirred_filter(
+                        ifindex,
+                        egress_hook,
+                        prio,
+                        TC_HANDLE,
+                        prog.as_fd().as_raw_fd(),
+                        &name,
+                        mirror_ifindex,
+                    )
+                    .context(what)?;
                 }
             }
             att.hooks.push(Hook::Tc { egress: egress_hook, prio });
@@ -199,7 +221,10 @@ impl Datapath<'_> {
                     // The interface (and all on it) is gone already.
                     Err(e) if matches!(e.raw_os_error(), Some(libc::ENODEV | libc::ENOENT)) => {}
                     Err(e) => {
-                        first_err.get_or_insert(Error::Io { what: format!("removing our filter from ifindex {ifindex}"), source: e });
+                        first_err.get_or_insert(Error::Io {
+                            what: format!("removing our filter from ifindex {ifindex}"),
+                            source: e,
+                        });
                     }
                 }
             }
@@ -210,12 +235,16 @@ impl Datapath<'_> {
                 && netlink::filters(ifindex, true).map(|f| f.is_empty()).unwrap_or(false);
             if empty {
                 let prog = &self.skel().progs.tc_ingress_mirror;
-                let mut hook = TcHookBuilder::new(prog.as_fd()).ifindex(ifindex as i32).hook(TC_INGRESS | TC_EGRESS);
+                let mut hook =
+                    TcHookBuilder::new(prog.as_fd()).ifindex(ifindex as i32).hook(TC_INGRESS | TC_EGRESS);
                 match hook.destroy() {
                     Ok(()) => {}
                     Err(e) if matches!(e.kind(), libbpf_rs::ErrorKind::NotFound) => {}
                     Err(e) => {
-                        first_err.get_or_insert(Error::Bpf { what: format!("removing our clsact from ifindex {ifindex}"), source: e });
+                        first_err.get_or_insert(Error::Bpf {
+                            what: format!("removing our clsact from ifindex {ifindex}"),
+                            source: e,
+                        });
                     }
                 }
             } else {

@@ -54,7 +54,8 @@ const ZERO: [u8; 4] = 0u32.to_ne_bytes();
 impl<'obj> Datapath<'obj> {
     /// Opens and loads the classifier with the given map sizes. `storage` holds libbpf's object.
     pub fn load(storage: &'obj mut MaybeUninit<OpenObject>, opts: &DatapathOptions) -> Result<Self> {
-        let mut open = ClassifierSkelBuilder::default().open(storage).context(|| "opening the classifier".into())?;
+        let mut open =
+            ClassifierSkelBuilder::default().open(storage).context(|| "opening the classifier".into())?;
         let maps = &mut open.maps;
         maps.flow_table.set_max_entries(opts.flows_max).context(|| "sizing flow_table".into())?;
         maps.http_requests.set_max_entries(opts.flows_max).context(|| "sizing http_requests".into())?;
@@ -78,7 +79,11 @@ impl<'obj> Datapath<'obj> {
     fn write_settings(&self, f: impl FnOnce(&mut types::settings)) -> Result<()> {
         let mut s = self.settings()?;
         f(&mut s);
-        self.skel.maps.settings.update(&ZERO, bytes_of(&s), MapFlags::ANY).context(|| "writing settings".into())
+        self.skel
+            .maps
+            .settings
+            .update(&ZERO, bytes_of(&s), MapFlags::ANY)
+            .context(|| "writing settings".into())
     }
 
     /// Sets the interface that mirrored packets are copied to (0: none, packets are only counted).
@@ -98,7 +103,10 @@ impl<'obj> Datapath<'obj> {
         if self.rules.get(id).is_some() {
             self.remove_rule(id)?;
         }
-        let writes = self.rules.add(id, rule).ok_or(Error::TooManyRules(types::mirror_limits::RULE_SLOTS.0 as usize - 1))?;
+        let writes = self
+            .rules
+            .add(id, rule)
+            .ok_or(Error::TooManyRules(types::mirror_limits::RULE_SLOTS.0 as usize - 1))?;
         let slot = self.rules.get(id).map(|e| e.slot).unwrap_or(0);
         // A reused slot starts from zero hits.
         let ncpus = libbpf_rs::num_possible_cpus().context(|| "counting CPUs".into())?;
@@ -151,13 +159,16 @@ impl<'obj> Datapath<'obj> {
     }
 
     fn sum_percpu_u64(&self, map: &dyn MapCore, idx: u32) -> Result<u64> {
-        let per_cpu = map.lookup_percpu(&idx.to_ne_bytes(), MapFlags::ANY).context(|| format!("reading {}", map.name().to_string_lossy()))?;
+        let per_cpu = map
+            .lookup_percpu(&idx.to_ne_bytes(), MapFlags::ANY)
+            .context(|| format!("reading {}", map.name().to_string_lossy()))?;
         Ok(per_cpu.unwrap_or_default().iter().map(|b| read_plain::<u64>(b)).sum())
     }
 
     /// The counters, summed over CPUs.
     pub fn counters(&self) -> Result<Counters> {
-        let per_cpu = self.skel.maps.stats.lookup_percpu(&ZERO, MapFlags::ANY).context(|| "reading stats".into())?;
+        let per_cpu =
+            self.skel.maps.stats.lookup_percpu(&ZERO, MapFlags::ANY).context(|| "reading stats".into())?;
         let mut sum = vec![0u64; types::stat_idx::STAT_MAX.0 as usize];
         for b in per_cpu.unwrap_or_default() {
             let c: types::counters = read_plain(&b);
@@ -171,7 +182,12 @@ impl<'obj> Datapath<'obj> {
     /// The mark of one flow.
     pub fn mark(&self, key: &FlowKey) -> Result<Option<MirrorMark>> {
         let raw = key.to_raw();
-        let v = self.skel.maps.mirror_marks.lookup(bytes_of(&raw), MapFlags::ANY).context(|| "reading mirror_marks".into())?;
+        let v = self
+            .skel
+            .maps
+            .mirror_marks
+            .lookup(bytes_of(&raw), MapFlags::ANY)
+            .context(|| "reading mirror_marks".into())?;
         Ok(v.map(|b| MirrorMark::from(&read_plain::<types::mirror_mark>(&b))))
     }
 
@@ -181,7 +197,9 @@ impl<'obj> Datapath<'obj> {
         let mut flows = Vec::new();
         for k in table.keys() {
             // A flow evicted between keys() and the lookup is simply skipped.
-            let Some(per_cpu) = table.lookup_percpu(&k, MapFlags::ANY).context(|| "reading flow_table".into())? else {
+            let Some(per_cpu) =
+                table.lookup_percpu(&k, MapFlags::ANY).context(|| "reading flow_table".into())?
+            else {
                 continue;
             };
             let values: Vec<types::flow_traffic> = per_cpu.iter().map(|b| read_plain(b)).collect();

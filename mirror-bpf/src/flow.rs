@@ -151,7 +151,11 @@ pub struct Flow {
 }
 
 impl Flow {
-    pub(crate) fn from_percpu(key: FlowKey, per_cpu: &[types::flow_traffic], mark: Option<MirrorMark>) -> Self {
+    pub(crate) fn from_percpu(
+        key: FlowKey,
+        per_cpu: &[types::flow_traffic],
+        mark: Option<MirrorMark>,
+    ) -> Self {
         let (mut forward, mut reverse) = (DirStats::default(), DirStats::default());
         for v in per_cpu {
             forward.add(&v.dir[types::flow_dir::FLOW_DIR_FORWARD.0 as usize]);

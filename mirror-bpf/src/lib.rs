@@ -14,8 +14,8 @@ pub mod error;
 pub mod event;
 pub mod flow;
 mod netlink;
-mod ruleset;
 pub mod rule;
+mod ruleset;
 pub mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;

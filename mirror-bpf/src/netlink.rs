@@ -9,8 +9,9 @@ use netlink_packet_core::{
     NLM_F_EXCL, NLM_F_REQUEST,
 };
 use netlink_packet_route::tc::{
-    TcAction, TcActionAttribute, TcActionGeneric, TcActionMirrorOption, TcActionOption, TcActionType, TcAttribute,
-    TcBpfFlags, TcFilterBpfOption, TcHandle, TcHeader, TcMessage, TcMirror, TcMirrorActionType, TcOption,
+    TcAction, TcActionAttribute, TcActionGeneric, TcActionMirrorOption, TcActionOption, TcActionType,
+    TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcHeader, TcMessage, TcMirror, TcMirrorActionType,
+    TcOption,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};

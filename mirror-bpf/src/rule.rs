@@ -108,7 +108,9 @@ impl FromStr for Rule {
                 "packets" => limits.packets = parse_count(value).map_err(err)?,
                 "bytes" => limits.bytes = parse_count(value).map_err(err)?,
                 "duration" => limits.duration = parse_duration(value).map_err(err)?,
-                _ => return Err(err(format!("unknown key '{key}' (status, port, packets, bytes, duration)"))),
+                _ => {
+                    return Err(err(format!("unknown key '{key}' (status, port, packets, bytes, duration)")))
+                }
             }
         }
         let status = status.ok_or_else(|| RuleError {
@@ -127,9 +129,7 @@ fn tokens(text: &str) -> impl Iterator<Item = (usize, &str)> {
 
 fn parse_status(v: &str) -> Result<StatusMatch, String> {
     let code = |s: &str| -> Result<u16, String> {
-        let n: u16 = s
-            .parse()
-            .map_err(|_| format!("'{s}' is not a status code"))?;
+        let n: u16 = s.parse().map_err(|_| format!("'{s}' is not a status code"))?;
         if (STATUS_MIN..=STATUS_MAX).contains(&n) {
             Ok(n)
         } else {
@@ -239,7 +239,10 @@ mod tests {
     fn limits_and_defaults() {
         assert_eq!(rule("status=500").limits, Limits::default());
         let r = rule("status=500 packets=1k bytes=2M duration=500ms");
-        assert_eq!(r.limits, Limits { packets: 1000, bytes: 2_000_000, duration: Duration::from_millis(500) });
+        assert_eq!(
+            r.limits,
+            Limits { packets: 1000, bytes: 2_000_000, duration: Duration::from_millis(500) }
+        );
         assert_eq!(rule("status=500 duration=2m").limits.duration, Duration::from_secs(120));
     }
 

@@ -34,7 +34,12 @@ impl RuleSet {
     pub fn new() -> Self {
         let slots = types::mirror_limits::RULE_SLOTS.0;
         // Slot 0 is never used; pop() hands out the lowest first.
-        Self { rules: BTreeMap::new(), winners: HashMap::new(), free_slots: (1..slots).rev().collect(), next_id: 1 }
+        Self {
+            rules: BTreeMap::new(),
+            winners: HashMap::new(),
+            free_slots: (1..slots).rev().collect(),
+            next_id: 1,
+        }
     }
 
     pub fn get(&self, id: RuleId) -> Option<&Entry> {

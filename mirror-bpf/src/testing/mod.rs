@@ -2,6 +2,7 @@
 //! privileges, throwaway network namespaces, and the shared test addresses.
 
 pub mod consts;
+pub mod fixtures;
 pub mod packet;
 
 use std::mem::MaybeUninit;
@@ -67,12 +68,16 @@ pub fn run_repeat(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext, repeat: 
     // The kernel refuses a wire length below the frame's.
     put(offset_of!(types::__sk_buff, wire_len), frame.len() as u32);
     let mut out = vec![0u8; frame.len() + 256];
+    // ProgramInput is non-exhaustive: it can only be built from its default.
+    #[allow(clippy::field_reassign_with_default)]
     let mut input = ProgramInput::default();
     input.data_in = Some(frame);
     input.data_out = Some(&mut out);
     input.context_in = Some(&mut ctx_bytes);
     input.repeat = repeat;
-    let output = prog.test_run(input).unwrap_or_else(|e| panic!("test_run of {}: {e}", prog.name().to_string_lossy()));
+    let output = prog.test_run(input).unwrap_or_else(|e| {
+        panic!("test_run of {} on {} bytes: {e}", prog.name().to_string_lossy(), frame.len())
+    });
     let ret = output.return_value;
     let ns = output.duration.as_nanos() as f64;
     let len = output.data.as_ref().map_or(0, |d| d.len());
@@ -84,7 +89,12 @@ pub fn run_repeat(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext, repeat: 
 #[track_caller]
 pub fn sh(cmd: &str) -> String {
     let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(out.status.success(), "{cmd}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 

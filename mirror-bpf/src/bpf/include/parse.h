@@ -14,6 +14,8 @@
 #define IPV6_EXT_MAX 6
 /* How many VLAN tags are stripped. */
 #define VLAN_MAX 2
+/* The IP header gives no length (BIG TCP above 64 KiB): L4 is the rest of the skb. */
+#define L4_LEN_FROM_SKB 0xFFFFFFFFU
 
 enum parse_result {
     PARSE_TCP = 0,   /* a TCP segment: struct pkt_meta is filled */
@@ -84,14 +86,22 @@ static __always_inline void flow_key_set(struct pkt_meta *m, const __u32 *saddr,
 
 /*
  * parse_tcp - parse the TCP header at the cursor and finish @m.
- * @l4_len: bytes of L4 (header + payload) according to the IP header.
+ * @l4_len: bytes of L4 (header + payload) according to the IP header, or L4_LEN_FROM_SKB.
+ * @skb_len: skb->len, which a consistent IP length never exceeds.
  */
 static __always_inline int parse_tcp(struct cursor *c, void *frame, struct pkt_meta *m,
-                                     const __u32 *saddr, const __u32 *daddr, __u32 l4_len)
+                                     const __u32 *saddr, const __u32 *daddr, __u32 l4_len,
+                                     __u32 skb_len)
 {
+    __u32 l4_off = (__u32)(c->pos - frame);
     struct tcphdr *tcp = cursor_take(c, sizeof(*tcp));
 
     if (!tcp)
+        return PARSE_MALFORMED;
+    if (l4_len == L4_LEN_FROM_SKB)
+        l4_len = skb_len > l4_off ? skb_len - l4_off : 0;
+    /* A frame shorter than its IP length is truncated: its payload is not what it claims. */
+    if (l4_off + l4_len > skb_len)
         return PARSE_MALFORMED;
     __u32 doff = tcp->doff * 4;
     if (doff < sizeof(*tcp) || doff > l4_len)
@@ -111,7 +121,8 @@ static __always_inline int parse_tcp(struct cursor *c, void *frame, struct pkt_m
 }
 
 /* parse_ipv4 - IPv4 header with options; non-first fragments are PARSE_OTHER. */
-static __always_inline int parse_ipv4(struct cursor *c, void *frame, struct pkt_meta *m)
+static __always_inline int parse_ipv4(struct cursor *c, void *frame, struct pkt_meta *m,
+                                      __u32 skb_len)
 {
     struct iphdr *ip = cursor_take(c, sizeof(*ip));
 
@@ -119,7 +130,8 @@ static __always_inline int parse_ipv4(struct cursor *c, void *frame, struct pkt_
         return PARSE_MALFORMED;
     __u32 ihl = ip->ihl * 4;
     __u32 tot_len = bpf_ntohs(ip->tot_len);
-    if (ip->version != 4 || ihl < sizeof(*ip) || tot_len < ihl)
+    /* tot_len 0: BIG TCP (GSO above 64 KiB); parse_tcp takes the length from the skb. */
+    if (ip->version != 4 || ihl < sizeof(*ip) || (tot_len && tot_len < ihl))
         return PARSE_MALFORMED;
     if (!cursor_take(c, ihl - sizeof(*ip)))
         return PARSE_MALFORMED;
@@ -131,11 +143,12 @@ static __always_inline int parse_ipv4(struct cursor *c, void *frame, struct pkt_
     __u32 saddr[4] = {ip->saddr, 0, 0, 0};
     __u32 daddr[4] = {ip->daddr, 0, 0, 0};
     m->key.family = 4;
-    return parse_tcp(c, frame, m, saddr, daddr, tot_len - ihl);
+    return parse_tcp(c, frame, m, saddr, daddr, tot_len ? tot_len - ihl : L4_LEN_FROM_SKB, skb_len);
 }
 
 /* parse_ipv6 - IPv6 header, then hop-by-hop, routing, destination-options, fragment, AH. */
-static __always_inline int parse_ipv6(struct cursor *c, void *frame, struct pkt_meta *m)
+static __always_inline int parse_ipv6(struct cursor *c, void *frame, struct pkt_meta *m,
+                                      __u32 skb_len)
 {
     struct ipv6hdr *ip6 = cursor_take(c, sizeof(*ip6));
 
@@ -146,6 +159,8 @@ static __always_inline int parse_ipv6(struct cursor *c, void *frame, struct pkt_
 
     __u32 l4_len = bpf_ntohs(ip6->payload_len);
     __u8 next = ip6->nexthdr;
+    /* payload_len 0: BIG TCP (jumbo); lengths come from the skb instead. */
+    int jumbo = !l4_len;
 
 #pragma unroll
     for (int i = 0; i < IPV6_EXT_MAX; i++) {
@@ -178,21 +193,22 @@ static __always_inline int parse_ipv6(struct cursor *c, void *frame, struct pkt_
                 return PARSE_OTHER;
             next = frag->nexthdr;
             len = sizeof(*frag);
-            if (l4_len < len)
+            if (!jumbo && l4_len < len)
                 return PARSE_MALFORMED;
-            l4_len -= len;
+            l4_len -= jumbo ? 0 : len;
             continue;
         }
         case IPPROTO_TCP:
             m->key.family = 6;
-            return parse_tcp(c, frame, m, (__u32 *)&ip6->saddr, (__u32 *)&ip6->daddr, l4_len);
+            return parse_tcp(c, frame, m, (__u32 *)&ip6->saddr, (__u32 *)&ip6->daddr,
+                             jumbo ? L4_LEN_FROM_SKB : l4_len, skb_len);
         default:
             return PARSE_OTHER;
         }
         /* The 2 bytes already taken are part of len. */
-        if (len < 2 || l4_len < len || !cursor_take(c, len - 2))
+        if (len < 2 || (!jumbo && l4_len < len) || !cursor_take(c, len - 2))
             return PARSE_MALFORMED;
-        l4_len -= len;
+        l4_len -= jumbo ? 0 : len;
     }
     return next == IPPROTO_TCP ? PARSE_MALFORMED : PARSE_OTHER;
 }
@@ -222,9 +238,9 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct pkt_meta *
     }
 
     if (proto == ETH_P_IP)
-        return parse_ipv4(&c, frame, m);
+        return parse_ipv4(&c, frame, m, skb->len);
     if (proto == ETH_P_IPV6)
-        return parse_ipv6(&c, frame, m);
+        return parse_ipv6(&c, frame, m, skb->len);
     return PARSE_OTHER;
 }
 
