@@ -1,1 +1,17 @@
+//! Harness of the end-to-end tests: a node network namespace routing between pod namespaces
+//! over veth pairs, real HTTP servers and clients in them, packet captures on a pod and on the
+//! mirror sink, and the oracle that says which captured packets the mirror must carry.
+//!
+//! Everything runs in namespaces created here (198.18.0.0/15 and 2001:2::/48 only) and is
+//! removed on drop, panics included.
 
+pub mod capture;
+pub mod client;
+pub mod netns;
+pub mod oracle;
+pub mod pcap;
+pub mod proc;
+pub mod scenario;
+pub mod servers;
+pub mod tc;
+pub mod testbed;

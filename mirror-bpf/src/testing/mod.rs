@@ -57,6 +57,8 @@ pub fn run(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext) -> (u32, Vec<u8
 }
 
 /// Runs `prog` `repeat` times over `frame`; returns the verdict, the frame and ns per run.
+// ProgramInput is non-exhaustive: it can only be built from its default.
+#[allow(clippy::field_reassign_with_default)]
 pub fn run_repeat(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext, repeat: u32) -> (u32, Vec<u8>, f64) {
     // Built byte by byte: the kernel refuses any non-zero byte outside the few fields it
     // accepts, padding included.
@@ -68,8 +70,6 @@ pub fn run_repeat(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext, repeat: 
     // The kernel refuses a wire length below the frame's.
     put(offset_of!(types::__sk_buff, wire_len), frame.len() as u32);
     let mut out = vec![0u8; frame.len() + 256];
-    // ProgramInput is non-exhaustive: it can only be built from its default.
-    #[allow(clippy::field_reassign_with_default)]
     let mut input = ProgramInput::default();
     input.data_in = Some(frame);
     input.data_out = Some(&mut out);
