@@ -1,0 +1,34 @@
+# The two commands of a fresh machine (as root): `make demo` and `make test`.
+# Both install what is missing first (scripts/install-deps.sh).
+
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+CARGO ?= cargo
+
+.PHONY: deps build test demo bench bench-quick lint
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	$(CARGO) build --workspace --all-targets --release
+
+# Every test: unit tests, BPF_PROG_TEST_RUN tests and end-to-end tests in network namespaces.
+# Needs root; with CI=true a test that lacks a privilege fails instead of skipping.
+test: deps
+	$(CARGO) test --workspace --release
+
+# Builds, creates a namespace topology with a service that answers some 500s, mirrors the
+# triggered flows and shows them, then cleans up.
+demo: deps
+	$(CARGO) run --release -p mirror-e2e --bin demo
+
+# Data-path cost per packet (BPF_PROG_TEST_RUN), results in bench/RESULTS-datapath.md.
+bench: deps
+	$(CARGO) run --release -p mirror-bench -- datapath --out bench/RESULTS-datapath.md
+
+bench-quick: deps
+	$(CARGO) run --release -p mirror-bench -- datapath --quick
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings

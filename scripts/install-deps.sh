@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what building, testing and the demo need on Debian/Ubuntu: the BPF toolchain, the
+# network tools the tests drive (iproute2, tcpdump, tshark, curl, nginx, python3, iperf3) and
+# Rust. Idempotent: only what is missing is installed. Run as root.
+set -euo pipefail
+
+PACKAGES=(
+    build-essential pkg-config clang llvm libelf-dev zlib1g-dev   # libbpf + BPF C
+    iproute2 ethtool bpftool                                       # links, tc, netns, BPF
+    tcpdump tshark                                                 # captures on the mirror
+    curl nginx-light python3 iperf3 wrk                            # servers, clients, load
+    procps psmisc                                                  # ps, sysctl, killall
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    # tshark asks whether non-root users may capture; root does the capturing here.
+    echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+    echo "Rust is missing: install it with rustup (https://rustup.rs), then run this again" >&2
+    exit 1
+fi
+
+# The kernel must expose BTF for CO-RE.
+[ -r /sys/kernel/btf/vmlinux ] || { echo "this kernel has no BTF (/sys/kernel/btf/vmlinux)" >&2; exit 1; }
+mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+echo "dependencies ready"
