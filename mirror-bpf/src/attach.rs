@@ -6,6 +6,7 @@
 use std::io;
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
 use libbpf_rs::{AsRawLibbpf, Link, MapCore, MapFlags, Program, TcHookBuilder, TC_EGRESS, TC_INGRESS};
@@ -39,6 +40,9 @@ pub enum MirrorMethod {
 
 /// Our filter handle on clsact hooks ("MR"): a filter with it is ours.
 pub const TC_HANDLE: u32 = 0x4d52;
+
+/// Subdirectory of the pin path holding TCX links, one per interface and hook.
+pub const LINKS_DIR: &str = "links";
 
 #[derive(Debug)]
 enum Hook {
@@ -82,10 +86,10 @@ fn attach_tcx(prog: &Program<'_>, ifindex: u32) -> io::Result<Link> {
     }
 }
 
-/// The lowest priority no filter uses on that hook.
-fn free_prio(ifindex: u32, egress: bool) -> io::Result<u16> {
-    let used = netlink::filters(ifindex, egress)?;
-    Ok((1..u16::MAX).find(|p| !used.iter().any(|f| f.prio == *p)).unwrap_or(u16::MAX))
+/// The lowest priority no filter uses on that hook: we run before any filter added later
+/// with a higher number, and never share a priority (a tcf_proto) with another tool.
+fn free_prio(used: &[netlink::FilterId]) -> u16 {
+    (1..u16::MAX).find(|p| !used.iter().any(|f| f.prio == *p)).unwrap_or(u16::MAX)
 }
 
 impl Datapath<'_> {
@@ -136,11 +140,36 @@ impl Datapath<'_> {
         Ok(att)
     }
 
+    fn link_pin(&self, ifindex: u32, egress: bool) -> Option<PathBuf> {
+        let hook = if egress { "egress" } else { "ingress" };
+        self.pin_path().map(|d| d.join(LINKS_DIR).join(format!("{ifindex}-{hook}")))
+    }
+
+    /// A TCX link pinned by an earlier instance now runs our program: no moment unclassified.
+    fn adopt_tcx(prog: &Program<'_>, pin: &Path) -> Result<Link> {
+        let mut link = Link::open(pin).context(|| format!("opening {}", pin.display()))?;
+        link.update_prog(prog).context(|| format!("updating the program of {}", pin.display()))?;
+        Ok(link)
+    }
+
     fn attach_tcx_both(&self, att: &mut Attachment) -> Result<()> {
         att.mode = AttachMode::Tcx;
-        for prog in self.programs(AttachMode::Tcx, att.method) {
-            let link = attach_tcx(prog, att.ifindex)
-                .context(|| format!("attaching TCX to ifindex {}", att.ifindex))?;
+        let ifindex = att.ifindex;
+        for (egress, prog) in [false, true].into_iter().zip(self.programs(AttachMode::Tcx, att.method)) {
+            let pin = self.link_pin(ifindex, egress);
+            let link = match &pin {
+                Some(p) if p.exists() => Self::adopt_tcx(prog, p)?,
+                _ => {
+                    let mut link = attach_tcx(prog, ifindex)
+                        .context(|| format!("attaching TCX to ifindex {ifindex}"))?;
+                    if let Some(p) = &pin {
+                        let dir = p.parent().unwrap_or(p);
+                        std::fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
+                        link.pin(p).context(|| format!("pinning {}", p.display()))?;
+                    }
+                    link
+                }
+            };
             att.hooks.push(Hook::Tcx(link));
         }
         Ok(())
@@ -168,8 +197,11 @@ impl Datapath<'_> {
         }
         let mirror_ifindex = self.settings()?.mirror_ifindex;
         for (egress_hook, prog) in [(false, ingress), (true, egress)] {
-            let prio = free_prio(ifindex, egress_hook)
+            let filters = netlink::filters(ifindex, egress_hook)
                 .context(|| format!("listing filters of ifindex {ifindex}"))?;
+            // A filter of ours left by an earlier instance is replaced in place, atomically.
+            let ours = filters.iter().find(|f| f.handle == TC_HANDLE && f.kind == "bpf").map(|f| f.prio);
+            let prio = ours.unwrap_or_else(|| free_prio(&filters));
             let what = || {
                 format!(
                     "attaching cls_bpf to ifindex {ifindex} ({})",
@@ -180,7 +212,7 @@ impl Datapath<'_> {
                 MirrorMethod::Clone => {
                     TcHookBuilder::new(prog.as_fd())
                         .ifindex(ifindex as i32)
-                        .replace(false)
+                        .replace(ours.is_some())
                         .handle(TC_HANDLE)
                         .priority(prio as u32)
                         .hook(if egress_hook { TC_EGRESS } else { TC_INGRESS })
@@ -194,16 +226,16 @@ impl Datapath<'_> {
                         ));
                     }
                     let name = prog.name().to_string_lossy().into_owned();
-                    netlink::add_mirred_filter(
+                    let f = netlink::MirredFilter {
                         ifindex,
-                        egress_hook,
+                        egress: egress_hook,
                         prio,
-                        TC_HANDLE,
-                        prog.as_fd().as_raw_fd(),
-                        &name,
+                        handle: TC_HANDLE,
+                        prog_fd: prog.as_fd().as_raw_fd(),
+                        prog_name: &name,
                         mirror_ifindex,
-                    )
-                    .context(what)?;
+                    };
+                    netlink::add_mirred_filter(&f, ours.is_some()).context(what)?;
                 }
             }
             att.hooks.push(Hook::Tc { egress: egress_hook, prio });
@@ -215,6 +247,17 @@ impl Datapath<'_> {
         let ifindex = att.ifindex;
         let mut first_err = None;
         for hook in att.hooks.drain(..) {
+            if let Hook::Tcx(mut link) = hook {
+                // Pinned or not, the link goes now.
+                let _ = link.unpin();
+                if let Err(e) = link.detach() {
+                    first_err.get_or_insert(Error::Bpf {
+                        what: format!("detaching TCX from ifindex {ifindex}"),
+                        source: e,
+                    });
+                }
+                continue;
+            }
             if let Hook::Tc { egress, prio } = hook {
                 match netlink::del_filter(ifindex, egress, prio, TC_HANDLE) {
                     Ok(()) => {}
@@ -228,7 +271,6 @@ impl Datapath<'_> {
                     }
                 }
             }
-            // A TCX link detaches when dropped here.
         }
         if att.created_qdisc {
             let empty = netlink::filters(ifindex, false).map(|f| f.is_empty()).unwrap_or(false)
@@ -255,9 +297,34 @@ impl Datapath<'_> {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// Leaves the classifier attached after this instance exits (TCX links stay through their
+    /// pins, filters stay on their qdisc); the next instance adopts them on attach.
+    pub fn release(&self, att: Attachment) {
+        drop(att);
+    }
+
     /// Detaches from the interface: our filters or links, and our clsact if nobody else uses it.
     pub fn detach(&self, mut att: Attachment) -> Result<()> {
         let _ = self.skel().maps.attached_ifaces.delete(&att.ifindex.to_ne_bytes());
         self.detach_hooks(&mut att)
     }
+}
+
+/// Ids of the programs attached through TCX to one hook of an interface, in run order.
+pub fn tcx_prog_ids(ifindex: u32, egress: bool) -> io::Result<Vec<u32>> {
+    let mut ids = [0u32; 64];
+    // SAFETY: a plain C struct; all-zero is its default.
+    let mut opts: libbpf_sys::bpf_prog_query_opts = unsafe { std::mem::zeroed() };
+    opts.sz = std::mem::size_of::<libbpf_sys::bpf_prog_query_opts>() as _;
+    opts.prog_ids = ids.as_mut_ptr();
+    opts.__bindgen_anon_1.count = ids.len() as u32;
+    let attach = if egress { libbpf_sys::BPF_TCX_EGRESS } else { libbpf_sys::BPF_TCX_INGRESS };
+    // SAFETY: `opts` points into `ids`, which outlives the call; count bounds the writes.
+    let rc = unsafe { libbpf_sys::bpf_prog_query_opts(ifindex as i32, attach, &mut opts) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(-rc));
+    }
+    // SAFETY: the kernel set `count` (the union's only member we use).
+    let n = unsafe { opts.__bindgen_anon_1.count } as usize;
+    Ok(ids[..n.min(ids.len())].to_vec())
 }

@@ -1,9 +1,10 @@
 //! Loading the classifier and driving it: settings, rules, flows, counters, events.
 
 use std::mem::MaybeUninit;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
 
 use crate::error::{Context, Error, Result};
@@ -24,11 +25,14 @@ pub struct DatapathOptions {
     pub marks_max: u32,
     /// Ring buffer for trigger events, bytes (a power of two, multiple of the page size).
     pub ringbuf_bytes: u32,
+    /// Directory on a bpffs where maps (and TCX links) are pinned. Maps already pinned there
+    /// are reused, so flows, marks, rules and counters survive a restart.
+    pub pin_path: Option<PathBuf>,
 }
 
 impl Default for DatapathOptions {
     fn default() -> Self {
-        Self { flows_max: 65_536, marks_max: 16_384, ringbuf_bytes: 256 * 1024 }
+        Self { flows_max: 65_536, marks_max: 16_384, ringbuf_bytes: 256 * 1024, pin_path: None }
     }
 }
 
@@ -47,6 +51,9 @@ pub struct RuleInfo {
 pub struct Datapath<'obj> {
     skel: ClassifierSkel<'obj>,
     rules: RuleSet,
+    pin_path: Option<PathBuf>,
+    /// Whether the maps came from an earlier instance's pins.
+    adopted: bool,
 }
 
 const ZERO: [u8; 4] = 0u32.to_ne_bytes();
@@ -61,8 +68,58 @@ impl<'obj> Datapath<'obj> {
         maps.http_requests.set_max_entries(opts.flows_max).context(|| "sizing http_requests".into())?;
         maps.mirror_marks.set_max_entries(opts.marks_max).context(|| "sizing mirror_marks".into())?;
         maps.events.set_max_entries(opts.ringbuf_bytes).context(|| "sizing events".into())?;
-        let skel = open.load().context(|| "loading the classifier (is this root, with BTF?)".into())?;
-        Ok(Self { skel, rules: RuleSet::new() })
+        let mut adopted = false;
+        if let Some(dir) = &opts.pin_path {
+            std::fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
+            for mut map in open.open_object_mut().maps_mut() {
+                let path = dir.join(map.name());
+                if path.exists() {
+                    map.reuse_pinned_map(&path).context(|| format!("reusing {}", path.display()))?;
+                    adopted = true;
+                }
+            }
+        }
+        let mut skel = open.load().context(|| "loading the classifier (is this root, with BTF?)".into())?;
+        if let Some(dir) = &opts.pin_path {
+            for mut map in skel.object_mut().maps_mut() {
+                let path = dir.join(map.name());
+                // Internal maps (.bss and the like, named "<obj>.<section>") are not shared state.
+                if !path.exists() && !map.name().to_string_lossy().contains('.') {
+                    map.pin(&path).context(|| format!("pinning {}", path.display()))?;
+                }
+            }
+        }
+        Ok(Self { skel, rules: RuleSet::new(), pin_path: opts.pin_path.clone(), adopted })
+    }
+
+    /// Whether the maps were adopted from pins left by an earlier instance.
+    pub fn adopted(&self) -> bool {
+        self.adopted
+    }
+
+    /// The pin directory, if any.
+    pub fn pin_path(&self) -> Option<&Path> {
+        self.pin_path.as_deref()
+    }
+
+    /// Removes every pin of ours (maps and links). What is attached and not pinned stays until
+    /// this instance exits.
+    pub fn unpin_all(&mut self) -> Result<()> {
+        let Some(dir) = self.pin_path.clone() else { return Ok(()) };
+        for map in self.skel.object().maps() {
+            // Adopted maps are ours too, though libbpf does not mark them as pinned.
+            let path = dir.join(map.name());
+            if path.exists() {
+                std::fs::remove_file(&path).context(|| format!("unpinning {}", path.display()))?;
+            }
+        }
+        let links = dir.join(crate::attach::LINKS_DIR);
+        if links.exists() {
+            std::fs::remove_dir_all(&links).context(|| format!("removing {}", links.display()))?;
+        }
+        // Only removed when empty: never anything that is not ours.
+        let _ = std::fs::remove_dir(&dir);
+        Ok(())
     }
 
     /// The skeleton, for programs, maps and tests.
@@ -100,23 +157,39 @@ impl<'obj> Datapath<'obj> {
 
     /// Adds a rule with a given id (to restore saved rules).
     pub fn insert_rule(&mut self, id: RuleId, rule: Rule) -> Result<()> {
+        self.add_entry(id, None, rule, true)
+    }
+
+    /// Adds a saved rule with its id and hit-counter slot, keeping its hit count.
+    pub fn restore_rule(&mut self, id: RuleId, slot: u32, rule: Rule) -> Result<()> {
+        self.add_entry(id, Some(slot), rule, false)
+    }
+
+    fn add_entry(&mut self, id: RuleId, slot: Option<u32>, rule: Rule, reset_hits: bool) -> Result<()> {
         if self.rules.get(id).is_some() {
             self.remove_rule(id)?;
         }
         let writes = self
             .rules
-            .add(id, rule)
+            .add(id, slot, rule)
             .ok_or(Error::TooManyRules(types::mirror_limits::RULE_SLOTS.0 as usize - 1))?;
-        let slot = self.rules.get(id).map(|e| e.slot).unwrap_or(0);
-        // A reused slot starts from zero hits.
-        let ncpus = libbpf_rs::num_possible_cpus().context(|| "counting CPUs".into())?;
-        let zeros = vec![0u64.to_ne_bytes().to_vec(); ncpus];
-        self.skel
-            .maps
-            .rule_hits
-            .update_percpu(&slot.to_ne_bytes(), &zeros, MapFlags::ANY)
-            .context(|| format!("resetting hits of rule {id}"))?;
+        if reset_hits {
+            // A reused slot starts from zero, before the rule can match.
+            let slot = self.rules.get(id).map_or(0, |e| e.slot);
+            let ncpus = libbpf_rs::num_possible_cpus().context(|| "counting CPUs".into())?;
+            let zeros = vec![0u64.to_ne_bytes().to_vec(); ncpus];
+            self.skel
+                .maps
+                .rule_hits
+                .update_percpu(&slot.to_ne_bytes(), &zeros, MapFlags::ANY)
+                .context(|| format!("resetting hits of rule {id}"))?;
+        }
         self.apply(&writes)
+    }
+
+    /// The hit-counter slot of a rule (saved with it, for [`Datapath::restore_rule`]).
+    pub fn rule_slot(&self, id: RuleId) -> Option<u32> {
+        self.rules.get(id).map(|e| e.slot)
     }
 
     /// Removes a rule. Flows it already marked stay mirrored until their limits.

@@ -6,7 +6,7 @@ use std::io;
 
 use netlink_packet_core::{
     DefaultNla, Emitable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
-    NLM_F_EXCL, NLM_F_REQUEST,
+    NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
 };
 use netlink_packet_route::tc::{
     TcAction, TcActionAttribute, TcActionGeneric, TcActionMirrorOption, TcActionOption, TcActionType,
@@ -118,15 +118,19 @@ pub(crate) fn filters(ifindex: u32, egress: bool) -> io::Result<Vec<FilterId>> {
 }
 
 /// A classic (not direct-action) bpf filter with "action mirred egress mirror dev X continue".
-pub(crate) fn add_mirred_filter(
-    ifindex: u32,
-    egress: bool,
-    prio: u16,
-    handle: u32,
-    prog_fd: i32,
-    prog_name: &str,
-    mirror_ifindex: u32,
-) -> io::Result<()> {
+pub(crate) struct MirredFilter<'a> {
+    pub ifindex: u32,
+    pub egress: bool,
+    pub prio: u16,
+    pub handle: u32,
+    pub prog_fd: i32,
+    pub prog_name: &'a str,
+    pub mirror_ifindex: u32,
+}
+
+/// Adds (or, with `replace`, swaps in place) a [`MirredFilter`].
+pub(crate) fn add_mirred_filter(f: &MirredFilter<'_>, replace: bool) -> io::Result<()> {
+    let MirredFilter { ifindex, egress, prio, handle, prog_fd, prog_name, mirror_ifindex } = *f;
     let mut generic = TcActionGeneric::default();
     // "continue": after the copy, classification goes on to the next filter.
     generic.action = TcActionType::Unspec;
@@ -154,7 +158,12 @@ pub(crate) fn add_mirred_filter(
             TcOption::Bpf(TcFilterBpfOption::Other(DefaultNla::new(TCA_BPF_ACT, act_buf))),
         ]),
     ];
-    request(RouteNetlinkMessage::NewTrafficFilter(msg), NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL).map(drop)
+    let flags = if replace {
+        NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+    } else {
+        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+    };
+    request(RouteNetlinkMessage::NewTrafficFilter(msg), flags).map(drop)
 }
 
 /// Deletes the filter (prio, handle) of a clsact hook.

@@ -60,9 +60,13 @@ impl RuleSet {
         self.next_id
     }
 
-    /// Adds `rule` as `id`. Returns the map writes, or `None` when no slot is free.
-    pub fn add(&mut self, id: RuleId, rule: Rule) -> Option<Vec<KeyWrite>> {
-        let slot = self.free_slots.pop()?;
+    /// Adds `rule` as `id`, in `slot` if given (and free) or the lowest free one. Returns the
+    /// map writes, or `None` when no slot is free.
+    pub fn add(&mut self, id: RuleId, slot: Option<u32>, rule: Rule) -> Option<Vec<KeyWrite>> {
+        let slot = match slot.and_then(|s| self.free_slots.iter().position(|f| *f == s)) {
+            Some(i) => self.free_slots.remove(i),
+            None => self.free_slots.pop()?,
+        };
         self.next_id = self.next_id.max(id + 1);
         let keys: Vec<_> = keys_of(&rule).collect();
         self.rules.insert(id, Entry { rule, slot });
@@ -132,10 +136,10 @@ mod tests {
     #[test]
     fn lowest_id_wins_and_next_takes_over() {
         let mut set = RuleSet::new();
-        let w = set.add(1, r("status=500-501")).unwrap();
+        let w = set.add(1, None, r("status=500-501")).unwrap();
         assert_eq!(w.len(), 2);
         // Rule 2 covers 500..599 but only the uncovered keys change.
-        let w = set.add(2, r("status=5xx")).unwrap();
+        let w = set.add(2, None, r("status=5xx")).unwrap();
         assert_eq!(w.len(), 98);
         assert!(w.iter().all(|((_, s), a)| *s >= 502 && a.unwrap().rule_id == 2));
         // Removing rule 1 hands 500 and 501 to rule 2.
@@ -151,15 +155,18 @@ mod tests {
     #[test]
     fn port_rules_are_counted_and_slots_reused() {
         let mut set = RuleSet::new();
-        set.add(1, r("port=8080 status=503")).unwrap();
-        set.add(2, r("status=503")).unwrap();
+        set.add(1, None, r("port=8080 status=503")).unwrap();
+        set.add(2, None, r("status=503")).unwrap();
         assert_eq!(set.port_keys(), 1);
         let slot = set.get(1).unwrap().slot;
         set.remove(1).unwrap();
         assert_eq!(set.port_keys(), 0);
-        set.add(3, r("status=404")).unwrap();
+        set.add(3, None, r("status=404")).unwrap();
         assert_eq!(set.get(3).unwrap().slot, slot);
         assert_eq!(set.next_id(), 4);
+        // A restored rule gets the slot it asks for.
+        set.add(9, Some(77), r("status=404")).unwrap();
+        assert_eq!(set.get(9).unwrap().slot, 77);
     }
 
     #[test]
@@ -167,8 +174,8 @@ mod tests {
         let mut set = RuleSet::new();
         let n = types::mirror_limits::RULE_SLOTS.0 - 1;
         for id in 1..=n {
-            set.add(id, r("port=1 status=500")).unwrap();
+            set.add(id, None, r("port=1 status=500")).unwrap();
         }
-        assert!(set.add(n + 1, r("status=500")).is_none());
+        assert!(set.add(n + 1, None, r("status=500")).is_none());
     }
 }
