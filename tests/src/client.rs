@@ -1,0 +1,93 @@
+//! curl as the HTTP client. Several URLs in one call share one keep-alive connection; separate
+//! calls are separate connections.
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::{Command, Output, Stdio};
+
+use crate::netns::Netns;
+
+/// The outcome of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Response {
+    /// HTTP status.
+    pub status: u16,
+    /// Connections curl opened for it (0: it reused the previous one).
+    pub new_connections: u32,
+}
+
+/// The URL of `path` on `ip`:`port`.
+pub fn url(ip: IpAddr, port: u16, path: &str) -> String {
+    format!("http://{}{path}", SocketAddr::new(ip, port))
+}
+
+/// curl fetching every URL in order on one connection, printing "status connections" each.
+fn curl(ns: &Netns, urls: &[String]) -> Command {
+    let mut cmd = ns.command("curl");
+    // -g: brackets of IPv6 literals are not globs. Bounded: 2 s to connect, 5 s per transfer.
+    cmd.args(["-sS", "-g", "--noproxy", "*", "--connect-timeout", "2", "--max-time", "5"]);
+    cmd.args(["-w", "%{http_code} %{num_connects}\\n"]);
+    for u in urls {
+        cmd.args(["-o", "/dev/null", u]);
+    }
+    cmd
+}
+
+/// Panics if curl failed (not on an HTTP error status: that is the point).
+#[track_caller]
+fn responses(urls: &[String], out: &Output) -> Vec<Response> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "curl {urls:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let responses: Vec<Response> = stdout
+        .lines()
+        .map(|l| {
+            let (status, conns) = l.split_once(' ').unwrap_or_else(|| panic!("curl printed {l:?}"));
+            Response { status: status.parse().unwrap(), new_connections: conns.parse().unwrap() }
+        })
+        .collect();
+    assert_eq!(responses.len(), urls.len(), "curl {urls:?}: {stdout}");
+    responses
+}
+
+/// GETs every URL in order, in one curl run from `ns`.
+#[track_caller]
+pub fn get(ns: &Netns, urls: &[String]) -> Vec<Response> {
+    responses(urls, &curl(ns, urls).output().expect("running curl"))
+}
+
+/// Runs one curl per list of URLs, all at once, and returns the statuses of each.
+#[track_caller]
+pub fn get_concurrently(ns: &Netns, runs: &[Vec<String>]) -> Vec<Vec<u16>> {
+    let children: Vec<_> = runs
+        .iter()
+        .map(|urls| {
+            curl(ns, urls).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("running curl")
+        })
+        .collect();
+    children
+        .into_iter()
+        .zip(runs)
+        .map(|(c, urls)| {
+            let out = c.wait_with_output().expect("waiting for curl");
+            responses(urls, &out).iter().map(|r| r.status).collect()
+        })
+        .collect()
+}
+
+/// GETs every URL in one curl run and returns the statuses, asserting that all the requests
+/// shared one connection.
+#[track_caller]
+pub fn get_keepalive(ns: &Netns, urls: &[String]) -> Vec<u16> {
+    let r = get(ns, urls);
+    assert_eq!(
+        r.iter().map(|r| r.new_connections).sum::<u32>(),
+        1,
+        "{urls:?} were not on one connection: {r:?}"
+    );
+    r.iter().map(|r| r.status).collect()
+}
+
+/// GETs each URL on a connection of its own and returns the statuses.
+#[track_caller]
+pub fn get_each(ns: &Netns, urls: &[String]) -> Vec<u16> {
+    urls.iter().map(|u| get(ns, std::slice::from_ref(u))[0].status).collect()
+}

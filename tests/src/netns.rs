@@ -1,0 +1,192 @@
+//! Network namespaces and the topology of a test: a "node" namespace that routes between "pod"
+//! namespaces, each joined to it by a veth pair (pod side `eth0`, node side `veth<role>`), and
+//! a mirror sink veth pair in the node (`mir0` -> `mir1`).
+//!
+//! Namespace names are unique per process and test (tests run in parallel); interface names
+//! only need to be unique inside their namespace. Every namespace is deleted on drop.
+
+use std::fs::File;
+use std::marker::PhantomData;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use mirror_bpf::testing::sh;
+
+/// The interface the classifier mirrors to, in the node namespace.
+pub const MIRROR_DEV: &str = "mir0";
+/// Its peer, where the mirror is captured.
+pub const MIRROR_SINK: &str = "mir1";
+
+/// A named network namespace, deleted on drop.
+pub struct Netns {
+    name: String,
+}
+
+static NEXT_NS: AtomicU32 = AtomicU32::new(0);
+
+impl Netns {
+    /// Creates a namespace named after the process, a counter and `role`, with loopback up and
+    /// without IPv6 duplicate address detection (addresses are usable at once).
+    pub fn new(role: &str) -> Netns {
+        let name = format!("me2e-{}-{}-{role}", std::process::id(), NEXT_NS.fetch_add(1, Ordering::Relaxed));
+        sh(&format!("ip netns add {name}"));
+        let ns = Netns { name };
+        ns.sh("ip link set lo up && sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0");
+        ns
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A command that runs `program` inside the namespace.
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program]);
+        c
+    }
+
+    /// Runs a shell command inside the namespace; panics with its output when it fails.
+    #[track_caller]
+    pub fn sh(&self, cmd: &str) -> String {
+        sh(&format!("ip netns exec {} sh -c '{}'", self.name, cmd.replace('\'', r"'\''")))
+    }
+
+    /// Moves the calling thread into the namespace until the guard is dropped. Netlink and
+    /// attach calls act in the calling thread's namespace.
+    pub fn enter(&self) -> Entered {
+        let open = |path: &str| File::open(path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
+        let previous = open("/proc/thread-self/ns/net");
+        setns(&open(&format!("/run/netns/{}", self.name)));
+        Entered { previous, _thread_bound: PhantomData }
+    }
+}
+
+fn setns(ns: &File) {
+    // SAFETY: setns on a namespace file we hold open; it only changes this thread's namespace.
+    let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let out = Command::new("ip").args(["netns", "del", &self.name]).output();
+        if !out.as_ref().is_ok_and(|o| o.status.success()) {
+            eprintln!("deleting netns {}: {out:?}", self.name);
+        }
+    }
+}
+
+/// The calling thread is inside a namespace; dropping this goes back where it was.
+pub struct Entered {
+    previous: File,
+    // A namespace belongs to a thread: the guard must be dropped on the thread that entered.
+    _thread_bound: PhantomData<*const ()>,
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        setns(&self.previous);
+    }
+}
+
+/// A pod: its namespace, addresses and the node-side end of its veth.
+pub struct Pod {
+    /// Its namespace.
+    pub ns: Netns,
+    /// The node-side veth.
+    pub veth: String,
+    /// Address of its `eth0`.
+    pub v4: Ipv4Addr,
+    /// IPv6 address of its `eth0`.
+    pub v6: Ipv6Addr,
+    /// The node's address on the link.
+    pub gw4: Ipv4Addr,
+    /// The node's IPv6 address on the link.
+    pub gw6: Ipv6Addr,
+    role: String,
+}
+
+impl Pod {
+    /// Its role.
+    pub fn role(&self) -> &str {
+        &self.role
+    }
+
+    /// Its address in the family asked for.
+    pub fn addr(&self, v6: bool) -> IpAddr {
+        if v6 {
+            IpAddr::V6(self.v6)
+        } else {
+            IpAddr::V4(self.v4)
+        }
+    }
+
+    /// The node's address on this pod's link (its default gateway).
+    pub fn gateway(&self, v6: bool) -> IpAddr {
+        if v6 {
+            IpAddr::V6(self.gw6)
+        } else {
+            IpAddr::V4(self.gw4)
+        }
+    }
+}
+
+/// A node namespace with pods and a mirror sink.
+pub struct Topology {
+    /// The pods, in the order given.
+    pub pods: Vec<Pod>,
+    /// The node namespace (routes between pods, holds the mirror sink).
+    pub node: Netns,
+}
+
+impl Topology {
+    /// Builds the node and one pod per role (at most 11 characters: `veth<role>` is a link
+    /// name). Pod `i` (from 1) has 198.18.i.2/24 and 2001:2:0:i::2/64; the node is `.1`/`::1`.
+    pub fn new(roles: &[&str]) -> Topology {
+        let node = Netns::new("node");
+        node.sh("sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1");
+        let mut pods = Vec::new();
+        for (i, role) in roles.iter().enumerate() {
+            assert!(role.len() <= 11, "role {role} is too long for a link name");
+            let i = i as u8 + 1;
+            let pod = Pod {
+                ns: Netns::new(role),
+                veth: format!("veth{role}"),
+                v4: Ipv4Addr::new(198, 18, i, 2),
+                v6: Ipv6Addr::new(0x2001, 2, 0, u16::from(i), 0, 0, 0, 2),
+                gw4: Ipv4Addr::new(198, 18, i, 1),
+                gw6: Ipv6Addr::new(0x2001, 2, 0, u16::from(i), 0, 0, 0, 1),
+                role: role.to_string(),
+            };
+            let Pod { veth, v4, v6, gw4, gw6, .. } = &pod;
+            node.sh(&format!(
+                "ip link add {veth} type veth peer name eth0 netns {} \
+                 && ip addr add {gw4}/24 dev {veth} && ip addr add {gw6}/64 dev {veth} nodad \
+                 && ip link set {veth} up",
+                pod.ns.name()
+            ));
+            pod.ns.sh(&format!(
+                "ip addr add {v4}/24 dev eth0 && ip addr add {v6}/64 dev eth0 nodad && ip link set eth0 up \
+                 && ip route add default via {gw4} && ip -6 route add default via {gw6}"
+            ));
+            pods.push(pod);
+        }
+        // The sink carries nothing of its own: no IPv6, so no neighbour discovery on it.
+        node.sh(&format!(
+            "ip link add {MIRROR_DEV} type veth peer name {MIRROR_SINK} \
+             && sysctl -qw net.ipv6.conf.{MIRROR_DEV}.disable_ipv6=1 net.ipv6.conf.{MIRROR_SINK}.disable_ipv6=1 \
+             && ip link set {MIRROR_DEV} up && ip link set {MIRROR_SINK} up"
+        ));
+        Topology { pods, node }
+    }
+
+    /// The pod with that role.
+    #[track_caller]
+    pub fn pod(&self, role: &str) -> &Pod {
+        self.pods.iter().find(|p| p.role == role).unwrap_or_else(|| panic!("no pod {role}"))
+    }
+}

@@ -1,0 +1,180 @@
+//! Reading the pcap files tcpdump writes: Ethernet frames down to the TCP header and payload.
+//! Parsed here rather than from tcpdump's text so that payloads (status lines) are at hand.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+
+use mirror_bpf::FlowKey;
+
+/// One captured TCP segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Packet {
+    /// Sender.
+    pub src: SocketAddr,
+    /// Receiver.
+    pub dst: SocketAddr,
+    /// Sequence number.
+    pub seq: u32,
+    /// Acknowledgment number.
+    pub ack: u32,
+    /// Flag byte (FIN 0x01, SYN 0x02, RST 0x04, PSH 0x08, ACK 0x10).
+    pub flags: u8,
+    /// Payload length per the IP header.
+    pub len: u32,
+    /// The captured payload.
+    pub payload: Vec<u8>,
+}
+
+/// What makes a packet the same packet in two captures on its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PacketId {
+    /// Sender.
+    pub src: SocketAddr,
+    /// Receiver.
+    pub dst: SocketAddr,
+    /// Sequence number.
+    pub seq: u32,
+    /// Acknowledgment number.
+    pub ack: u32,
+    /// TCP flags.
+    pub flags: u8,
+    /// Payload length.
+    pub len: u32,
+}
+
+impl fmt::Display for PacketId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const NAMES: [(u8, char); 5] = [(0x02, 'S'), (0x01, 'F'), (0x04, 'R'), (0x08, 'P'), (0x10, '.')];
+        let flags: String = NAMES.iter().filter(|(bit, _)| self.flags & bit != 0).map(|(_, c)| *c).collect();
+        write!(f, "{} > {} [{flags}] seq {} ack {} len {}", self.src, self.dst, self.seq, self.ack, self.len)
+    }
+}
+
+impl Packet {
+    /// Its identity.
+    pub fn id(&self) -> PacketId {
+        PacketId {
+            src: self.src,
+            dst: self.dst,
+            seq: self.seq,
+            ack: self.ack,
+            flags: self.flags,
+            len: self.len,
+        }
+    }
+
+    /// Its connection, as the classifier keys it.
+    pub fn flow(&self) -> FlowKey {
+        FlowKey::new(self.src, self.dst, 6)
+    }
+
+    /// The status when the payload starts with an HTTP/1.x status line.
+    pub fn http_status(&self) -> Option<u16> {
+        let p = self.payload.get(..12)?;
+        if !(p.starts_with(b"HTTP/1.0 ") || p.starts_with(b"HTTP/1.1 ")) {
+            return None;
+        }
+        std::str::from_utf8(&p[9..12]).ok()?.parse().ok()
+    }
+}
+
+/// Every TCP segment of a pcap file, in order, and how many frames were something else.
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    /// The TCP segments.
+    pub packets: Vec<Packet>,
+    /// Frames that are not IPv4/IPv6 TCP.
+    pub other: usize,
+}
+
+/// Reads a pcap file of Ethernet frames.
+pub fn read(path: &Path) -> Trace {
+    let data = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    assert!(data.len() >= 24, "{}: no pcap header", path.display());
+    let magic = u32::from_le_bytes(data[..4].try_into().unwrap());
+    let le = match magic {
+        0xa1b2_c3d4 | 0xa1b2_3c4d => true,
+        0xd4c3_b2a1 | 0x4d3c_b2a1 => false,
+        _ => panic!("{}: not a pcap file (magic {magic:#x})", path.display()),
+    };
+    let u32_at = |off: usize| {
+        let b: [u8; 4] = data[off..off + 4].try_into().unwrap();
+        if le {
+            u32::from_le_bytes(b)
+        } else {
+            u32::from_be_bytes(b)
+        }
+    };
+    assert_eq!(u32_at(20), 1, "{}: not Ethernet", path.display());
+    let mut trace = Trace::default();
+    let mut off = 24;
+    // tcpdump may be stopped in the middle of a record: a partial one is ignored.
+    while off + 16 <= data.len() {
+        let caplen = u32_at(off + 8) as usize;
+        let start = off + 16;
+        if start + caplen > data.len() {
+            break;
+        }
+        match parse_frame(&data[start..start + caplen]) {
+            Some(p) => trace.packets.push(p),
+            None => trace.other += 1,
+        }
+        off = start + caplen;
+    }
+    trace
+}
+
+fn be16(b: &[u8], off: usize) -> Option<u16> {
+    Some(u16::from_be_bytes(b.get(off..off + 2)?.try_into().ok()?))
+}
+
+fn be32(b: &[u8], off: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(b.get(off..off + 4)?.try_into().ok()?))
+}
+
+fn parse_frame(frame: &[u8]) -> Option<Packet> {
+    let mut off = 12;
+    let mut ethertype = be16(frame, off)?;
+    while ethertype == 0x8100 || ethertype == 0x88a8 {
+        off += 4;
+        ethertype = be16(frame, off)?;
+    }
+    let l3 = frame.get(off + 2..)?;
+    let (src, dst, l4, l4_len) = match ethertype {
+        0x0800 => {
+            let ihl = usize::from(l3.first()? & 0x0f) * 4;
+            // Not TCP, or a later fragment.
+            if *l3.get(9)? != 6 || be16(l3, 6)? & 0x1fff != 0 {
+                return None;
+            }
+            let src = IpAddr::V4(Ipv4Addr::from(be32(l3, 12)?));
+            let dst = IpAddr::V4(Ipv4Addr::from(be32(l3, 16)?));
+            let total = usize::from(be16(l3, 2)?);
+            (src, dst, l3.get(ihl..)?, total.checked_sub(ihl)?)
+        }
+        0x86dd => {
+            if *l3.get(6)? != 6 {
+                return None;
+            }
+            let addr = |o: usize| -> Option<IpAddr> {
+                let b: [u8; 16] = l3.get(o..o + 16)?.try_into().ok()?;
+                Some(IpAddr::V6(Ipv6Addr::from(b)))
+            };
+            (addr(8)?, addr(24)?, l3.get(40..)?, usize::from(be16(l3, 4)?))
+        }
+        _ => return None,
+    };
+    let doff = usize::from(l4.get(12)? >> 4) * 4;
+    let len = l4_len.checked_sub(doff)?;
+    let payload = l4.get(doff..)?;
+    Some(Packet {
+        src: SocketAddr::new(src, be16(l4, 0)?),
+        dst: SocketAddr::new(dst, be16(l4, 2)?),
+        seq: be32(l4, 4)?,
+        ack: be32(l4, 8)?,
+        flags: *l4.get(13)?,
+        len: len as u32,
+        payload: payload[..payload.len().min(len)].to_vec(),
+    })
+}

@@ -1,0 +1,224 @@
+//! One test's world: a topology, the classifier loaded and attached to the pods' veths, the
+//! servers, and recordings of the traffic at an endpoint and on the mirror sink. The test's
+//! thread stays inside the node namespace while the testbed lives.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::thread;
+use std::time::Duration;
+
+use libbpf_rs::RingBuffer;
+use mirror_bpf::testing::{self, ifindex};
+use mirror_bpf::types::stat_idx;
+use mirror_bpf::{
+    AttachMode, Attachment, Counters, Datapath, DatapathOptions, MirrorMethod, RuleId, TriggerEvent,
+};
+use tempfile::TempDir;
+
+use crate::capture::Capture;
+use crate::netns::{Entered, Netns, Pod, Topology, MIRROR_DEV, MIRROR_SINK};
+use crate::oracle::Expected;
+use crate::pcap::Trace;
+use crate::servers::Server;
+
+/// Time for the last packets (the connection's close) to pass every capture point.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// Packets seen at an endpoint and on the mirror during the same traffic.
+pub struct Recording {
+    /// At the reference endpoint's `eth0`.
+    pub reference: Trace,
+    /// On the mirror sink.
+    pub mirror: Trace,
+}
+
+/// Trigger events, collected as they are polled.
+pub struct Events {
+    ring: RingBuffer<'static>,
+    seen: Rc<RefCell<Vec<TriggerEvent>>>,
+}
+
+impl Events {
+    /// The events received so far.
+    pub fn take(&self) -> Vec<TriggerEvent> {
+        Datapath::poll_events(&self.ring, Duration::from_millis(100)).expect("polling events");
+        self.seen.take()
+    }
+}
+
+/// A test's topology with the classifier loaded (dropped in field order: servers first, the
+/// namespaces and files last).
+pub struct Testbed {
+    servers: Vec<Server>,
+    attachments: Vec<Attachment>,
+    /// The classifier.
+    pub dp: Datapath<'static>,
+    _inside: Entered,
+    /// The namespaces.
+    pub topo: Topology,
+    /// Configs and captures.
+    pub dir: TempDir,
+}
+
+impl Testbed {
+    /// A topology with one pod per role, the calling thread in its node, the classifier loaded.
+    pub fn new(roles: &[&str]) -> Testbed {
+        let dir = tempfile::Builder::new().prefix("mirror-e2e").tempdir().expect("creating a temp dir");
+        let topo = Topology::new(roles);
+        let inside = topo.node.enter();
+        let dp = testing::load(&DatapathOptions::default());
+        Testbed { servers: Vec::new(), attachments: Vec::new(), dp, _inside: inside, topo, dir }
+    }
+
+    /// The pod with that role.
+    #[track_caller]
+    pub fn pod(&self, role: &str) -> &Pod {
+        self.topo.pod(role)
+    }
+
+    /// The node namespace.
+    pub fn node(&self) -> &Netns {
+        &self.topo.node
+    }
+
+    /// Makes the classifier copy to the mirror sink.
+    pub fn mirror_to_sink(&self) {
+        self.dp.set_mirror_ifindex(ifindex(MIRROR_DEV)).expect("setting the mirror interface");
+    }
+
+    /// Adds a rule.
+    #[track_caller]
+    pub fn add_rule(&mut self, rule: &str) -> RuleId {
+        let rule = rule.parse().unwrap_or_else(|e| panic!("{rule}: {e}"));
+        self.dp.add_rule(rule).expect("adding a rule")
+    }
+
+    /// Starts nginx in a pod.
+    pub fn nginx(&mut self, role: &str, port: u16) {
+        let server = Server::nginx(self.topo.pod(role), port, self.dir.path());
+        self.servers.push(server);
+    }
+
+    /// Starts python's http.server in a pod.
+    pub fn python(&mut self, role: &str, port: u16) {
+        let server = Server::python(&self.topo.pod(role).ns, port, self.dir.path());
+        self.servers.push(server);
+    }
+
+    /// Starts python's http.server in the node namespace (a host-network server).
+    pub fn python_in_node(&mut self, port: u16) {
+        let server = Server::python(&self.topo.node, port, self.dir.path());
+        self.servers.push(server);
+    }
+
+    /// Attaches the classifier to every pod's veth.
+    pub fn attach(&mut self, mode: AttachMode, method: MirrorMethod) {
+        let roles: Vec<String> = self.topo.pods.iter().map(|p| p.role().to_string()).collect();
+        self.attach_to(&roles.iter().map(String::as_str).collect::<Vec<_>>(), mode, method);
+    }
+
+    /// Attaches the classifier to the veths of some pods only.
+    pub fn attach_to(&mut self, roles: &[&str], mode: AttachMode, method: MirrorMethod) {
+        for role in roles {
+            self.try_attach(role, mode, method).unwrap_or_else(|e| panic!("attaching to {role}'s veth: {e}"));
+        }
+    }
+
+    /// Attaches the classifier to one pod's veth, if it can.
+    pub fn try_attach(
+        &mut self,
+        role: &str,
+        mode: AttachMode,
+        method: MirrorMethod,
+    ) -> mirror_bpf::Result<()> {
+        let att = self.dp.attach(ifindex(&self.topo.pod(role).veth), mode, method)?;
+        self.attachments.push(att);
+        Ok(())
+    }
+
+    /// Detaches from every pod's veth.
+    pub fn detach(&mut self) {
+        for att in self.attachments.drain(..) {
+            self.dp.detach(att).expect("detaching");
+        }
+    }
+
+    /// Collects trigger events from now on.
+    pub fn events(&self) -> Events {
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        let sink = Rc::clone(&seen);
+        let ring = self.dp.events(move |ev| sink.borrow_mut().push(ev)).expect("opening the events");
+        Events { ring, seen }
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> Counters {
+        self.dp.counters().expect("reading counters")
+    }
+
+    /// Runs `traffic` while capturing at `reference`'s `eth0` (TCP only) and on the mirror sink
+    /// (everything).
+    pub fn record(&self, reference: &str, traffic: impl FnOnce()) -> Recording {
+        self.capture(reference, true, traffic)
+    }
+
+    /// Like [`Testbed::record`] when the mirror sink is gone: the mirror trace is empty.
+    pub fn record_without_sink(&self, reference: &str, traffic: impl FnOnce()) -> Recording {
+        self.capture(reference, false, traffic)
+    }
+
+    fn capture(&self, reference: &str, sink: bool, traffic: impl FnOnce()) -> Recording {
+        let dir = self.dir.path();
+        let n = std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
+        let at_pod =
+            Capture::start(&self.pod(reference).ns, "eth0", "tcp", &dir.join(format!("reference-{n}.pcap")));
+        let at_sink = sink
+            .then(|| Capture::start(&self.topo.node, MIRROR_SINK, "", &dir.join(format!("mirror-{n}.pcap"))));
+        traffic();
+        thread::sleep(SETTLE);
+        let reference = at_pod.stop();
+        let mirror = at_sink.map(Capture::stop).unwrap_or_default();
+        Recording { reference, mirror }
+    }
+
+    /// Checks the mirror against the reference (see [`Expected`]) and the classifier's view
+    /// against both: counters, rule hits, the flow table and its marks. `trigger(status,
+    /// server_port)` is what the rules match.
+    #[track_caller]
+    pub fn check(&self, rec: &Recording, trigger: impl Fn(u16, u16) -> bool) -> Expected {
+        let expected = Expected::from_reference(&rec.reference, trigger);
+        expected.assert_mirror(&rec.mirror);
+        self.assert_marks(&expected);
+        let c = self.counters();
+        let n_triggered = expected.triggered.len() as u64;
+        assert_eq!(c.get(stat_idx::STAT_TRIGGERS), n_triggered, "{c:?}");
+        assert_eq!(c.get(stat_idx::STAT_MIRRORED_PACKETS), rec.mirror.packets.len() as u64, "{c:?}");
+        assert_eq!(c.get(stat_idx::STAT_MIRROR_ERRORS), 0, "{c:?}");
+        assert_eq!(c.get(stat_idx::STAT_MIRROR_NO_TARGET), 0, "{c:?}");
+        let hits: u64 = self.dp.rules().expect("reading rules").iter().map(|r| r.hits).sum();
+        assert_eq!(hits, n_triggered, "rule hits");
+        expected
+    }
+
+    /// Asserts that the flow table lists every connection of the reference, the triggered
+    /// ones with a mark that charged exactly their packets from the trigger on.
+    #[track_caller]
+    pub fn assert_marks(&self, expected: &Expected) {
+        let flows = self.dp.flows().expect("reading flows");
+        let find = |key| {
+            flows.iter().find(|f| f.key == key).unwrap_or_else(|| panic!("{key} not in the flow table"))
+        };
+        for t in &expected.triggered {
+            let mark = find(t.flow).mark.unwrap_or_else(|| panic!("{} triggered but has no mark", t.flow));
+            assert_eq!(
+                (mark.status, mark.packets, mark.ended),
+                (t.status, t.packets, false),
+                "mark of {}",
+                t.flow
+            );
+        }
+        for f in expected.untriggered() {
+            assert_eq!(find(*f).mark, None, "{f} never triggered but is marked");
+        }
+    }
+}
