@@ -118,8 +118,8 @@ impl Datapath<'_> {
             AttachMode::Tcx => self.attach_tcx_both(&mut att),
             AttachMode::Tc => self.attach_tc_both(&mut att),
             AttachMode::Auto => match self.attach_tcx_both(&mut att) {
-                Err(Error::Io { ref source, .. }) if tcx_missing(source) => {
-                    tracing::info!(ifindex, error = %source, "TCX not available, using clsact + cls_bpf");
+                Err(Error::Io { ref cause, .. }) if tcx_missing(cause) => {
+                    tracing::info!(ifindex, error = %cause, "TCX not available, using clsact + cls_bpf");
                     att.mode = AttachMode::Tc;
                     self.attach_tc_both(&mut att)
                 }
@@ -253,7 +253,7 @@ impl Datapath<'_> {
                 if let Err(e) = link.detach() {
                     first_err.get_or_insert(Error::Bpf {
                         what: format!("detaching TCX from ifindex {ifindex}"),
-                        source: e,
+                        cause: e,
                     });
                 }
                 continue;
@@ -266,7 +266,7 @@ impl Datapath<'_> {
                     Err(e) => {
                         first_err.get_or_insert(Error::Io {
                             what: format!("removing our filter from ifindex {ifindex}"),
-                            source: e,
+                            cause: e,
                         });
                     }
                 }
@@ -285,7 +285,7 @@ impl Datapath<'_> {
                     Err(e) => {
                         first_err.get_or_insert(Error::Bpf {
                             what: format!("removing our clsact from ifindex {ifindex}"),
-                            source: e,
+                            cause: e,
                         });
                     }
                 }
@@ -327,4 +327,28 @@ pub fn tcx_prog_ids(ifindex: u32, egress: bool) -> io::Result<Vec<u32>> {
     // SAFETY: the kernel set `count` (the union's only member we use).
     let n = unsafe { opts.__bindgen_anon_1.count } as usize;
     Ok(ids[..n.min(ids.len())].to_vec())
+}
+
+impl Datapath<'_> {
+    /// Detaches and unpins the TCX links pinned for interfaces `keep` rejects (left by an
+    /// earlier instance for interfaces that vanished or no longer match). Returns how many.
+    pub fn drop_stale_links(&self, keep: impl Fn(u32) -> bool) -> Result<usize> {
+        let Some(dir) = self.pin_path().map(|p| p.join(LINKS_DIR)) else { return Ok(0) };
+        let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(0) };
+        let mut dropped = 0;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(ifindex) = name.split('-').next().and_then(|i| i.parse().ok()) else { continue };
+            if keep(ifindex) {
+                continue;
+            }
+            if let Ok(link) = Link::open(e.path()) {
+                // Already gone with its interface, or detached now.
+                let _ = link.detach();
+            }
+            std::fs::remove_file(e.path()).context(|| format!("removing {}", e.path().display()))?;
+            dropped += 1;
+        }
+        Ok(dropped)
+    }
 }

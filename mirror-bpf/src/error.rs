@@ -6,22 +6,21 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A libbpf call failed.
-    #[error("{what}: {source}")]
+    // The cause is part of the message (not a `source`), so that it is printed once.
+    #[error("{what}: {cause}")]
     Bpf {
         /// The operation that failed.
         what: String,
         /// libbpf's error.
-        #[source]
-        source: libbpf_rs::Error,
+        cause: libbpf_rs::Error,
     },
     /// A netlink or system call failed.
-    #[error("{what}: {source}")]
+    #[error("{what}: {cause}")]
     Io {
         /// The operation that failed.
         what: String,
         /// The OS error.
-        #[source]
-        source: io::Error,
+        cause: io::Error,
     },
     /// A rule could not be parsed.
     #[error(transparent)]
@@ -47,12 +46,12 @@ pub(crate) trait Context<T> {
 
 impl<T> Context<T> for libbpf_rs::Result<T> {
     fn context(self, what: impl FnOnce() -> String) -> Result<T> {
-        self.map_err(|source| Error::Bpf { what: what(), source })
+        self.map_err(|cause| Error::Bpf { what: what(), cause })
     }
 }
 
 impl<T> Context<T> for io::Result<T> {
     fn context(self, what: impl FnOnce() -> String) -> Result<T> {
-        self.map_err(|source| Error::Io { what: what(), source })
+        self.map_err(|cause| Error::Io { what: what(), cause })
     }
 }

@@ -25,6 +25,8 @@ pub use datapath::{Datapath, DatapathOptions};
 pub use error::{Error, Result};
 pub use event::TriggerEvent;
 pub use flow::{DirStats, Flow, FlowKey, MirrorMark};
+/// The ring buffer of trigger events returned by [`Datapath::events`].
+pub use libbpf_rs::RingBuffer as EventRing;
 pub use rule::{Limits, Rule, RuleError, RuleId, StatusMatch};
 pub use stats::Counters;
 

@@ -1,0 +1,184 @@
+//! The agent: loads (or adopts) the data path, keeps the mirror sink, attaches to every
+//! matching link as links come and go, serves the API and metrics, and on SIGTERM detaches
+//! (or, with keep-attached, leaves everything for the next agent).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+use mirror_bpf::{DatapathOptions, Rule};
+
+use crate::api::types::MirrorView;
+use crate::api::{self, AgentInfo, ApiState};
+use crate::config::Config;
+use crate::engine::{Engine, EngineConfig};
+use crate::links::{self, LinkEvent};
+use crate::metrics;
+use crate::sink::Sink;
+use crate::state::SavedState;
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
+    let initial_rules: Vec<Rule> = cfg.rules.iter().map(|r| r.parse()).collect::<Result<_, _>>()?;
+    crate::bpffs::ensure(&cfg.bpf.pin_path)?;
+    let engine = Engine::start(EngineConfig {
+        datapath: DatapathOptions {
+            flows_max: cfg.flows.max,
+            marks_max: cfg.flows.marks_max,
+            pin_path: Some(cfg.bpf.pin_path.clone()),
+            ..Default::default()
+        },
+        mode: cfg.attach.mode.into(),
+        method: cfg.mirror.method.into(),
+        state_path: cfg.state.path.clone(),
+        initial_rules,
+    })
+    .await?;
+
+    let created_sink = SavedState::load(&cfg.state.path)?.is_some_and(|s| s.created_sink);
+    let mut sink = Sink::new(cfg.mirror.clone(), created_sink)?;
+    let mirror_ifindex = sink.ensure().await?;
+    engine.set_mirror(mirror_ifindex.unwrap_or(0)).await?;
+    if mirror_ifindex.is_none() {
+        tracing::warn!(
+            interface = sink.name(),
+            "no mirror interface yet: triggered packets are counted, not copied"
+        );
+    }
+    remember_sink(&cfg, sink.created)?;
+
+    let info = Arc::new(Mutex::new(AgentInfo {
+        attach_mode: format!("{:?}", cfg.attach.mode).to_lowercase(),
+        mirror: MirrorView {
+            interface: cfg.mirror.interface.clone(),
+            ifindex: mirror_ifindex,
+            created: sink.created,
+        },
+    }));
+    let listener = api::bind(&cfg.api.socket).await?;
+    let app = api::router(ApiState { engine: engine.clone(), info: info.clone() });
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "API server stopped");
+        }
+    });
+    tracing::info!(socket = %cfg.api.socket.display(), "API listening");
+    if !cfg.metrics.listen.is_empty() {
+        let tcp = tokio::net::TcpListener::bind(&cfg.metrics.listen)
+            .await
+            .with_context(|| format!("binding metrics.listen {}", cfg.metrics.listen))?;
+        let app = metrics::router(engine.clone());
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(tcp, app).await {
+                tracing::error!(error = %e, "metrics server stopped");
+            }
+        });
+        tracing::info!(listen = %cfg.metrics.listen, "metrics listening");
+    }
+
+    let (tx, mut rx) = mpsc::channel(1024);
+    tokio::spawn(async move {
+        if let Err(e) = links::watch(tx).await {
+            tracing::error!(error = %e, "link watcher stopped");
+        }
+    });
+
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    // Names of the links we know, to notice renames.
+    let mut known: BTreeMap<u32, String> = BTreeMap::new();
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            ev = rx.recv() => {
+                let Some(ev) = ev else { anyhow::bail!("link events stopped") };
+                on_link_event(&cfg, &engine, &mut sink, &info, &mut known, ev).await;
+            }
+        }
+    }
+
+    let keep = keep_attached || cfg.keep_attached;
+    tracing::info!(keep_attached = keep, "stopping");
+    let res = engine.shutdown(keep).await;
+    if !keep {
+        sink.remove().await?;
+        remember_sink(&cfg, false)?;
+    }
+    let _ = std::fs::remove_file(&cfg.api.socket);
+    res
+}
+
+fn remember_sink(cfg: &Config, created: bool) -> anyhow::Result<()> {
+    let mut s = SavedState::load(&cfg.state.path)?.unwrap_or_default();
+    if s.created_sink != created {
+        s.created_sink = created;
+        s.save(&cfg.state.path)?;
+    }
+    Ok(())
+}
+
+async fn on_link_event(
+    cfg: &Config,
+    engine: &Engine,
+    sink: &mut Sink,
+    info: &Arc<Mutex<AgentInfo>>,
+    known: &mut BTreeMap<u32, String>,
+    ev: LinkEvent,
+) {
+    match ev {
+        LinkEvent::Present { ifindex, name, at } => {
+            let renamed = known.insert(ifindex, name.clone()).is_some_and(|old| old != name);
+            if name == sink.name() {
+                set_sink(engine, info, Some(ifindex)).await;
+            }
+            if sink.owns(&name) {
+                return;
+            }
+            if cfg.interfaces.matches(&name) {
+                if let Err(e) = engine.attach(ifindex, name.clone(), at.into_std()).await {
+                    tracing::warn!(%name, ifindex, error = format!("{e:#}"), "attach failed");
+                }
+            } else if renamed {
+                // Renamed out of the include set.
+                let _ = engine.detach(ifindex).await;
+            }
+        }
+        LinkEvent::Gone { ifindex, name } => {
+            known.remove(&ifindex);
+            if sink.owns(&name) && name == sink.name() {
+                tracing::warn!(interface = %name, "mirror sink vanished: recreating");
+                set_sink(engine, info, None).await;
+                match sink.ensure().await {
+                    Ok(i) => set_sink(engine, info, i).await,
+                    Err(e) => tracing::error!(error = format!("{e:#}"), "recreating the mirror sink"),
+                }
+                return;
+            }
+            if let Err(e) = engine.detach(ifindex).await {
+                tracing::warn!(%name, ifindex, error = format!("{e:#}"), "forgetting a vanished link");
+            }
+        }
+        LinkEvent::Synced => match engine.drop_stale_pins().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(links = n, "removed pinned links of interfaces gone meanwhile"),
+            Err(e) => tracing::warn!(error = format!("{e:#}"), "removing stale pins"),
+        },
+    }
+}
+
+async fn set_sink(engine: &Engine, info: &Arc<Mutex<AgentInfo>>, ifindex: Option<u32>) {
+    let current = info.lock().expect("info lock").mirror.ifindex;
+    if current == ifindex {
+        return;
+    }
+    if let Err(e) = engine.set_mirror(ifindex.unwrap_or(0)).await {
+        tracing::error!(error = format!("{e:#}"), "setting the mirror interface");
+        return;
+    }
+    info.lock().expect("info lock").mirror.ifindex = ifindex;
+    tracing::info!(ifindex, "mirror interface set");
+}

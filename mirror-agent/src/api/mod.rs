@@ -1,0 +1,163 @@
+//! The local API: HTTP/JSON on a Unix socket (mode 0600). Resources: rules, flows, status,
+//! counters. Bad requests get a 4xx with a message.
+
+pub mod types;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get};
+use axum::{Json, Router};
+use serde::Deserialize;
+
+use crate::engine::Engine;
+use types::{ErrorBody, FlowView, MirrorView, NewRule, RuleView, StatusView};
+
+/// What the API reports beyond the engine.
+#[derive(Debug, Clone)]
+pub struct AgentInfo {
+    /// Configured attach mode.
+    pub attach_mode: String,
+    /// The mirror sink as last seen.
+    pub mirror: MirrorView,
+}
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct ApiState {
+    /// The data path.
+    pub engine: Engine,
+    /// Agent facts, updated as they change.
+    pub info: Arc<Mutex<AgentInfo>>,
+}
+
+/// An error reply.
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(ErrorBody { error: self.1 })).into_response()
+    }
+}
+
+impl From<anyhow::Error> for ApiError {
+    fn from(e: anyhow::Error) -> Self {
+        ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
+    }
+}
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// The routes.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/v1/rules", get(list_rules).post(add_rule))
+        .route("/v1/rules/{id}", delete(del_rule))
+        .route("/v1/flows", get(flows))
+        .route("/v1/status", get(status))
+        .route("/v1/counters", get(counters))
+        .fallback(|| async {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                "no such resource (see /v1/rules, /v1/flows, /v1/status, /v1/counters)".into(),
+            )
+        })
+        .with_state(state)
+}
+
+async fn list_rules(State(s): State<ApiState>) -> ApiResult<Vec<RuleView>> {
+    Ok(Json(s.engine.rules().await?))
+}
+
+async fn add_rule(
+    State(s): State<ApiState>,
+    body: Result<Json<NewRule>, JsonRejection>,
+) -> Result<(StatusCode, Json<RuleView>), ApiError> {
+    let Json(body) =
+        body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("expected {{\"rule\": \"...\"}}: {e}")))?;
+    let rule = body
+        .rule
+        .parse()
+        .map_err(|e: mirror_bpf::RuleError| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    let view = s.engine.add_rule(rule).await.map_err(|e| match e.downcast_ref::<mirror_bpf::Error>() {
+        Some(mirror_bpf::Error::TooManyRules(_)) => ApiError(StatusCode::CONFLICT, e.to_string()),
+        _ => e.into(),
+    })?;
+    tracing::info!(id = view.id, rule = %view.rule, "rule added");
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+async fn del_rule(
+    State(s): State<ApiState>,
+    id: Result<UrlPath<u32>, axum::extract::rejection::PathRejection>,
+) -> ApiResult<RuleView> {
+    let UrlPath(id) =
+        id.map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("rule id must be a number: {e}")))?;
+    let view = s.engine.del_rule(id).await.map_err(|e| match e.downcast_ref::<mirror_bpf::Error>() {
+        Some(mirror_bpf::Error::NoSuchRule(_)) => ApiError(StatusCode::NOT_FOUND, e.to_string()),
+        _ => e.into(),
+    })?;
+    tracing::info!(id, rule = %view.rule, "rule deleted");
+    Ok(Json(view))
+}
+
+#[derive(Deserialize)]
+struct FlowQuery {
+    limit: Option<usize>,
+}
+
+async fn flows(State(s): State<ApiState>, q: Query<FlowQuery>) -> ApiResult<Vec<FlowView>> {
+    let mut flows = s.engine.flows().await?;
+    // Top flows: mirrored first, then by bytes.
+    flows.sort_by_key(|f| (f.rule_id.is_none(), std::cmp::Reverse(f.forward.bytes + f.reverse.bytes)));
+    flows.truncate(q.limit.unwrap_or(usize::MAX));
+    Ok(Json(flows))
+}
+
+async fn status(State(s): State<ApiState>) -> ApiResult<StatusView> {
+    let st = s.engine.status().await?;
+    let info = s.info.lock().expect("info lock").clone();
+    Ok(Json(StatusView {
+        version: env!("CARGO_PKG_VERSION").into(),
+        attach_mode: info.attach_mode,
+        tcx_available: st.tcx_available.unwrap_or(false),
+        adopted: st.adopted,
+        interfaces: st.interfaces,
+        mirror: MirrorView { ifindex: (st.mirror_ifindex != 0).then_some(st.mirror_ifindex), ..info.mirror },
+        counters: st.counters,
+        attach_latency: st.attach_latency,
+    }))
+}
+
+async fn counters(State(s): State<ApiState>) -> ApiResult<BTreeMap<String, u64>> {
+    Ok(Json(s.engine.status().await?.counters))
+}
+
+/// Binds the API socket (mode 0600, in a 0700 directory created if needed). A socket left by
+/// a dead agent is replaced; one that answers belongs to a running agent and is an error.
+pub async fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    if path.exists() {
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            anyhow::bail!("{} is in use: is another mirror-agent running?", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale socket {}", path.display()))?;
+    }
+    let listener =
+        tokio::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}

@@ -1,0 +1,122 @@
+//! JSON bodies of the API, shared by the agent and mirrorctl.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// POST /v1/rules body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NewRule {
+    /// Rule text, as `mirrorctl rules add` takes it.
+    pub rule: String,
+}
+
+/// A rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleView {
+    /// Its id.
+    pub id: u32,
+    /// Canonical text.
+    pub rule: String,
+    /// Flows it triggered.
+    pub hits: u64,
+}
+
+/// One direction of a flow.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirView {
+    /// Packets.
+    pub packets: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// A flow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowView {
+    /// Lower endpoint (`addr:port`).
+    pub lo: String,
+    /// Higher endpoint.
+    pub hi: String,
+    /// From `lo` to `hi`.
+    pub forward: DirView,
+    /// From `hi` to `lo`.
+    pub reverse: DirView,
+    /// Marked for mirroring by this rule.
+    pub rule_id: Option<u32>,
+    /// Status that triggered.
+    pub status: Option<u16>,
+    /// Packets mirrored.
+    pub mirrored_packets: u64,
+    /// Mirroring ended (limit reached).
+    pub mirror_ended: bool,
+    /// Milliseconds since the last packet.
+    pub idle_ms: u64,
+}
+
+/// An attached interface.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterfaceView {
+    /// Link name.
+    pub name: String,
+    /// Link index.
+    pub ifindex: u32,
+    /// tcx | tc.
+    pub mode: String,
+    /// clone | mirred.
+    pub method: String,
+    /// Hooks attached.
+    pub directions: Vec<String>,
+}
+
+/// The mirror sink.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MirrorView {
+    /// Configured name.
+    pub interface: String,
+    /// Its index, when present.
+    pub ifindex: Option<u32>,
+    /// Whether the agent created it.
+    pub created: bool,
+}
+
+/// Attach latency (link event received to classifier attached), milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencyView {
+    /// Attachments measured.
+    pub count: u64,
+    /// Median.
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// Maximum.
+    pub max_ms: f64,
+}
+
+/// GET /v1/status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusView {
+    /// Agent version.
+    pub version: String,
+    /// Configured attach mode.
+    pub attach_mode: String,
+    /// The kernel has TCX (detected at start).
+    pub tcx_available: bool,
+    /// Pinned state of an earlier agent was adopted at start.
+    pub adopted: bool,
+    /// Attached interfaces.
+    pub interfaces: Vec<InterfaceView>,
+    /// The mirror sink.
+    pub mirror: MirrorView,
+    /// Classifier counters.
+    pub counters: BTreeMap<String, u64>,
+    /// Attach latency.
+    pub attach_latency: LatencyView,
+}
+
+/// An error reply.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: String,
+}

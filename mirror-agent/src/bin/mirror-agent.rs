@@ -1,0 +1,67 @@
+//! mirror-agent: attach the traffic-aware mirror to every container veth of this node.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use mirror_agent::config::{Config, LogFormat};
+
+/// Traffic-aware eBPF monitor and selective packet mirror: one per node, in the node's
+/// network namespace, as root.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// Configuration file (YAML); see config/agent.yaml for every key.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// On SIGTERM, leave the data path attached and pinned for the next agent.
+    #[arg(long)]
+    keep_attached: bool,
+    /// Check the configuration and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let cfg = match &args.config {
+        Some(p) => Config::load(p).map_err(|e| format!("config {}: {e}", p.display())),
+        None => Ok(Config::default()),
+    };
+    let cfg = match cfg {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("mirror-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.check {
+        println!("configuration is valid");
+        return ExitCode::SUCCESS;
+    }
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
+    match cfg.log.format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("mirror-agent: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(mirror_agent::agent::run(cfg, args.keep_attached)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "mirror-agent failed");
+            eprintln!("mirror-agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! mirrorctl: the operator's CLI for mirror-agent.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = mirror_agent::ctl::Args::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("mirrorctl: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(mirror_agent::ctl::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mirrorctl: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

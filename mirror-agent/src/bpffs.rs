@@ -1,0 +1,40 @@
+//! Makes sure the pin path lives on a BPF filesystem, mounting /sys/fs/bpf when it is not
+//! (as in a fresh container or a `ip netns exec` mount namespace).
+
+use std::ffi::CString;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+
+/// statfs magic of bpffs.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// Where bpffs is mounted by convention.
+const BPFFS: &str = "/sys/fs/bpf";
+
+fn is_bpffs(path: &Path) -> bool {
+    let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes()) else { return false };
+    // SAFETY: statfs writes into the struct we own; `c` is a valid C string.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC }
+}
+
+/// Checks that `pin_path` (or its nearest existing ancestor) is on a bpffs; mounts one on
+/// /sys/fs/bpf when the pin path is below it and nothing is mounted there.
+pub fn ensure(pin_path: &Path) -> anyhow::Result<()> {
+    let existing = pin_path.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+    if is_bpffs(existing) {
+        return Ok(());
+    }
+    if !pin_path.starts_with(BPFFS) {
+        bail!("bpf.pin_path {} is not on a BPF filesystem (mount -t bpf bpf DIR)", pin_path.display());
+    }
+    std::fs::create_dir_all(BPFFS).with_context(|| format!("creating {BPFFS}"))?;
+    let (src, dir, fs) = (c"bpf", CString::new(BPFFS)?, c"bpf");
+    // SAFETY: valid C strings; no mount data.
+    let rc = unsafe { libc::mount(src.as_ptr(), dir.as_ptr(), fs.as_ptr(), 0, std::ptr::null()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("mounting bpffs on {BPFFS}"));
+    }
+    tracing::info!("mounted bpffs on {BPFFS}");
+    Ok(())
+}

@@ -1,0 +1,381 @@
+//! The agent's configuration: YAML, every key optional with the default shown in
+//! `config/agent.yaml`; unknown keys and bad values are refused with the key's path.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use mirror_bpf::{AttachMode, MirrorMethod, Rule};
+
+/// A configuration that cannot be used: where, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {reason}")]
+pub struct ConfigError {
+    /// Dotted path of the key (`mirror.create`, `rules[1]`), or the file.
+    pub path: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+fn err(path: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError { path: path.into(), reason: reason.into() }
+}
+
+/// Which links the classifier is attached to.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Interfaces {
+    /// Globs of link names attached now and whenever they appear.
+    pub include: Vec<String>,
+    /// Globs of link names never attached (wins over include).
+    pub exclude: Vec<String>,
+}
+
+impl Default for Interfaces {
+    fn default() -> Self {
+        Self { include: vec!["veth*".into(), "cali*".into(), "lxc*".into()], exclude: vec![] }
+    }
+}
+
+impl Interfaces {
+    /// Whether a link of this name is to be attached.
+    pub fn matches(&self, name: &str) -> bool {
+        let any =
+            |globs: &[String]| globs.iter().any(|g| glob::Pattern::new(g).is_ok_and(|p| p.matches(name)));
+        any(&self.include) && !any(&self.exclude)
+    }
+}
+
+/// tc attach mode.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AttachModeCfg {
+    /// TCX where the kernel has it, else clsact + cls_bpf.
+    #[default]
+    Auto,
+    /// TCX only.
+    Tcx,
+    /// clsact + cls_bpf only.
+    Tc,
+}
+
+impl From<AttachModeCfg> for AttachMode {
+    fn from(m: AttachModeCfg) -> Self {
+        match m {
+            AttachModeCfg::Auto => AttachMode::Auto,
+            AttachModeCfg::Tcx => AttachMode::Tcx,
+            AttachModeCfg::Tc => AttachMode::Tc,
+        }
+    }
+}
+
+/// `attach:` section.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Attach {
+    /// auto | tcx | tc.
+    pub mode: AttachModeCfg,
+}
+
+/// How the mirror sink is created when absent.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkCreate {
+    /// A dummy link.
+    #[default]
+    Dummy,
+    /// A veth pair: the sink and its peer `<name>p`, where captures read.
+    Veth,
+    /// Never create it: wait for it to appear.
+    None,
+}
+
+/// How packets are copied.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum MethodCfg {
+    /// bpf_clone_redirect.
+    #[default]
+    Clone,
+    /// act_mirred on a classic cls_bpf filter (tc mode).
+    Mirred,
+}
+
+impl From<MethodCfg> for MirrorMethod {
+    fn from(m: MethodCfg) -> Self {
+        match m {
+            MethodCfg::Clone => MirrorMethod::Clone,
+            MethodCfg::Mirred => MirrorMethod::Mirred,
+        }
+    }
+}
+
+/// `mirror:` section.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Mirror {
+    /// Name of the mirror interface.
+    pub interface: String,
+    /// dummy | veth | none.
+    pub create: SinkCreate,
+    /// clone | mirred.
+    pub method: MethodCfg,
+    /// MTU set on a sink we create: large enough for the GSO packets that get mirrored.
+    pub mtu: u32,
+}
+
+impl Default for Mirror {
+    fn default() -> Self {
+        Self { interface: "mirror0".into(), create: SinkCreate::Dummy, method: MethodCfg::Clone, mtu: 65535 }
+    }
+}
+
+/// `api:` section.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Api {
+    /// Unix socket of the HTTP/JSON API (mode 0600).
+    pub socket: PathBuf,
+}
+
+impl Default for Api {
+    fn default() -> Self {
+        Self { socket: PathBuf::from(DEFAULT_SOCKET) }
+    }
+}
+
+/// The API socket unless configured otherwise (mirrorctl's default too).
+pub const DEFAULT_SOCKET: &str = "/run/mirror-agent/api.sock";
+
+/// `metrics:` section.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Metrics {
+    /// Address of the Prometheus endpoint (`/metrics`); empty disables it.
+    pub listen: String,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self { listen: "127.0.0.1:9464".into() }
+    }
+}
+
+/// `bpf:` section.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Bpf {
+    /// Where maps and TCX links are pinned (on a bpffs).
+    pub pin_path: PathBuf,
+}
+
+impl Default for Bpf {
+    fn default() -> Self {
+        Self { pin_path: PathBuf::from("/sys/fs/bpf/mirror-agent") }
+    }
+}
+
+/// `state:` section.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct State {
+    /// File where rules persist.
+    pub path: PathBuf,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self { path: PathBuf::from("/var/lib/mirror-agent/state.yaml") }
+    }
+}
+
+/// `flows:` section.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Flows {
+    /// Flows in the flow table.
+    pub max: u32,
+    /// Flows marked for mirroring at once.
+    pub marks_max: u32,
+}
+
+impl Default for Flows {
+    fn default() -> Self {
+        Self { max: 65_536, marks_max: 16_384 }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `log:` section.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Log {
+    /// text | json (the level comes from RUST_LOG, default info).
+    pub format: LogFormat,
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Which links to attach to.
+    pub interfaces: Interfaces,
+    /// How to attach.
+    pub attach: Attach,
+    /// The mirror sink.
+    pub mirror: Mirror,
+    /// The local API.
+    pub api: Api,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
+    /// BPF pins.
+    pub bpf: Bpf,
+    /// Persistent state.
+    pub state: State,
+    /// Flow table sizes.
+    pub flows: Flows,
+    /// Rules installed at the first start (same syntax as `mirrorctl rules add`).
+    pub rules: Vec<String>,
+    /// Logging.
+    pub log: Log,
+    /// On SIGTERM, leave the data path attached and pinned for the next agent.
+    pub keep_attached: bool,
+}
+
+impl Config {
+    /// Reads and checks a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| err(path.display().to_string(), e.to_string()))?;
+        Self::parse(&text)
+    }
+
+    /// Parses and checks configuration text.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        // An empty file is the defaults.
+        let cfg: Config = if text.trim().is_empty() {
+            Config::default()
+        } else {
+            let de = serde_yaml_ng::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                let path = e.path().to_string();
+                let path = if path == "." { "config".to_string() } else { path };
+                err(path, e.into_inner().to_string())
+            })?
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (key, globs) in [
+            ("interfaces.include", &self.interfaces.include),
+            ("interfaces.exclude", &self.interfaces.exclude),
+        ] {
+            for (i, g) in globs.iter().enumerate() {
+                glob::Pattern::new(g)
+                    .map_err(|e| err(format!("{key}[{i}]"), format!("bad glob '{g}': {e}")))?;
+            }
+        }
+        let name = &self.mirror.interface;
+        if name.is_empty() || name.len() > 15 || name.contains(['/', ' ', ':']) {
+            return Err(err("mirror.interface", format!("'{name}' is not a link name (1-15 characters)")));
+        }
+        if self.mirror.create == SinkCreate::Veth && name.len() > 14 {
+            return Err(err(
+                "mirror.interface",
+                "with create: veth the name has at most 14 characters (the peer adds 'p')",
+            ));
+        }
+        if !(1280..=65535).contains(&self.mirror.mtu) {
+            return Err(err("mirror.mtu", format!("{} is outside 1280-65535", self.mirror.mtu)));
+        }
+        if self.mirror.method == MethodCfg::Mirred && self.attach.mode == AttachModeCfg::Tcx {
+            return Err(err(
+                "mirror.method",
+                "mirred needs attach.mode tc or auto (a classic filter carries the action)",
+            ));
+        }
+        if !self.metrics.listen.is_empty() {
+            self.metrics
+                .listen
+                .parse::<SocketAddr>()
+                .map_err(|e| err("metrics.listen", format!("'{}': {e}", self.metrics.listen)))?;
+        }
+        for (key, p) in [
+            ("api.socket", &self.api.socket),
+            ("bpf.pin_path", &self.bpf.pin_path),
+            ("state.path", &self.state.path),
+        ] {
+            if !p.is_absolute() {
+                return Err(err(key, format!("'{}' must be an absolute path", p.display())));
+            }
+        }
+        if self.flows.max < 64 || self.flows.marks_max < 64 {
+            return Err(err("flows", "max and marks_max must be at least 64"));
+        }
+        for (i, r) in self.rules.iter().enumerate() {
+            r.parse::<Rule>().map_err(|e| err(format!("rules[{i}]"), e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_is_valid_and_documents_the_defaults() {
+        let text = include_str!("../../config/agent.yaml");
+        let cfg = Config::parse(text).unwrap();
+        let defaults = Config { rules: vec!["status=500".into()], ..Config::default() };
+        assert_eq!(cfg, defaults);
+    }
+
+    #[test]
+    fn empty_is_default() {
+        assert_eq!(Config::parse("").unwrap(), Config::default());
+        assert_eq!(Config::parse("{}").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn bad_configs_name_the_key() {
+        let cases = [
+            ("mirror:\n  create: tun\n", "mirror.create", "unknown variant"),
+            ("mirror:\n  interfce: m0\n", "mirror.interfce", "unknown field `interfce`"),
+            ("colour: red\n", "colour", "unknown field `colour`"),
+            ("flows:\n  max: lots\n", "flows.max", "invalid"),
+            ("rules: [\"status=500\", \"status=999\"]\n", "rules[1]", "outside"),
+            ("metrics:\n  listen: here\n", "metrics.listen", "here"),
+            ("interfaces:\n  include: [\"veth[\"]\n", "interfaces.include[0]", "bad glob"),
+            ("api:\n  socket: relative.sock\n", "api.socket", "absolute"),
+            ("attach:\n  mode: tcx\nmirror:\n  method: mirred\n", "mirror.method", "mirred"),
+            ("mirror:\n  interface: a-very-long-name0\n", "mirror.interface", "1-15"),
+        ];
+        for (text, path, reason) in cases {
+            let e = Config::parse(text).expect_err(text);
+            assert_eq!(e.path, path, "{text}: {e}");
+            assert!(e.reason.contains(reason), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn include_and_exclude_globs() {
+        let i = Interfaces { include: vec!["veth*".into()], exclude: vec!["veth-skip*".into()] };
+        assert!(i.matches("veth123"));
+        assert!(!i.matches("veth-skip1"));
+        assert!(!i.matches("eth0"));
+    }
+}

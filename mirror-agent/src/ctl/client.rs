@@ -1,0 +1,67 @@
+//! A minimal HTTP/1 client over the agent's Unix socket.
+
+use std::path::Path;
+
+use anyhow::Context;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+
+use crate::api::types::ErrorBody;
+
+/// Talks to one agent socket.
+pub struct Client<'a> {
+    socket: &'a Path,
+}
+
+impl<'a> Client<'a> {
+    /// A client of the agent listening on `socket`.
+    pub fn new(socket: &'a Path) -> Self {
+        Self { socket }
+    }
+
+    /// Sends one request; a non-2xx reply becomes an error carrying the agent's message.
+    pub async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+    ) -> anyhow::Result<T> {
+        let stream = tokio::net::UnixStream::connect(self.socket).await.with_context(|| {
+            format!(
+                "cannot reach the agent at {} (is mirror-agent running? see --socket)",
+                self.socket.display()
+            )
+        })?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "mirror-agent")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))?;
+        let resp = sender.send_request(req).await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        if !status.is_success() {
+            let msg = serde_json::from_slice::<ErrorBody>(&bytes)
+                .map(|e| e.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+            return Err(ApiFailure { status, message: msg }.into());
+        }
+        serde_json::from_slice(&bytes).with_context(|| format!("reading the agent's reply to {path}"))
+    }
+}
+
+/// The agent refused a request.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiFailure {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// The agent's message.
+    pub message: String,
+}

@@ -1,0 +1,193 @@
+//! mirrorctl: the operator's CLI, one subcommand per API resource.
+
+pub mod client;
+pub mod table;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use hyper::Method;
+use serde::Serialize;
+
+use crate::api::types::{FlowView, NewRule, RuleView, StatusView};
+use crate::config::DEFAULT_SOCKET;
+use client::Client;
+
+/// Drive the mirror agent of this node.
+#[derive(Parser)]
+#[command(name = "mirrorctl", version)]
+pub struct Args {
+    /// The agent's API socket.
+    #[arg(long, env = "MIRRORCTL_SOCKET", default_value = DEFAULT_SOCKET, global = true)]
+    pub socket: PathBuf,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table, global = true)]
+    pub output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Output formats.
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum Output {
+    /// An aligned table.
+    Table,
+    /// JSON, as the API returns it.
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Trigger rules.
+    Rules {
+        #[command(subcommand)]
+        command: RulesCommand,
+    },
+    /// Attached interfaces, the mirror interface, counters.
+    Status,
+    /// Top flows: endpoints, traffic each way, mirrored or not and by which rule.
+    Flows {
+        /// Show at most this many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+}
+
+#[derive(Subcommand)]
+enum RulesCommand {
+    /// Add a rule, e.g. `status=500`, `status=5xx`, `port=8080 status=500-504 packets=1000 duration=30s`.
+    Add {
+        /// The rule's key=value tokens.
+        #[arg(required = true, num_args = 1..)]
+        tokens: Vec<String>,
+    },
+    /// List the rules with their hit counts.
+    List,
+    /// Delete a rule by id.
+    Del {
+        /// The rule's id.
+        id: u32,
+    },
+}
+
+fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn rule_rows(rules: &[RuleView]) -> Vec<Vec<String>> {
+    rules.iter().map(|r| vec![r.id.to_string(), r.hits.to_string(), r.rule.clone()]).collect()
+}
+
+/// Runs one mirrorctl command.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let c = Client::new(&args.socket);
+    let json = args.output == Output::Json;
+    match args.command {
+        Command::Rules { command: RulesCommand::Add { tokens } } => {
+            let rule = tokens.join(" ");
+            // Refuse a bad rule here, pointing at the token, before bothering the agent.
+            rule.parse::<mirror_bpf::Rule>()?;
+            let body = serde_json::to_string(&NewRule { rule })?;
+            let r: RuleView = c.call(Method::POST, "/v1/rules", Some(body)).await?;
+            if json {
+                print_json(&r)?;
+            } else {
+                println!("{}", r.id);
+            }
+        }
+        Command::Rules { command: RulesCommand::List } => {
+            let rules: Vec<RuleView> = c.call(Method::GET, "/v1/rules", None).await?;
+            if json {
+                print_json(&rules)?;
+            } else {
+                print!("{}", table::render(&["ID", "HITS", "RULE"], &rule_rows(&rules)));
+            }
+        }
+        Command::Rules { command: RulesCommand::Del { id } } => {
+            let r: RuleView = c.call(Method::DELETE, &format!("/v1/rules/{id}"), None).await?;
+            if json {
+                print_json(&r)?;
+            } else {
+                println!("deleted rule {}: {}", r.id, r.rule);
+            }
+        }
+        Command::Status => {
+            let s: StatusView = c.call(Method::GET, "/v1/status", None).await?;
+            if json {
+                return print_json(&s);
+            }
+            println!(
+                "mirror-agent {}  attach mode {} (TCX available: {})",
+                s.version, s.attach_mode, s.tcx_available
+            );
+            let m = &s.mirror;
+            let state = m.ifindex.map_or("absent".to_string(), |i| format!("ifindex {i}"));
+            println!(
+                "mirror interface {} ({state}{})",
+                m.interface,
+                if m.created { ", created by the agent" } else { "" }
+            );
+            let l = &s.attach_latency;
+            println!(
+                "attach latency: {} attachments, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms\n",
+                l.count, l.p50_ms, l.p99_ms, l.max_ms
+            );
+            let rows: Vec<Vec<String>> = s
+                .interfaces
+                .iter()
+                .map(|i| {
+                    vec![
+                        i.name.clone(),
+                        i.ifindex.to_string(),
+                        i.mode.clone(),
+                        i.method.clone(),
+                        i.directions.join(","),
+                    ]
+                })
+                .collect();
+            print!("{}", table::render(&["INTERFACE", "IFINDEX", "MODE", "METHOD", "DIRECTIONS"], &rows));
+            println!();
+            let rows: Vec<Vec<String>> =
+                s.counters.iter().map(|(k, v)| vec![k.clone(), v.to_string()]).collect();
+            print!("{}", table::render(&["COUNTER", "VALUE"], &rows));
+        }
+        Command::Flows { limit } => {
+            let flows: Vec<FlowView> = c.call(Method::GET, &format!("/v1/flows?limit={limit}"), None).await?;
+            if json {
+                return print_json(&flows);
+            }
+            let rows: Vec<Vec<String>> = flows
+                .iter()
+                .map(|f| {
+                    let mirrored = match (f.rule_id, f.status) {
+                        (Some(r), Some(s)) => {
+                            format!("rule {r} ({s}){}", if f.mirror_ended { ", ended" } else { "" })
+                        }
+                        _ => "-".into(),
+                    };
+                    vec![
+                        f.lo.clone(),
+                        f.hi.clone(),
+                        format!("{}/{}", f.forward.packets, f.forward.bytes),
+                        format!("{}/{}", f.reverse.packets, f.reverse.bytes),
+                        mirrored,
+                        f.mirrored_packets.to_string(),
+                        format!("{:.1}s", f.idle_ms as f64 / 1000.0),
+                    ]
+                })
+                .collect();
+            let header = [
+                "ENDPOINT A",
+                "ENDPOINT B",
+                "A->B PKTS/BYTES",
+                "B->A PKTS/BYTES",
+                "MIRRORED",
+                "COPIED",
+                "IDLE",
+            ];
+            print!("{}", table::render(&header, &rows));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,13 @@
+//! The node agent (`mirror-agent`) and its CLI (`mirrorctl`). Binaries stay thin; the
+//! modules here do the work.
+
+pub mod agent;
+pub mod api;
+pub mod bpffs;
+pub mod config;
+pub mod ctl;
+pub mod engine;
+pub mod links;
+pub mod metrics;
+pub mod sink;
+pub mod state;

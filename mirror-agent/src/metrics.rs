@@ -1,0 +1,76 @@
+//! Prometheus metrics on `metrics.listen`: the classifier's counters, rule hits and the
+//! attached interfaces, read from the data path at each scrape.
+
+use std::fmt::Write as _;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::engine::Engine;
+
+/// Counters exported as `mirror_<metric>_total`: (counter, metric, help).
+const EXPORTED: &[(&str, &str, &str)] = &[
+    ("packets", "packets", "Packets seen by the classifier"),
+    ("bytes", "bytes", "Bytes seen by the classifier"),
+    ("http_requests", "http_requests", "HTTP/1.x requests recognised"),
+    ("http_responses", "http_responses", "HTTP/1.x status lines recognised"),
+    ("triggers", "triggers", "Responses that matched a rule and marked their flow"),
+    ("mirrored_packets", "mirrored_packets", "Packets copied to the mirror interface"),
+    ("mirrored_bytes", "mirrored_bytes", "Bytes copied to the mirror interface"),
+    ("mirror_errors", "copy_errors", "Copies that failed"),
+    ("mirror_no_target", "copy_no_target", "Marked packets not copied: no mirror interface"),
+    ("mirror_ended", "marks_ended", "Marks that reached their limit"),
+    ("flows_created", "flows_created", "Flows inserted into the flow table"),
+    ("flow_insert_failed", "flow_insert_failed", "Flow table inserts that failed"),
+    ("mark_insert_failed", "mark_insert_failed", "Mirror marks that could not be inserted"),
+    ("ringbuf_drops", "ringbuf_drops", "Trigger events lost (ring buffer full)"),
+    ("duplicate", "duplicate_packets", "Packets skipped at egress: already seen at an attached ingress"),
+    ("malformed", "malformed_packets", "Packets with truncated or inconsistent headers (passed)"),
+];
+
+async fn scrape(State(engine): State<Engine>) -> impl IntoResponse {
+    match render(&engine).await {
+        Ok(body) => {
+            (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
+        }
+        Err(e) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, [(header::CONTENT_TYPE, "text/plain")], format!("{e:#}"))
+        }
+    }
+}
+
+async fn render(engine: &Engine) -> anyhow::Result<String> {
+    let status = engine.status().await?;
+    let rules = engine.rules().await?;
+    let mut reg = Registry::with_prefix("mirror");
+    for (key, metric, help) in EXPORTED {
+        let v = status.counters.get(*key).copied().unwrap_or(0);
+        reg.register(*metric, *help, ConstCounter::new(v));
+    }
+    let hits = Family::<Vec<(String, String)>, prometheus_client::metrics::counter::Counter>::default();
+    for r in &rules {
+        hits.get_or_create(&vec![("rule_id".into(), r.id.to_string()), ("rule".into(), r.rule.clone())])
+            .inc_by(r.hits);
+    }
+    reg.register("rule_hits", "Flows triggered, per rule", hits);
+    let attached = Gauge::<i64>::default();
+    attached.set(status.interfaces.len() as i64);
+    reg.register("attached_interfaces", "Interfaces the classifier is attached to", attached);
+    let mut out = String::new();
+    encode(&mut out, &reg)?;
+    let _ = writeln!(out);
+    Ok(out)
+}
+
+/// The metrics routes.
+pub fn router(engine: Engine) -> Router {
+    Router::new().route("/metrics", get(scrape)).with_state(engine)
+}
