@@ -17,7 +17,9 @@ pub struct Row {
     pub rules: u32,
     /// Triggers nothing: held to [`QUIET_MAX_RATIO`].
     pub quiet: bool,
-    /// ns per packet over the runs.
+    /// ns per packet of each run, in run order.
+    pub runs: Vec<f64>,
+    /// Their summary.
     pub ns: Summary,
     /// Median ns per packet of the empty program, measured beside it.
     pub empty_ns: f64,
@@ -35,6 +37,7 @@ impl Row {
             rules,
             quiet,
             ns: Summary::of(&case_ns),
+            runs: case_ns,
             empty_ns: median(&empty_ns),
             ratio: median(&ratios),
         }
@@ -65,29 +68,37 @@ pub fn checks(rows: &[Row]) -> Vec<Check> {
     let mut names: Vec<&str> = rows.iter().map(|r| r.case.as_str()).collect();
     names.dedup();
     for name in names {
-        let same: Vec<&Row> = rows.iter().filter(|r| r.case == name).collect();
-        let (Some(lo), Some(hi)) = (same.iter().min_by_key(|r| r.rules), same.iter().max_by_key(|r| r.rules))
-        else {
-            continue;
-        };
+        let mut same: Vec<&Row> = rows.iter().filter(|r| r.case == name).collect();
+        same.sort_by_key(|r| r.rules);
+        let (Some(&lo), Some(&hi)) = (same.first(), same.last()) else { continue };
         if lo.rules == hi.rules {
             continue;
         }
-        let g = growth(lo.ratio, hi.ratio);
+        let between: Vec<String> = same[1..same.len() - 1]
+            .iter()
+            .map(|r| format!("{}: {:+.1}%; ", fmt_rules(r.rules), paired_growth(lo, r) * 100.0))
+            .collect();
+        let g = paired_growth(lo, hi);
         out.push(Check {
             what: format!(
-                "{name}: {} vs {}: {:+.1}% (ratio {:.2} vs {:.2}; bar: within {:.0}%)",
+                "{name}: {} vs {}: {:+.1}% ({}median over runs of the two ns measured in the same run; \
+                 bar: within {:.0}%)",
                 fmt_rules(hi.rules),
                 fmt_rules(lo.rules),
                 g * 100.0,
-                hi.ratio,
-                lo.ratio,
+                between.concat(),
                 RULES_MAX_GROWTH * 100.0
             ),
-            pass: g <= RULES_MAX_GROWTH,
+            pass: g.abs() <= RULES_MAX_GROWTH,
         });
     }
     out
+}
+
+/// Median over runs of the change from `lo` to `hi`: pairs from the same run share its drift.
+fn paired_growth(lo: &Row, hi: &Row) -> f64 {
+    let per_run: Vec<f64> = lo.runs.iter().zip(&hi.runs).map(|(l, h)| growth(*l, *h)).collect();
+    median(&per_run)
 }
 
 /// What the report says besides the table.
@@ -178,6 +189,7 @@ mod tests {
     fn row_takes_medians_and_per_run_ratios() {
         let r = Row::from_samples("c", 1, true, [(30.0, 10.0), (50.0, 20.0), (20.0, 10.0)].into_iter());
         assert_eq!(r.ns, Summary { median: 30.0, min: 20.0, max: 50.0 });
+        assert_eq!(r.runs, [30.0, 50.0, 20.0]);
         assert_eq!(r.empty_ns, 10.0);
         assert_eq!(r.ratio, 2.5);
     }
@@ -189,14 +201,28 @@ mod tests {
             row("loud", 1, true, 30.0, 10.0),
             row("resp", 1, false, 100.0, 10.0),
             row("resp", 10_000, false, 104.0, 10.0),
+            row("resp", 100, false, 102.0, 10.0),
             row("slow", 1, false, 100.0, 10.0),
             row("slow", 10_000, false, 110.0, 10.0),
+            row("odd", 1, false, 100.0, 10.0),
+            row("odd", 10_000, false, 90.0, 10.0),
         ];
         let c = checks(&rows);
+        assert!(
+            c[2].what.starts_with("resp: 10,000 rules vs 1 rule: +4.0% (100 rules: +2.0%; "),
+            "{}",
+            c[2].what
+        );
         let pass: Vec<(bool, &str)> = c.iter().map(|c| (c.pass, c.what.split(':').next().unwrap())).collect();
         assert_eq!(
             pass,
-            [(true, "quiet (1 rule)"), (false, "loud (1 rule)"), (true, "resp"), (false, "slow")]
+            [
+                (true, "quiet (1 rule)"),
+                (false, "loud (1 rule)"),
+                (true, "resp"),
+                (false, "slow"),
+                (false, "odd")
+            ]
         );
     }
 
