@@ -2,7 +2,7 @@
 //! servers, and recordings of the traffic at an endpoint and on the mirror sink. The test's
 //! thread stays inside the node namespace while the testbed lives.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::thread;
 use std::time::Duration;
@@ -58,6 +58,7 @@ pub struct Testbed {
     pub topo: Topology,
     /// Configs and captures.
     pub dir: TempDir,
+    recordings: Cell<u32>,
 }
 
 impl Testbed {
@@ -67,7 +68,15 @@ impl Testbed {
         let topo = Topology::new(roles);
         let inside = topo.node.enter();
         let dp = testing::load(&DatapathOptions::default());
-        Testbed { servers: Vec::new(), attachments: Vec::new(), dp, _inside: inside, topo, dir }
+        Testbed {
+            servers: Vec::new(),
+            attachments: Vec::new(),
+            dp,
+            _inside: inside,
+            topo,
+            dir,
+            recordings: Cell::new(0),
+        }
     }
 
     /// The pod with that role.
@@ -169,7 +178,7 @@ impl Testbed {
 
     fn capture(&self, reference: &str, sink: bool, traffic: impl FnOnce()) -> Recording {
         let dir = self.dir.path();
-        let n = std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
+        let n = self.recordings.replace(self.recordings.get() + 1);
         let at_pod =
             Capture::start(&self.pod(reference).ns, "eth0", "tcp", &dir.join(format!("reference-{n}.pcap")));
         let at_sink = sink
