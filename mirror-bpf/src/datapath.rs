@@ -68,6 +68,10 @@ impl<'obj> Datapath<'obj> {
         maps.http_requests.set_max_entries(opts.flows_max).context(|| "sizing http_requests".into())?;
         maps.mirror_marks.set_max_entries(opts.marks_max).context(|| "sizing mirror_marks".into())?;
         maps.events.set_max_entries(opts.ringbuf_bytes).context(|| "sizing events".into())?;
+        // A fresh epoch: flow entries adopted from an earlier instance look their mark up again.
+        if let Some(data) = open.maps.data_data.as_deref_mut() {
+            data.mark_epoch = (crate::flow::monotonic_ns() as u32) | 1;
+        }
         let mut adopted = false;
         if let Some(dir) = &opts.pin_path {
             std::fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
@@ -216,8 +220,19 @@ impl<'obj> Datapath<'obj> {
             }
             .context(|| format!("writing the rule entry for port {port} status {status}"))?;
         }
-        let port_keys = self.rules.port_keys();
-        self.write_settings(|s| s.port_rules = port_keys)
+        // The bitmap word of every port touched, recomputed from the rule set.
+        let mut words: Vec<u16> = writes.iter().map(|((p, _), _)| *p / 64).collect();
+        words.sort_unstable();
+        words.dedup();
+        for w in words {
+            let bits = (0..64u16)
+                .filter(|b| self.rules.port_has_rules(w * 64 + b))
+                .fold(0u64, |acc, b| acc | 1 << b);
+            maps.port_rule_bits
+                .update(&u32::from(w).to_ne_bytes(), &bits.to_ne_bytes(), MapFlags::ANY)
+                .context(|| format!("writing the port bitmap word {w}"))?;
+        }
+        Ok(())
     }
 
     /// The rules, by id, with their hit counts.

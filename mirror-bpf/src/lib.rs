@@ -58,7 +58,7 @@ macro_rules! plain_types {
 plain_types! {
     flow_key = 40,
     flow_dir_stats = 40,
-    flow_traffic = 80,
+    flow_traffic = 88,
     rule_action = 32,
     port_status_key = 4,
     mirror_mark = 64,

@@ -26,6 +26,8 @@ pub(crate) type KeyWrite = ((u16, u16), Option<types::rule_action>);
 pub(crate) struct RuleSet {
     rules: BTreeMap<RuleId, Entry>,
     winners: HashMap<(u16, u16), RuleId>,
+    /// Rules per scoped port.
+    port_rules: HashMap<u16, usize>,
     free_slots: Vec<u32>,
     next_id: RuleId,
 }
@@ -37,6 +39,7 @@ impl RuleSet {
         Self {
             rules: BTreeMap::new(),
             winners: HashMap::new(),
+            port_rules: HashMap::new(),
             free_slots: (1..slots).rev().collect(),
             next_id: 1,
         }
@@ -50,9 +53,9 @@ impl RuleSet {
         self.rules.iter().map(|(id, e)| (*id, e))
     }
 
-    /// Number of port-scoped keys in use (the classifier skips that lookup at 0).
-    pub fn port_keys(&self) -> u32 {
-        self.winners.keys().filter(|(p, _)| *p != ANY_PORT).count() as u32
+    /// Whether any rule is scoped to `port`.
+    pub fn port_has_rules(&self, port: u16) -> bool {
+        self.port_rules.get(&port).is_some_and(|n| *n > 0)
     }
 
     /// The id the next [`RuleSet::add`] without an id will get.
@@ -69,6 +72,9 @@ impl RuleSet {
         };
         self.next_id = self.next_id.max(id + 1);
         let keys: Vec<_> = keys_of(&rule).collect();
+        if let Some(p) = rule.port {
+            *self.port_rules.entry(p).or_default() += 1;
+        }
         self.rules.insert(id, Entry { rule, slot });
         let mut writes = Vec::new();
         for key in keys {
@@ -85,6 +91,11 @@ impl RuleSet {
     pub fn remove(&mut self, id: RuleId) -> Option<(Entry, Vec<KeyWrite>)> {
         let entry = self.rules.remove(&id)?;
         self.free_slots.push(entry.slot);
+        if let Some(p) = entry.rule.port {
+            if let Some(n) = self.port_rules.get_mut(&p) {
+                *n -= 1;
+            }
+        }
         let mut writes = Vec::new();
         for key in keys_of(&entry.rule) {
             if self.winners.get(&key) != Some(&id) {
@@ -157,10 +168,10 @@ mod tests {
         let mut set = RuleSet::new();
         set.add(1, None, r("port=8080 status=503")).unwrap();
         set.add(2, None, r("status=503")).unwrap();
-        assert_eq!(set.port_keys(), 1);
+        assert!(set.port_has_rules(8080) && !set.port_has_rules(80));
         let slot = set.get(1).unwrap().slot;
         set.remove(1).unwrap();
-        assert_eq!(set.port_keys(), 0);
+        assert!(!set.port_has_rules(8080));
         set.add(3, None, r("status=404")).unwrap();
         assert_eq!(set.get(3).unwrap().slot, slot);
         assert_eq!(set.next_id(), 4);

@@ -45,9 +45,8 @@ static __always_inline int classify(struct __sk_buff *skb, enum hook_kind hook,
 {
     __u32 zero = 0;
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
-    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
 
-    if (!cnt || !set)
+    if (!cnt)
         return 0;
     cnt->v[STAT_PACKETS]++;
     cnt->v[STAT_BYTES] += skb->len;
@@ -68,30 +67,32 @@ static __always_inline int classify(struct __sk_buff *skb, enum hook_kind hook,
         return 0;
     }
 
-    __u64 now = bpf_ktime_get_ns();
-    flow_account(&m, skb->len, now, cnt);
+    /* The coarse clock (ticks) serves flow times and mark limits; HTTP timing reads the
+     * precise one (about 30 ns in a VM), only for requests and triggers. */
+    __u64 now = bpf_ktime_get_coarse_ns();
+    struct flow_traffic *fs = flow_account(&m, skb->len, now, cnt);
 
-    struct mirror_mark *mk = bpf_map_lookup_elem(&mirror_marks, &m.key);
+    struct mirror_mark *mk = mark_lookup(fs, &m.key);
     if (mk)
-        return mark_admit(mk, skb->len, now, cnt) && mirror_copy(skb, set, method, cnt);
+        return mark_admit(mk, skb->len, now, cnt) && mirror_copy(skb, method, cnt);
     if (!m.payload_len)
         return 0;
 
     __u16 status = 0;
     int kind = http_classify(skb, &m, &status);
     if (kind == HTTP_REQUEST) {
-        http_note_request(skb, &m, now, cnt);
+        http_note_request(skb, &m, bpf_ktime_get_ns(), cnt);
         return 0;
     }
     if (kind != HTTP_RESPONSE)
         return 0;
     cnt->v[STAT_HTTP_RESPONSES]++;
 
-    struct rule_action *ra = rule_lookup(set, m.src_port, status);
+    struct rule_action *ra = rule_lookup(m.src_port, status);
     if (!ra)
         return 0;
-    return mirror_trigger(skb, &m, ra, status, hook, now, cnt) &&
-           mirror_copy(skb, set, method, cnt);
+    return mirror_trigger(skb, &m, ra, status, hook, now, bpf_ktime_get_ns(), cnt) &&
+           mirror_copy(skb, method, cnt);
 }
 
 /* clsact + cls_bpf in direct-action mode. */

@@ -33,6 +33,9 @@
 /* IPv6 fragment header: offset is the top 13 bits of frag_off, host order. */
 #define IP6_OFFSET_MASK 0xFFF8
 
+/* errno values returned by map helpers (negated). */
+#define EEXIST 17
+
 #ifndef NSEC_PER_SEC
 #define NSEC_PER_SEC 1000000000ULL
 #endif

@@ -22,29 +22,31 @@ static __always_inline void flow_dir_add(struct flow_dir_stats *d, __u32 len, __
 
 /*
  * flow_account - count the packet in this CPU's slot of flow_table, creating the flow.
+ * @now: a coarse clock is enough for first/last seen.
  * @cnt: this CPU's counters.
+ * @return this CPU's entry of the flow, or NULL when it could not be created.
  */
-static __always_inline void flow_account(const struct pkt_meta *m, __u32 len, __u64 now,
-                                         struct counters *cnt)
+static __always_inline struct flow_traffic *flow_account(const struct pkt_meta *m, __u32 len,
+                                                         __u64 now, struct counters *cnt)
 {
     struct flow_traffic *fs = bpf_map_lookup_elem(&flow_table, &m->key);
 
     if (!fs) {
         struct flow_traffic init = {};
 
-        flow_dir_add(&init.dir[m->dir & 1], len, m->tcp_flags, now);
-        if (!bpf_map_update_elem(&flow_table, &m->key, &init, BPF_NOEXIST)) {
+        long err = bpf_map_update_elem(&flow_table, &m->key, &init, BPF_NOEXIST);
+
+        /* -EEXIST: another CPU created it meanwhile; our own slot is there, zeroed. */
+        if (!err)
             cnt->v[STAT_FLOWS_CREATED]++;
-            return;
-        }
-        /* Another CPU created it meanwhile: our own slot is there, zeroed. */
-        fs = bpf_map_lookup_elem(&flow_table, &m->key);
-        if (!fs) {
+        else if (err != -EEXIST)
             cnt->v[STAT_FLOW_INSERT_FAILED]++;
-            return;
-        }
+        fs = bpf_map_lookup_elem(&flow_table, &m->key);
+        if (!fs)
+            return NULL;
     }
     flow_dir_add(&fs->dir[m->dir & 1], len, m->tcp_flags, now);
+    return fs;
 }
 
 /*

@@ -62,6 +62,17 @@ struct {
     __type(value, struct rule_action);
 } port_rules SEC(".maps");
 
+/*
+ * Key: port / 64. Value: bit (port % 64) set when port_rules has entries for that port.
+ * An inlined array lookup spares the hash lookup for responses from ports without rules.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, PORT_BITMAP_WORDS);
+    __type(key, __u32);
+    __type(value, __u64);
+} port_rule_bits SEC(".maps");
+
 /* Key: rule slot. Value: triggers of that rule, per CPU. */
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -99,5 +110,12 @@ struct {
     __uint(type, BPF_MAP_TYPE_RINGBUF);
     __uint(max_entries, 256 * 1024);
 } events SEC(".maps");
+
+/*
+ * Bumped by every trigger. A flow whose per-CPU entry saw the current value cannot have been
+ * marked since, so most packets skip the shared mirror_marks lookup. User space sets a fresh
+ * starting value at each load, so that entries adopted from an earlier instance look again.
+ */
+volatile __u32 mark_epoch SEC(".data") = 1;
 
 #endif /* MIRROR_MAPS_H */

@@ -12,15 +12,17 @@
 
 /*
  * rule_lookup - the rule covering @status answered from server port @port.
- * Port-scoped rules win over global ones. Cost: at most one hash and one array lookup.
+ * Port-scoped rules win over global ones. Cost: two array lookups, and a hash lookup only for
+ * ports that have port-scoped rules.
  * @return the action, or NULL.
  */
-static __always_inline struct rule_action *rule_lookup(const struct settings *set, __u16 port,
-                                                       __u16 status)
+static __always_inline struct rule_action *rule_lookup(__u16 port, __u16 status)
 {
     struct rule_action *ra;
+    __u32 word = port / 64;
+    __u64 *bits = bpf_map_lookup_elem(&port_rule_bits, &word);
 
-    if (set->port_rules) {
+    if (bits && (*bits & (1ULL << (port % 64)))) {
         struct port_status_key k = {.port = port, .status = status};
         ra = bpf_map_lookup_elem(&port_rules, &k);
         if (ra && ra->rule_id)
@@ -29,6 +31,27 @@ static __always_inline struct rule_action *rule_lookup(const struct settings *se
     __u32 idx = status;
     ra = bpf_map_lookup_elem(&status_rules, &idx);
     return ra && ra->rule_id ? ra : NULL;
+}
+
+/*
+ * mark_lookup - the mark of the flow, skipping the shared lookup while no trigger happened
+ * since this CPU last looked (see mark_epoch).
+ * @fs: this CPU's flow entry (NULL: always look up).
+ */
+static __always_inline struct mirror_mark *mark_lookup(struct flow_traffic *fs,
+                                                       const struct flow_key *key)
+{
+    /* Read before the lookup: a trigger racing with it changes the epoch, so we look again. */
+    __u32 epoch = mark_epoch;
+
+    if (fs && !fs->marked && fs->mark_epoch == epoch)
+        return NULL;
+    struct mirror_mark *mk = bpf_map_lookup_elem(&mirror_marks, key);
+    if (fs) {
+        fs->mark_epoch = epoch;
+        fs->marked = mk != NULL;
+    }
+    return mk;
 }
 
 /*
@@ -62,13 +85,16 @@ end:
  * With MIRROR_MIRRED the classic filter's act_mirred copies: we only count.
  * @return 1 when a copy was made (or handed to mirred).
  */
-static __always_inline int mirror_copy(struct __sk_buff *skb, const struct settings *set,
-                                       enum mirror_method method, struct counters *cnt)
+static __always_inline int mirror_copy(struct __sk_buff *skb, enum mirror_method method,
+                                       struct counters *cnt)
 {
     __u32 len = skb->len;
 
     if (method == MIRROR_CLONE) {
-        if (!set->mirror_ifindex) {
+        __u32 zero = 0;
+        struct settings *set = bpf_map_lookup_elem(&settings, &zero);
+
+        if (!set || !set->mirror_ifindex) {
             cnt->v[STAT_MIRROR_NO_TARGET]++;
             return 0;
         }
@@ -116,11 +142,13 @@ static __always_inline void emit_trigger(struct __sk_buff *skb, const struct pkt
 
 /*
  * mirror_trigger - a response matched @ra: mark the flow, count, report, mirror this packet.
+ * @now: the coarse clock of mark limits; @precise: the clock of the request timestamps.
  * @return 1 when the packet is to be mirrored.
  */
 static __always_inline int mirror_trigger(struct __sk_buff *skb, const struct pkt_meta *m,
                                           const struct rule_action *ra, __u16 status,
-                                          enum hook_kind hook, __u64 now, struct counters *cnt)
+                                          enum hook_kind hook, __u64 now, __u64 precise,
+                                          struct counters *cnt)
 {
     struct mirror_mark init = {
         .rule_id = ra->rule_id,
@@ -142,12 +170,13 @@ static __always_inline int mirror_trigger(struct __sk_buff *skb, const struct pk
         return mark_admit(mk, skb->len, now, cnt);
     }
 
+    __sync_fetch_and_add(&mark_epoch, 1);
     __u32 slot = ra->slot;
     __u64 *hits = bpf_map_lookup_elem(&rule_hits, &slot);
     if (hits)
         (*hits)++;
     cnt->v[STAT_TRIGGERS]++;
-    emit_trigger(skb, m, ra, status, hook, now, cnt);
+    emit_trigger(skb, m, ra, status, hook, precise, cnt);
 
     struct mirror_mark *mk = bpf_map_lookup_elem(&mirror_marks, &m->key);
     return mk ? mark_admit(mk, skb->len, now, cnt) : 1;

@@ -16,6 +16,8 @@ enum mirror_limits {
     HTTP_STATUS_SLOTS = 600,
     /* Rule hit counters are indexed by rule slot; 0 is never used. */
     RULE_SLOTS = 16384,
+    /* port_rule_bits: one bit per port, 64 per word. */
+    PORT_BITMAP_WORDS = 65536 / 64,
 };
 
 /* Which tc hook a program runs at. */
@@ -89,6 +91,10 @@ struct flow_dir_stats {
 /* flow_table value: per CPU, summed in user space. */
 struct flow_traffic {
     struct flow_dir_stats dir[FLOW_DIRS];
+    /* mark_epoch when this CPU last looked the flow up in mirror_marks: while no trigger
+     * happened since, the flow cannot have been marked and the shared lookup is skipped. */
+    __u32 mark_epoch;
+    __u32 marked; /* the last lookup found a mark */
 };
 
 /* What a matching rule does: written by user space at every (port, status) it covers. */
@@ -146,7 +152,7 @@ struct trigger_event {
 /* Runtime settings, one entry in the settings map, changed by user space at any time. */
 struct settings {
     __u32 mirror_ifindex; /* 0 = no mirror interface: marked packets are counted, not copied */
-    __u32 port_rules;     /* number of entries in port_rules: 0 skips that lookup */
+    __u32 _pad;
 };
 
 /* Per-CPU counters (one entry in the stats map). */
