@@ -58,9 +58,23 @@ pub struct Datapath<'obj> {
 
 const ZERO: [u8; 4] = 0u32.to_ne_bytes();
 
+/// libbpf's own messages go to `tracing` (target "libbpf") at debug level instead of stderr:
+/// its warnings include expected cases (such as a clsact qdisc that already exists), and
+/// every real failure reaches the caller as an error anyway.
+fn route_libbpf_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        fn log(_level: libbpf_rs::PrintLevel, msg: String) {
+            tracing::debug!(target: "libbpf", "{}", msg.trim_end());
+        }
+        libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, log)));
+    });
+}
+
 impl<'obj> Datapath<'obj> {
     /// Opens and loads the classifier with the given map sizes. `storage` holds libbpf's object.
     pub fn load(storage: &'obj mut MaybeUninit<OpenObject>, opts: &DatapathOptions) -> Result<Self> {
+        route_libbpf_logs();
         let mut open =
             ClassifierSkelBuilder::default().open(storage).context(|| "opening the classifier".into())?;
         let maps = &mut open.maps;
