@@ -20,6 +20,18 @@ pub fn veth_peer(name: &str) -> String {
     format!("{name}p")
 }
 
+/// Disables IPv6 on a link we created: otherwise it sends its own router solicitations and
+/// MLD reports, and captures on the sink see them among the mirrored packets.
+fn quiet_ipv6(name: &str) {
+    let path = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
+    match std::fs::write(&path, "1") {
+        Ok(()) => {}
+        // No IPv6 in this kernel: nothing to silence.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(%path, error = %e, "IPv6 left on: captures will see the sink's own packets"),
+    }
+}
+
 impl Sink {
     /// A sink as configured; nothing is created yet.
     pub fn new(cfg: Mirror, created: bool) -> anyhow::Result<Self> {
@@ -65,10 +77,11 @@ impl Sink {
             self.set_up(&name, None).await?;
             return Ok(Some(i));
         }
+        // Created down: brought up once silenced (see quiet_ipv6).
         let msg = match self.cfg.create {
             SinkCreate::None => return Ok(None),
-            SinkCreate::Dummy => LinkDummy::new(&name).mtu(self.cfg.mtu).up().build(),
-            SinkCreate::Veth => LinkVeth::new(&name, &veth_peer(&name)).mtu(self.cfg.mtu).up().build(),
+            SinkCreate::Dummy => LinkDummy::new(&name).mtu(self.cfg.mtu).build(),
+            SinkCreate::Veth => LinkVeth::new(&name, &veth_peer(&name)).mtu(self.cfg.mtu).build(),
         };
         match self.handle.link().add(msg).execute().await {
             Ok(()) => {}
@@ -82,8 +95,13 @@ impl Sink {
             }
             Err(e) => return Err(anyhow::Error::from(e).context(format!("creating the mirror sink {name}"))),
         }
-        if self.cfg.create == SinkCreate::Veth {
-            self.set_up(&veth_peer(&name), Some(self.cfg.mtu)).await?;
+        let peer = (self.cfg.create == SinkCreate::Veth).then(|| veth_peer(&name));
+        for n in std::iter::once(&name).chain(&peer) {
+            quiet_ipv6(n);
+        }
+        self.set_up(&name, None).await?;
+        if let Some(peer) = &peer {
+            self.set_up(peer, Some(self.cfg.mtu)).await?;
         }
         self.created = true;
         tracing::info!(interface = %name, kind = ?self.cfg.create, mtu = self.cfg.mtu, "mirror sink created");
