@@ -22,6 +22,10 @@ use crate::state::SavedState;
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
+    // Before anything is created: a signal during start-up then waits for the main loop,
+    // which undoes the start-up, instead of killing the agent halfway.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let initial_rules: Vec<Rule> = cfg.rules.iter().map(|r| r.parse()).collect::<Result<_, _>>()?;
     crate::bpffs::ensure(&cfg.bpf.pin_path)?;
     let engine = Engine::start(EngineConfig {
@@ -86,8 +90,6 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
         }
     });
 
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     // Names of the links we know, to notice renames.
     let mut known: BTreeMap<u32, String> = BTreeMap::new();
     loop {
