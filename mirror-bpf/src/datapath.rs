@@ -79,7 +79,7 @@ impl<'obj> Datapath<'obj> {
             ClassifierSkelBuilder::default().open(storage).context(|| "opening the classifier".into())?;
         let maps = &mut open.maps;
         maps.flow_table.set_max_entries(opts.flows_max).context(|| "sizing flow_table".into())?;
-        maps.http_requests.set_max_entries(opts.flows_max).context(|| "sizing http_requests".into())?;
+        maps.flow_timing.set_max_entries(opts.flows_max).context(|| "sizing flow_timing".into())?;
         maps.mirror_marks.set_max_entries(opts.marks_max).context(|| "sizing mirror_marks".into())?;
         maps.events.set_max_entries(opts.ringbuf_bytes).context(|| "sizing events".into())?;
         // A fresh epoch: flow entries adopted from an earlier instance look their mark up again.
@@ -226,7 +226,7 @@ impl<'obj> Datapath<'obj> {
                 maps.status_rules.update(&key, bytes_of(&action), MapFlags::ANY)
             } else {
                 let key = types::port_status_key { port: *port, status: *status };
-                if action.rule_id == 0 {
+                if action.any.rule_id == 0 && action.slow.rule_id == 0 {
                     maps.port_rules.delete(bytes_of(&key))
                 } else {
                     maps.port_rules.update(bytes_of(&key), bytes_of(&action), MapFlags::ANY)

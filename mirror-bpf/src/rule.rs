@@ -1,5 +1,6 @@
-//! Trigger rules: `status=500`, `status=5xx`, `status=500-504`, optionally `port=8080`, with
-//! per-flow mirror limits `packets=N`, `bytes=N`, `duration=30s`.
+//! Trigger rules: `status=500`, `status=5xx`, `status=500-504`, a slowness condition
+//! `latency>200ms` (request to status line), optionally `port=8080`, with per-flow mirror
+//! limits `packets=N`, `bytes=N`, `duration=30s`.
 //!
 //! A rule compiles to one map entry per (port, status) it covers, so the classifier's cost does
 //! not depend on how many rules exist.
@@ -45,6 +46,8 @@ pub struct Rule {
     pub status: StatusMatch,
     /// Only responses sent from this server port, when set.
     pub port: Option<u16>,
+    /// Only responses that came at least this long after their request, when set.
+    pub latency: Option<Duration>,
     /// Mirror budget of each flow it marks.
     pub limits: Limits,
 }
@@ -78,13 +81,24 @@ impl FromStr for Rule {
     fn from_str(text: &str) -> Result<Self, RuleError> {
         let mut status = None;
         let mut port = None;
+        let mut latency = None;
         let mut limits = Limits::default();
 
         for (offset, token) in tokens(text) {
             let err = |reason: String| RuleError { token: token.to_string(), offset, reason };
-            let (key, value) = token
-                .split_once('=')
-                .ok_or_else(|| err("expected key=value (status, port, packets, bytes, duration)".into()))?;
+            if let Some(v) = token.strip_prefix("latency>") {
+                let d = parse_duration(v).map_err(err)?;
+                if d.is_zero() {
+                    return Err(err("latency>0 matches everything: leave it out".into()));
+                }
+                if latency.replace(d).is_some() {
+                    return Err(err("latency given twice".into()));
+                }
+                continue;
+            }
+            let (key, value) = token.split_once('=').ok_or_else(|| {
+                err("expected key=value (status, port, packets, bytes, duration) or latency>DURATION".into())
+            })?;
             if value.is_empty() {
                 return Err(err(format!("{key} needs a value")));
             }
@@ -113,12 +127,19 @@ impl FromStr for Rule {
                 }
             }
         }
-        let status = status.ok_or_else(|| RuleError {
-            token: text.trim().to_string(),
-            offset: 0,
-            reason: "a rule needs status=N, status=Nxx or status=A-B".into(),
-        })?;
-        Ok(Rule { status, port, limits })
+        let status = match (status, latency) {
+            (Some(s), _) => s,
+            // A slowness rule alone covers every status.
+            (None, Some(_)) => StatusMatch { lo: STATUS_MIN, hi: STATUS_MAX },
+            (None, None) => {
+                return Err(RuleError {
+                    token: text.trim().to_string(),
+                    offset: 0,
+                    reason: "a rule needs status=N, status=Nxx, status=A-B or latency>DURATION".into(),
+                })
+            }
+        };
+        Ok(Rule { status, port, latency, limits })
     }
 }
 
@@ -213,7 +234,12 @@ impl fmt::Display for Rule {
         if let Some(p) = self.port {
             write!(f, "port={p} ")?;
         }
-        write!(f, "status={}", self.status)?;
+        let every_status = self.status == StatusMatch { lo: STATUS_MIN, hi: STATUS_MAX };
+        match self.latency {
+            Some(d) if every_status => write!(f, "latency>{}", format_duration(d))?,
+            Some(d) => write!(f, "status={} latency>{}", self.status, format_duration(d))?,
+            None => write!(f, "status={}", self.status)?,
+        }
         let l = &self.limits;
         write!(f, " packets={} bytes={} duration={}", l.packets, l.bytes, format_duration(l.duration))
     }
@@ -236,6 +262,14 @@ mod tests {
     }
 
     #[test]
+    fn latency_rules() {
+        let r = rule("latency>200ms");
+        assert_eq!((r.status, r.latency), (StatusMatch { lo: 100, hi: 599 }, Some(Duration::from_millis(200))));
+        let r = rule("status=5xx latency>2s");
+        assert_eq!((r.status.lo, r.latency), (500, Some(Duration::from_secs(2))));
+    }
+
+    #[test]
     fn limits_and_defaults() {
         assert_eq!(rule("status=500").limits, Limits::default());
         let r = rule("status=500 packets=1k bytes=2M duration=500ms");
@@ -248,7 +282,13 @@ mod tests {
 
     #[test]
     fn display_round_trips() {
-        for s in ["status=500", "port=8080 status=5xx packets=0", "status=500-504 duration=250ms bytes=10k"] {
+        for s in [
+            "status=500",
+            "port=8080 status=5xx packets=0",
+            "status=500-504 duration=250ms bytes=10k",
+            "latency>200ms",
+            "status=500 latency>1s port=80",
+        ] {
             let r = rule(s);
             assert_eq!(rule(&r.to_string()), r, "{s} -> {r}");
         }
@@ -269,6 +309,8 @@ mod tests {
             ("status=500 status=501", "status=501", "twice"),
             ("port=80", "port=80", "needs status"),
             ("", "", "needs status"),
+            ("latency>fast", "latency>fast", "not a duration"),
+            ("latency>0", "latency>0", "matches everything"),
         ];
         for (text, token, reason) in cases {
             let e = text.parse::<Rule>().expect_err(text);

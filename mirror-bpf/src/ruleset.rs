@@ -1,10 +1,12 @@
 //! The rule set in user space and its compilation into the classifier's rule maps.
 //!
-//! Each (port, status) key the rules cover holds the rule with the lowest id among those that
-//! cover it; port-scoped keys are looked up first by the classifier. This module is pure logic:
-//! it says which map entries change, [`crate::Datapath`] writes them.
+//! Each (port, status) key the rules cover holds two candidates: the unconditional rule with
+//! the lowest id, and the slowness rule (`latency>`) with the lowest threshold (then id). The
+//! classifier takes the first when present, else the second if the response was slow enough.
+//! Port-scoped keys are looked up first. This module is pure logic: it says which map entries
+//! change, [`crate::Datapath`] writes them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::rule::{Rule, RuleId};
 use crate::types;
@@ -20,16 +22,27 @@ pub(crate) struct Entry {
 }
 
 /// A change to one rule-map entry: `None` clears it.
-pub(crate) type KeyWrite = ((u16, u16), Option<types::rule_action>);
+pub(crate) type KeyWrite = ((u16, u16), Option<types::rule_entry>);
+
+/// The rules covering one key, in the order that picks the winner.
+#[derive(Debug, Default)]
+struct Covering {
+    any: BTreeSet<RuleId>,
+    slow: BTreeSet<(u64, RuleId)>,
+}
 
 #[derive(Debug)]
 pub(crate) struct RuleSet {
     rules: BTreeMap<RuleId, Entry>,
-    winners: HashMap<(u16, u16), RuleId>,
+    covering: HashMap<(u16, u16), Covering>,
     /// Rules per scoped port.
     port_rules: HashMap<u16, usize>,
     free_slots: Vec<u32>,
     next_id: RuleId,
+}
+
+fn latency_ns(rule: &Rule) -> Option<u64> {
+    rule.latency.map(|d| d.as_nanos().min(u64::MAX as u128) as u64)
 }
 
 impl RuleSet {
@@ -38,7 +51,7 @@ impl RuleSet {
         // Slot 0 is never used; pop() hands out the lowest first.
         Self {
             rules: BTreeMap::new(),
-            winners: HashMap::new(),
+            covering: HashMap::new(),
             port_rules: HashMap::new(),
             free_slots: (1..slots).rev().collect(),
             next_id: 1,
@@ -71,50 +84,64 @@ impl RuleSet {
             None => self.free_slots.pop()?,
         };
         self.next_id = self.next_id.max(id + 1);
-        let keys: Vec<_> = keys_of(&rule).collect();
         if let Some(p) = rule.port {
             *self.port_rules.entry(p).or_default() += 1;
         }
+        let keys: Vec<_> = keys_of(&rule).collect();
+        let threshold = latency_ns(&rule);
         self.rules.insert(id, Entry { rule, slot });
-        let mut writes = Vec::new();
-        for key in keys {
-            let current = self.winners.get(&key).copied();
-            if current.is_none_or(|c| id < c) {
-                self.winners.insert(key, id);
-                writes.push((key, Some(self.action(id))));
+        Some(self.update(keys, |c| match threshold {
+            Some(t) => {
+                c.slow.insert((t, id));
             }
-        }
-        Some(writes)
+            None => {
+                c.any.insert(id);
+            }
+        }))
     }
 
     /// Removes rule `id`. Returns it, its slot and the map writes.
     pub fn remove(&mut self, id: RuleId) -> Option<(Entry, Vec<KeyWrite>)> {
         let entry = self.rules.remove(&id)?;
         self.free_slots.push(entry.slot);
-        if let Some(p) = entry.rule.port {
-            if let Some(n) = self.port_rules.get_mut(&p) {
-                *n -= 1;
-            }
+        if let Some(n) = entry.rule.port.and_then(|p| self.port_rules.get_mut(&p)) {
+            *n -= 1;
         }
+        let threshold = latency_ns(&entry.rule);
+        let writes = self.update(keys_of(&entry.rule).collect(), |c| match threshold {
+            Some(t) => {
+                c.slow.remove(&(t, id));
+            }
+            None => {
+                c.any.remove(&id);
+            }
+        });
+        Some((entry, writes))
+    }
+
+    /// Applies `change` to the rules covering each key; returns the entries whose winner changed.
+    fn update(&mut self, keys: Vec<(u16, u16)>, change: impl Fn(&mut Covering)) -> Vec<KeyWrite> {
         let mut writes = Vec::new();
-        for key in keys_of(&entry.rule) {
-            if self.winners.get(&key) != Some(&id) {
+        for key in keys {
+            let c = self.covering.entry(key).or_default();
+            let before = (c.any.first().copied(), c.slow.first().copied());
+            change(c);
+            let after = (c.any.first().copied(), c.slow.first().copied());
+            if before == after {
                 continue;
             }
-            // The next rule covering this key, if any, takes over.
-            let next = self.rules.iter().find(|(_, e)| keys_of(&e.rule).any(|k| k == key)).map(|(id, _)| *id);
-            match next {
-                Some(n) => {
-                    self.winners.insert(key, n);
-                    writes.push((key, Some(self.action(n))));
-                }
-                None => {
-                    self.winners.remove(&key);
-                    writes.push((key, None));
-                }
+            if after == (None, None) {
+                self.covering.remove(&key);
+                writes.push((key, None));
+            } else {
+                let entry = types::rule_entry {
+                    any: after.0.map(|id| self.action(id)).unwrap_or_default(),
+                    slow: after.1.map(|(_, id)| self.action(id)).unwrap_or_default(),
+                };
+                writes.push((key, Some(entry)));
             }
         }
-        Some((entry, writes))
+        writes
     }
 
     fn action(&self, id: RuleId) -> types::rule_action {
@@ -126,6 +153,7 @@ impl RuleSet {
             max_packets: l.packets,
             max_bytes: l.bytes,
             max_duration_ns: l.duration.as_nanos().min(u64::MAX as u128) as u64,
+            min_latency_ns: latency_ns(&e.rule).unwrap_or(0),
         }
     }
 }
@@ -152,15 +180,30 @@ mod tests {
         // Rule 2 covers 500..599 but only the uncovered keys change.
         let w = set.add(2, None, r("status=5xx")).unwrap();
         assert_eq!(w.len(), 98);
-        assert!(w.iter().all(|((_, s), a)| *s >= 502 && a.unwrap().rule_id == 2));
+        assert!(w.iter().all(|((_, s), a)| *s >= 502 && a.unwrap().any.rule_id == 2));
         // Removing rule 1 hands 500 and 501 to rule 2.
         let (_, w) = set.remove(1).unwrap();
         assert_eq!(w.len(), 2);
-        assert!(w.iter().all(|(_, a)| a.unwrap().rule_id == 2));
+        assert!(w.iter().all(|(_, a)| a.unwrap().any.rule_id == 2));
         let (_, w) = set.remove(2).unwrap();
         assert_eq!(w.len(), 100);
         assert!(w.iter().all(|(_, a)| a.is_none()));
         assert!(set.remove(2).is_none());
+    }
+
+    #[test]
+    fn slowness_rules_sit_beside_unconditional_ones() {
+        let mut set = RuleSet::new();
+        set.add(1, None, r("latency>1s")).unwrap();
+        let w = set.add(2, None, r("latency>200ms status=500")).unwrap();
+        assert_eq!(w.len(), 1, "the lower threshold takes status 500");
+        let e = w[0].1.unwrap();
+        assert_eq!((e.any.rule_id, e.slow.rule_id, e.slow.min_latency_ns), (0, 2, 200_000_000));
+        let w = set.add(3, None, r("status=500")).unwrap();
+        let e = w[0].1.unwrap();
+        assert_eq!((e.any.rule_id, e.slow.rule_id), (3, 2));
+        let (_, w) = set.remove(2).unwrap();
+        assert_eq!(w[0].1.unwrap().slow.rule_id, 1);
     }
 
     #[test]

@@ -20,7 +20,8 @@ pub const COUNTER_NAMES: &[(stat_idx, &str)] = &[
     (stat_idx::STAT_FLOWS_CREATED, "flows_created"),
     (stat_idx::STAT_FLOW_INSERT_FAILED, "flow_insert_failed"),
     (stat_idx::STAT_MARK_INSERT_FAILED, "mark_insert_failed"),
-    (stat_idx::STAT_REQUEST_INSERT_FAILED, "request_insert_failed"),
+    (stat_idx::STAT_TIMING_INSERT_FAILED, "timing_insert_failed"),
+    (stat_idx::STAT_HIST_INSERT_FAILED, "hist_insert_failed"),
     (stat_idx::STAT_RINGBUF_DROPS, "ringbuf_drops"),
 ];
 

@@ -21,6 +21,7 @@
 #include "include/parse.h"
 #include "include/http.h"
 #include "include/flow.h"
+#include "include/timing.h"
 #include "include/mirror.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -28,6 +29,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Force the types that only user space reads into BTF, hence into the skeleton. */
 struct trigger_event _trigger_event = {};
 struct counters _counters = {};
+struct hist_key _hist_key = {};
+enum hist_kind _hist_kind = 0;
 enum mirror_limits _mirror_limits = 0;
 enum hook_kind _hook_kind = 0;
 enum mirror_method _mirror_method = 0;
@@ -72,26 +75,33 @@ static __always_inline int classify(struct __sk_buff *skb, enum hook_kind hook,
     __u64 now = bpf_ktime_get_coarse_ns();
     struct flow_traffic *fs = flow_account(&m, skb->len, now, cnt);
 
+    if (!m.payload_len) {
+        timing_handshake(skb, &m, fs, cnt);
+        struct mirror_mark *mk = mark_lookup(fs, &m.key);
+        return mk && mark_admit(mk, skb->len, now, cnt) && mirror_copy(skb, method, cnt);
+    }
+
+    /* HTTP is looked at even on marked flows: their response times count too. */
+    struct trigger_ctx tc = {};
+    int kind = http_classify(skb, &m, &tc.status);
+    if (kind == HTTP_REQUEST)
+        timing_request(skb, &m, cnt);
+    __u64 precise = 0;
+    if (kind == HTTP_RESPONSE) {
+        cnt->v[STAT_HTTP_RESPONSES]++;
+        precise = bpf_ktime_get_ns();
+        tc.took = timing_response(skb, &m, fs, tc.status, precise, &tc.t, cnt);
+    }
+
     struct mirror_mark *mk = mark_lookup(fs, &m.key);
     if (mk)
         return mark_admit(mk, skb->len, now, cnt) && mirror_copy(skb, method, cnt);
-    if (!m.payload_len)
-        return 0;
-
-    __u16 status = 0;
-    int kind = http_classify(skb, &m, &status);
-    if (kind == HTTP_REQUEST) {
-        http_note_request(skb, &m, bpf_ktime_get_ns(), cnt);
-        return 0;
-    }
     if (kind != HTTP_RESPONSE)
         return 0;
-    cnt->v[STAT_HTTP_RESPONSES]++;
-
-    struct rule_action *ra = rule_lookup(m.src_port, status);
+    struct rule_action *ra = rule_lookup(m.src_port, tc.status, tc.took);
     if (!ra)
         return 0;
-    return mirror_trigger(skb, &m, ra, status, hook, now, bpf_ktime_get_ns(), cnt) &&
+    return mirror_trigger(skb, &m, ra, &tc, hook, now, precise, cnt) &&
            mirror_copy(skb, method, cnt);
 }
 

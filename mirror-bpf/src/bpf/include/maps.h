@@ -33,33 +33,51 @@ struct {
 } mirror_marks SEC(".maps");
 
 /*
- * Key: struct flow_key. Value: struct http_request.
- * The latest request per flow, written in place; read by the response on any CPU.
+ * Key: struct flow_key. Value: struct flow_timing.
+ * Request and handshake times, written in place; read by the answer on any CPU. Only
+ * packets that carry a request, a SYN or a status line (and early ACKs) touch it.
  */
 struct {
     __uint(type, BPF_MAP_TYPE_LRU_HASH);
     __uint(max_entries, 65536);
     __type(key, struct flow_key);
-    __type(value, struct http_request);
-} http_requests SEC(".maps");
+    __type(value, struct flow_timing);
+} flow_timing SEC(".maps");
+
+/* Key: struct hist_key. Value: struct latency_hist, per CPU (no atomics; summed in user space). */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+    __uint(max_entries, 4096);
+    __type(key, struct hist_key);
+    __type(value, struct latency_hist);
+} latency_hists SEC(".maps");
+
+/* Key: 0. Value: a zeroed struct latency_hist, the initial value of new histograms (too large
+ * for the stack). Never written. */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct latency_hist);
+} hist_zero SEC(".maps");
 
 /*
- * Key: HTTP status (0..599). Value: struct rule_action of the rule covering it (rule_id 0: none).
+ * Key: HTTP status (0..599). Value: struct rule_entry of the rules covering it.
  * Indexed by status so that a lookup costs the same with 1 or 10,000 rules.
  */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
     __uint(max_entries, HTTP_STATUS_SLOTS);
     __type(key, __u32);
-    __type(value, struct rule_action);
+    __type(value, struct rule_entry);
 } status_rules SEC(".maps");
 
-/* Key: struct port_status_key. Value: struct rule_action. Rules scoped to a server port. */
+/* Key: struct port_status_key. Value: struct rule_entry. Rules scoped to a server port. */
 struct {
     __uint(type, BPF_MAP_TYPE_HASH);
     __uint(max_entries, 65536);
     __type(key, struct port_status_key);
-    __type(value, struct rule_action);
+    __type(value, struct rule_entry);
 } port_rules SEC(".maps");
 
 /*

@@ -9,28 +9,39 @@
 
 #include "maps.h"
 #include "parse.h"
+#include "timing.h"
+
+/* rule_pick - the rule of @e that matches a response that took @took ns (0: unknown). */
+static __always_inline struct rule_action *rule_pick(struct rule_entry *e, __u64 took)
+{
+    if (!e)
+        return NULL;
+    if (e->any.rule_id)
+        return &e->any;
+    if (e->slow.rule_id && took && took >= e->slow.min_latency_ns)
+        return &e->slow;
+    return NULL;
+}
 
 /*
- * rule_lookup - the rule covering @status answered from server port @port.
+ * rule_lookup - the rule matching @status answered from server port @port in @took ns.
  * Port-scoped rules win over global ones. Cost: two array lookups, and a hash lookup only for
  * ports that have port-scoped rules.
  * @return the action, or NULL.
  */
-static __always_inline struct rule_action *rule_lookup(__u16 port, __u16 status)
+static __always_inline struct rule_action *rule_lookup(__u16 port, __u16 status, __u64 took)
 {
-    struct rule_action *ra;
     __u32 word = port / 64;
     __u64 *bits = bpf_map_lookup_elem(&port_rule_bits, &word);
 
     if (bits && (*bits & (1ULL << (port % 64)))) {
         struct port_status_key k = {.port = port, .status = status};
-        ra = bpf_map_lookup_elem(&port_rules, &k);
-        if (ra && ra->rule_id)
+        struct rule_action *ra = rule_pick(bpf_map_lookup_elem(&port_rules, &k), took);
+        if (ra)
             return ra;
     }
     __u32 idx = status;
-    ra = bpf_map_lookup_elem(&status_rules, &idx);
-    return ra && ra->rule_id ? ra : NULL;
+    return rule_pick(bpf_map_lookup_elem(&status_rules, &idx), took);
 }
 
 /*
@@ -108,10 +119,18 @@ static __always_inline int mirror_copy(struct __sk_buff *skb, enum mirror_method
     return 1;
 }
 
+/* The HTTP exchange that triggered: its status, response time and request. */
+struct trigger_ctx {
+    __u16 status;
+    __u64 took;             /* request to status line, 0 if no request was seen */
+    struct flow_timing *t;  /* the flow's timing entry (request head), may be NULL */
+};
+
 /* emit_trigger - one ring-buffer record for the trigger; counted when the buffer is full. */
 static __always_inline void emit_trigger(struct __sk_buff *skb, const struct pkt_meta *m,
-                                         const struct rule_action *ra, __u16 status,
-                                         enum hook_kind hook, __u64 now, struct counters *cnt)
+                                         const struct rule_action *ra,
+                                         const struct trigger_ctx *tc, enum hook_kind hook,
+                                         __u64 now, struct counters *cnt)
 {
     struct trigger_event *ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
 
@@ -123,17 +142,16 @@ static __always_inline void emit_trigger(struct __sk_buff *skb, const struct pkt
     ev->ts_ns = now;
     ev->rule_id = ra->rule_id;
     ev->ifindex = skb->ifindex;
-    ev->status = status;
+    ev->status = tc->status;
     ev->hook = hook;
     ev->dir = m->dir;
-    ev->request_to_response_ns = 0;
+    ev->request_to_response_ns = tc->took;
     ev->request_head_len = 0;
 
-    struct http_request *rq = bpf_map_lookup_elem(&http_requests, &m->key);
-    if (rq && rq->ts_ns && rq->ts_ns <= now) {
-        ev->request_to_response_ns = now - rq->ts_ns;
-        ev->request_head_len = rq->head_len;
-        __builtin_memcpy(ev->request_head, rq->head, HTTP_REQUEST_HEAD_LEN);
+    struct flow_timing *t = tc->t;
+    if (tc->took && t) {
+        ev->request_head_len = t->head_len;
+        __builtin_memcpy(ev->request_head, t->head, HTTP_REQUEST_HEAD_LEN);
     } else {
         __builtin_memset(ev->request_head, 0, HTTP_REQUEST_HEAD_LEN);
     }
@@ -146,9 +164,9 @@ static __always_inline void emit_trigger(struct __sk_buff *skb, const struct pkt
  * @return 1 when the packet is to be mirrored.
  */
 static __always_inline int mirror_trigger(struct __sk_buff *skb, const struct pkt_meta *m,
-                                          const struct rule_action *ra, __u16 status,
-                                          enum hook_kind hook, __u64 now, __u64 precise,
-                                          struct counters *cnt)
+                                          const struct rule_action *ra,
+                                          const struct trigger_ctx *tc, enum hook_kind hook,
+                                          __u64 now, __u64 precise, struct counters *cnt)
 {
     struct mirror_mark init = {
         .rule_id = ra->rule_id,
@@ -157,7 +175,7 @@ static __always_inline int mirror_trigger(struct __sk_buff *skb, const struct pk
         .deadline_ns = ra->max_duration_ns ? now + ra->max_duration_ns : 0,
         .max_packets = ra->max_packets,
         .max_bytes = ra->max_bytes,
-        .status = status,
+        .status = tc->status,
     };
 
     if (bpf_map_update_elem(&mirror_marks, &m->key, &init, BPF_NOEXIST)) {
@@ -176,7 +194,7 @@ static __always_inline int mirror_trigger(struct __sk_buff *skb, const struct pk
     if (hits)
         (*hits)++;
     cnt->v[STAT_TRIGGERS]++;
-    emit_trigger(skb, m, ra, status, hook, precise, cnt);
+    emit_trigger(skb, m, ra, tc, hook, precise, cnt);
 
     struct mirror_mark *mk = bpf_map_lookup_elem(&mirror_marks, &m->key);
     return mk ? mark_admit(mk, skb->len, now, cnt) : 1;

@@ -18,6 +18,15 @@ enum mirror_limits {
     RULE_SLOTS = 16384,
     /* port_rule_bits: one bit per port, 64 per word. */
     PORT_BITMAP_WORDS = 65536 / 64,
+    /* Latency histogram buckets: 8 per power of two of nanoseconds, up to 2^34 ns (17 s). */
+    HIST_SUB_BITS = 3,
+    HIST_BUCKETS = 256,
+};
+
+/* What a latency histogram measures. */
+enum hist_kind {
+    HIST_HTTP_RESPONSE = 0, /* first segment of a request to the status line of its response */
+    HIST_TCP_HANDSHAKE = 1, /* SYN to the ACK that completes the handshake */
 };
 
 /* Which tc hook a program runs at. */
@@ -59,7 +68,8 @@ enum stat_idx {
     STAT_FLOWS_CREATED,       /* flow_table inserts (evictions = created - live - deleted) */
     STAT_FLOW_INSERT_FAILED,  /* flow_table insert failed */
     STAT_MARK_INSERT_FAILED,  /* mirror_marks insert failed: the trigger could not mark */
-    STAT_REQUEST_INSERT_FAILED, /* http_requests insert failed */
+    STAT_TIMING_INSERT_FAILED, /* flow_timing insert failed (request or SYN not timed) */
+    STAT_HIST_INSERT_FAILED,   /* latency_hists insert failed (a sample was lost) */
     STAT_RINGBUF_DROPS,       /* trigger events lost because the ring buffer was full */
     STAT_MAX,
 };
@@ -95,15 +105,29 @@ struct flow_traffic {
      * happened since, the flow cannot have been marked and the shared lookup is skipped. */
     __u32 mark_epoch;
     __u32 marked; /* the last lookup found a mark */
+    __u64 http_time_sum_ns; /* request-to-response times of the responses seen on this CPU */
+    __u64 http_time_max_ns;
+    __u32 http_timed;       /* how many */
+    __u32 handshake_us;     /* SYN to completing ACK, when seen on this CPU (0: not) */
 };
 
-/* What a matching rule does: written by user space at every (port, status) it covers. */
+/* What a matching rule does. */
 struct rule_action {
     __u32 rule_id;         /* user-visible id; 0 = no rule */
     __u32 slot;            /* index into rule_hits */
     __u64 max_packets;     /* mirror budget per flow; 0 = unlimited */
     __u64 max_bytes;       /* 0 = unlimited */
     __u64 max_duration_ns; /* 0 = unlimited */
+    __u64 min_latency_ns;  /* only responses at least this slow; 0 = any */
+};
+
+/*
+ * The rules of one (port, status) key, written by user space at every key they cover: the
+ * unconditional rule with the lowest id, and the slowness rule with the lowest threshold.
+ */
+struct rule_entry {
+    struct rule_action any;
+    struct rule_action slow;
 };
 
 /* port_rules key: a rule scoped to a server port. */
@@ -127,12 +151,30 @@ struct mirror_mark {
     __u16 _pad;
 };
 
-/* The latest HTTP request seen on a flow (shared by all CPUs). */
-struct http_request {
-    __u64 ts_ns;
-    __u32 head_len; /* valid bytes in head */
-    __u32 _pad;
-    __u8 head[HTTP_REQUEST_HEAD_LEN]; /* raw "METHOD target HTTP/1.x" prefix */
+/* Timestamps of a flow that two CPUs may see halves of (shared by all CPUs). */
+struct flow_timing {
+    __u64 request_ns; /* latest request not yet answered (0: none) */
+    __u64 syn_ns;     /* SYN, until the handshake completes */
+    __u64 synack_ns;  /* SYN/ACK */
+    __u32 head_len;   /* valid bytes in head */
+    __u8 syn_dir;     /* enum flow_dir of the SYN */
+    __u8 _pad[3];
+    __u8 head[HTTP_REQUEST_HEAD_LEN]; /* raw "METHOD target HTTP/1.x" prefix of the request */
+};
+
+/* latency_hists key. */
+struct hist_key {
+    __u32 ifindex; /* where the end of the interval was seen */
+    __u8 kind;     /* enum hist_kind */
+    __u8 class;    /* HTTP status class (1-5) for HIST_HTTP_RESPONSE, else 0 */
+    __u16 _pad;
+};
+
+/* A latency histogram, per CPU. Bucket b < 8 holds b ns; above, 8 buckets per power of two. */
+struct latency_hist {
+    __u64 count;
+    __u64 sum_ns;
+    __u64 buckets[HIST_BUCKETS];
 };
 
 /* Ring-buffer record, one per trigger. */
