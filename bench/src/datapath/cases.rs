@@ -128,7 +128,7 @@ pub fn all() -> Vec<Case> {
             timing: Timing::Repeated,
             expect: Expect {
                 grows: &[stat_idx::STAT_HTTP_REQUESTS],
-                stays: &[stat_idx::STAT_FLOWS_CREATED, stat_idx::STAT_REQUEST_INSERT_FAILED],
+                stays: &[stat_idx::STAT_FLOWS_CREATED, stat_idx::STAT_TIMING_INSERT_FAILED],
             },
         },
     ];
