@@ -52,7 +52,7 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
             "no mirror interface yet: triggered packets are counted, not copied"
         );
     }
-    remember_sink(&cfg, sink.created)?;
+    engine.set_created_sink(sink.created).await?;
 
     let info = Arc::new(Mutex::new(AgentInfo {
         attach_mode: format!("{:?}", cfg.attach.mode).to_lowercase(),
@@ -108,6 +108,7 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     let res = engine.shutdown(keep).await;
     if !keep {
         sink.remove().await?;
+        // The engine, which writes the state file, has stopped: the file is ours now.
         remember_sink(&cfg, false)?;
     }
     let _ = std::fs::remove_file(&cfg.api.socket);
@@ -155,7 +156,12 @@ async fn on_link_event(
                 tracing::warn!(interface = %name, "mirror sink vanished: recreating");
                 set_sink(engine, info, None).await;
                 match sink.ensure().await {
-                    Ok(i) => set_sink(engine, info, i).await,
+                    Ok(i) => {
+                        set_sink(engine, info, i).await;
+                        if let Err(e) = engine.set_created_sink(sink.created).await {
+                            tracing::warn!(error = format!("{e:#}"), "recording the recreated sink");
+                        }
+                    }
                     Err(e) => tracing::error!(error = format!("{e:#}"), "recreating the mirror sink"),
                 }
                 return;

@@ -61,6 +61,7 @@ enum Cmd {
     Flows { reply: Reply<Vec<FlowView>> },
     Status { reply: Reply<EngineStatus> },
     DropStalePins { reply: Reply<usize> },
+    SetCreatedSink { created: bool, reply: Reply<()> },
     Shutdown { keep_attached: bool, reply: Reply<()> },
 }
 
@@ -143,6 +144,13 @@ impl Engine {
     /// Removes pinned TCX links of interfaces that are not attached (gone while we were away).
     pub async fn drop_stale_pins(&self) -> anyhow::Result<usize> {
         self.call(|reply| Cmd::DropStalePins { reply }).await
+    }
+
+    /// Records in the state file whether the agent created the mirror sink (and so removes
+    /// it at exit, even after a restart). The engine writes that file: a second writer would
+    /// overwrite its rules, or have this overwritten by the next rule change.
+    pub async fn set_created_sink(&self, created: bool) -> anyhow::Result<()> {
+        self.call(|reply| Cmd::SetCreatedSink { created, reply }).await
     }
 
     /// Detaches everything and removes pins, or with `keep_attached` leaves it all for the
@@ -254,6 +262,9 @@ impl Worker {
             Cmd::DropStalePins { reply } => {
                 let _ = reply.send(self.drop_stale_pins());
             }
+            Cmd::SetCreatedSink { created, reply } => {
+                let _ = reply.send(self.set_created_sink(created));
+            }
             Cmd::Shutdown { .. } => unreachable!("handled in run"),
         }
     }
@@ -349,6 +360,14 @@ impl Worker {
                     Err(e) => tracing::warn!(%name, error = %e, "re-pointing act_mirred"),
                 }
             }
+        }
+        Ok(())
+    }
+
+    fn set_created_sink(&mut self, created: bool) -> anyhow::Result<()> {
+        if self.state.created_sink != created {
+            self.state.created_sink = created;
+            self.save()?;
         }
         Ok(())
     }
