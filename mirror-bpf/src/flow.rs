@@ -148,6 +148,14 @@ pub struct Flow {
     pub reverse: DirStats,
     /// Its mirror mark, when triggered.
     pub mark: Option<MirrorMark>,
+    /// HTTP responses timed (request to status line).
+    pub http_timed: u64,
+    /// Their mean time.
+    pub http_time_mean: Option<Duration>,
+    /// Their longest time.
+    pub http_time_max: Option<Duration>,
+    /// SYN to the ACK completing the handshake, when seen.
+    pub handshake: Option<Duration>,
 }
 
 impl Flow {
@@ -157,11 +165,25 @@ impl Flow {
         mark: Option<MirrorMark>,
     ) -> Self {
         let (mut forward, mut reverse) = (DirStats::default(), DirStats::default());
+        let (mut timed, mut sum, mut max, mut handshake_us) = (0u64, 0u64, 0u64, 0u32);
         for v in per_cpu {
             forward.add(&v.dir[types::flow_dir::FLOW_DIR_FORWARD.0 as usize]);
             reverse.add(&v.dir[types::flow_dir::FLOW_DIR_REVERSE.0 as usize]);
+            timed += u64::from(v.http_timed);
+            sum += v.http_time_sum_ns;
+            max = max.max(v.http_time_max_ns);
+            handshake_us = handshake_us.max(v.handshake_us);
         }
-        Flow { key, forward, reverse, mark }
+        Flow {
+            key,
+            forward,
+            reverse,
+            mark,
+            http_timed: timed,
+            http_time_mean: (timed > 0).then(|| Duration::from_nanos(sum / timed)),
+            http_time_max: (timed > 0).then(|| Duration::from_nanos(max)),
+            handshake: (handshake_us > 0).then(|| Duration::from_micros(handshake_us.into())),
+        }
     }
 
     /// Time since the last packet, against a monotonic `now_ns`.

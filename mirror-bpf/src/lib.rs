@@ -13,6 +13,7 @@ pub mod datapath;
 pub mod error;
 pub mod event;
 pub mod flow;
+pub mod latency;
 mod netlink;
 pub mod rule;
 mod ruleset;
@@ -25,6 +26,7 @@ pub use datapath::{Datapath, DatapathOptions};
 pub use error::{Error, Result};
 pub use event::TriggerEvent;
 pub use flow::{DirStats, Flow, FlowKey, MirrorMark};
+pub use latency::{HistKind, Histogram};
 /// The ring buffer of trigger events returned by [`Datapath::events`].
 pub use libbpf_rs::RingBuffer as EventRing;
 pub use rule::{Limits, Rule, RuleError, RuleId, StatusMatch};

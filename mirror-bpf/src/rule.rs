@@ -264,7 +264,10 @@ mod tests {
     #[test]
     fn latency_rules() {
         let r = rule("latency>200ms");
-        assert_eq!((r.status, r.latency), (StatusMatch { lo: 100, hi: 599 }, Some(Duration::from_millis(200))));
+        assert_eq!(
+            (r.status, r.latency),
+            (StatusMatch { lo: 100, hi: 599 }, Some(Duration::from_millis(200)))
+        );
         let r = rule("status=5xx latency>2s");
         assert_eq!((r.status.lo, r.latency), (500, Some(Duration::from_secs(2))));
     }
