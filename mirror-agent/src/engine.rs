@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use mirror_bpf::flow::monotonic_ns;
 use mirror_bpf::{AttachMode, Attachment, Datapath, DatapathOptions, MirrorMethod, Rule, TriggerEvent};
 
-use crate::api::types::{DirView, FlowView, InterfaceView, LatencyView, RuleView};
+use crate::api::types::{DirView, FlowView, HistogramView, InterfaceView, LatencyView, RuleView};
 use crate::state::{SavedRule, SavedState};
 
 /// How the engine is set up.
@@ -59,6 +59,7 @@ enum Cmd {
     DelRule { id: u32, reply: Reply<RuleView> },
     Rules { reply: Reply<Vec<RuleView>> },
     Flows { reply: Reply<Vec<FlowView>> },
+    Latency { reply: Reply<Vec<HistogramView>> },
     Status { reply: Reply<EngineStatus> },
     DropStalePins { reply: Reply<usize> },
     SetCreatedSink { created: bool, reply: Reply<()> },
@@ -136,6 +137,11 @@ impl Engine {
         self.call(|reply| Cmd::Flows { reply }).await
     }
 
+    /// The latency histograms.
+    pub async fn latency(&self) -> anyhow::Result<Vec<HistogramView>> {
+        self.call(|reply| Cmd::Latency { reply }).await
+    }
+
     /// Interfaces, counters and the like.
     pub async fn status(&self) -> anyhow::Result<EngineStatus> {
         self.call(|reply| Cmd::Status { reply }).await
@@ -158,6 +164,10 @@ impl Engine {
     pub async fn shutdown(&self, keep_attached: bool) -> anyhow::Result<()> {
         self.call(|reply| Cmd::Shutdown { keep_attached, reply }).await
     }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 struct Attached {
@@ -255,6 +265,9 @@ impl Worker {
             }
             Cmd::Flows { reply } => {
                 let _ = reply.send(self.flows());
+            }
+            Cmd::Latency { reply } => {
+                let _ = reply.send(self.latency());
             }
             Cmd::Status { reply } => {
                 let _ = reply.send(self.status());
@@ -425,6 +438,40 @@ impl Worker {
                 mirrored_packets: f.mark.map_or(0, |m| m.packets),
                 mirror_ended: f.mark.is_some_and(|m| m.ended),
                 idle_ms: f.idle(now).as_millis() as u64,
+                http_timed: f.http_timed,
+                http_time_mean_ms: f.http_time_mean.map(ms),
+                http_time_max_ms: f.http_time_max.map(ms),
+                handshake_ms: f.handshake.map(ms),
+            })
+            .collect())
+    }
+
+    fn latency(&self) -> anyhow::Result<Vec<HistogramView>> {
+        let q = |h: &mirror_bpf::Histogram, p| h.quantile(p).map_or(0.0, ms);
+        Ok(self
+            .dp
+            .histograms()?
+            .into_iter()
+            .map(|h| HistogramView {
+                interface: self.attached.get(&h.ifindex).map(|a| a.name.clone()).unwrap_or_default(),
+                ifindex: h.ifindex,
+                kind: h.kind.name().into(),
+                class: (h.kind == mirror_bpf::HistKind::HttpResponse).then_some(h.class),
+                count: h.count,
+                sum_seconds: h.sum_ns as f64 / 1e9,
+                p50_ms: q(&h, 0.5),
+                p90_ms: q(&h, 0.9),
+                p99_ms: q(&h, 0.99),
+                buckets: h
+                    .buckets
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(b, n)| {
+                        let (lo, hi) = mirror_bpf::latency::bucket_bounds(b);
+                        [lo, hi, *n]
+                    })
+                    .collect(),
             })
             .collect())
     }

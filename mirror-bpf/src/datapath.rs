@@ -36,6 +36,40 @@ impl Default for DatapathOptions {
     }
 }
 
+/// Groups of timing measurements that can be switched at run time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimingGroup {
+    /// HTTP response times (the `latency>` rules need them).
+    Http,
+    /// TCP handshake times.
+    Handshake,
+}
+
+impl TimingGroup {
+    /// Every group.
+    pub const ALL: [TimingGroup; 2] = [TimingGroup::Http, TimingGroup::Handshake];
+
+    fn bit(self) -> u32 {
+        match self {
+            TimingGroup::Http => types::timing_group::TIMING_HTTP.0,
+            TimingGroup::Handshake => types::timing_group::TIMING_HANDSHAKE.0,
+        }
+    }
+
+    /// Its name: `http`, `handshake`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TimingGroup::Http => "http",
+            TimingGroup::Handshake => "handshake",
+        }
+    }
+
+    /// The group of that name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|g| g.name() == name)
+    }
+}
+
 /// A rule as installed, with its trigger count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleInfo {
@@ -107,7 +141,22 @@ impl<'obj> Datapath<'obj> {
                 }
             }
         }
-        Ok(Self { skel, rules: RuleSet::new(), pin_path: opts.pin_path.clone(), adopted })
+        let dp = Self { skel, rules: RuleSet::new(), pin_path: opts.pin_path.clone(), adopted };
+        if !adopted {
+            // Response and handshake times are on by default; adopted settings are kept.
+            dp.write_settings(|s| s.timing = TimingGroup::Http.bit() | TimingGroup::Handshake.bit())?;
+        }
+        Ok(dp)
+    }
+
+    /// Switches a timing group on or off at run time.
+    pub fn set_timing(&self, group: TimingGroup, on: bool) -> Result<()> {
+        self.write_settings(|s| if on { s.timing |= group.bit() } else { s.timing &= !group.bit() })
+    }
+
+    /// Whether a timing group is on.
+    pub fn timing(&self, group: TimingGroup) -> Result<bool> {
+        Ok(self.settings()?.timing & group.bit() != 0)
     }
 
     /// Whether the maps were adopted from pins left by an earlier instance.

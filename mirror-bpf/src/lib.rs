@@ -22,7 +22,7 @@ pub mod stats;
 pub mod testing;
 
 pub use attach::{AttachMode, Attachment, MirrorMethod};
-pub use datapath::{Datapath, DatapathOptions};
+pub use datapath::{Datapath, DatapathOptions, TimingGroup};
 pub use error::{Error, Result};
 pub use event::TriggerEvent;
 pub use flow::{DirStats, Flow, FlowKey, MirrorMark};

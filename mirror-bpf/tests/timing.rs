@@ -103,3 +103,17 @@ fn handshake_time_from_syn_to_the_completing_ack() {
     let f = dp.flows().unwrap().into_iter().find(|f| f.key == key(53000)).unwrap();
     assert!(f.handshake.unwrap() >= Duration::from_millis(6));
 }
+
+#[test]
+fn timing_groups_switch_at_run_time() {
+    let Some(dp) = load() else { return };
+    assert!(dp.timing(mirror_bpf::TimingGroup::Http).unwrap(), "on by default");
+    dp.set_timing(mirror_bpf::TimingGroup::Http, false).unwrap();
+    run(&dp, &fixtures::v4_request(54000, PORT_HTTP, REQ_GET_BAR));
+    run(&dp, &fixtures::v4_response(PORT_HTTP, 54000, RESP_200));
+    assert!(hist(&dp, HistKind::HttpResponse, 2).is_none(), "off: nothing timed");
+    dp.set_timing(mirror_bpf::TimingGroup::Http, true).unwrap();
+    run(&dp, &fixtures::v4_request(54000, PORT_HTTP, REQ_GET_BAR));
+    run(&dp, &fixtures::v4_response(PORT_HTTP, 54000, RESP_200));
+    assert_eq!(hist(&dp, HistKind::HttpResponse, 2).unwrap().count, 1);
+}

@@ -18,7 +18,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 
 use crate::engine::Engine;
-use types::{ErrorBody, FlowView, MirrorView, NewRule, RuleView, StatusView};
+use types::{ErrorBody, FlowView, HistogramView, MirrorView, NewRule, RuleView, StatusView};
 
 /// What the API reports beyond the engine.
 #[derive(Debug, Clone)]
@@ -63,10 +63,11 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/flows", get(flows))
         .route("/v1/status", get(status))
         .route("/v1/counters", get(counters))
+        .route("/v1/latency", get(latency))
         .fallback(|| async {
             ApiError(
                 StatusCode::NOT_FOUND,
-                "no such resource (see /v1/rules, /v1/flows, /v1/status, /v1/counters)".into(),
+                "no such resource (see /v1/rules, /v1/flows, /v1/status, /v1/counters, /v1/latency)".into(),
             )
         })
         .with_state(state)
@@ -134,6 +135,10 @@ async fn status(State(s): State<ApiState>) -> ApiResult<StatusView> {
         counters: st.counters,
         attach_latency: st.attach_latency,
     }))
+}
+
+async fn latency(State(s): State<ApiState>) -> ApiResult<Vec<HistogramView>> {
+    Ok(Json(s.engine.latency().await?))
 }
 
 async fn counters(State(s): State<ApiState>) -> ApiResult<BTreeMap<String, u64>> {

@@ -32,7 +32,7 @@ pub struct DirView {
 }
 
 /// A flow.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FlowView {
     /// Lower endpoint (`addr:port`).
     pub lo: String,
@@ -52,6 +52,43 @@ pub struct FlowView {
     pub mirror_ended: bool,
     /// Milliseconds since the last packet.
     pub idle_ms: u64,
+    /// HTTP responses timed (request to status line).
+    #[serde(default)]
+    pub http_timed: u64,
+    /// Their mean time, milliseconds.
+    #[serde(default)]
+    pub http_time_mean_ms: Option<f64>,
+    /// Their longest time, milliseconds.
+    #[serde(default)]
+    pub http_time_max_ms: Option<f64>,
+    /// SYN to the completing ACK, milliseconds.
+    #[serde(default)]
+    pub handshake_ms: Option<f64>,
+}
+
+/// A latency histogram (GET /v1/latency).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistogramView {
+    /// Interface name ("" when not attached any more).
+    pub interface: String,
+    /// Interface index.
+    pub ifindex: u32,
+    /// http_response | tcp_handshake.
+    pub kind: String,
+    /// HTTP status class (1-5), for http_response.
+    pub class: Option<u8>,
+    /// Intervals counted.
+    pub count: u64,
+    /// Sum of the intervals, seconds.
+    pub sum_seconds: f64,
+    /// Median, milliseconds.
+    pub p50_ms: f64,
+    /// 90th percentile, milliseconds.
+    pub p90_ms: f64,
+    /// 99th percentile, milliseconds.
+    pub p99_ms: f64,
+    /// Non-empty buckets: [lower ns, upper ns, count].
+    pub buckets: Vec<[u64; 3]>,
 }
 
 /// An attached interface.

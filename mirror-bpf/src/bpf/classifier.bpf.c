@@ -31,6 +31,7 @@ struct trigger_event _trigger_event = {};
 struct counters _counters = {};
 struct hist_key _hist_key = {};
 enum hist_kind _hist_kind = 0;
+enum timing_group _timing_group = 0;
 enum mirror_limits _mirror_limits = 0;
 enum hook_kind _hook_kind = 0;
 enum mirror_method _mirror_method = 0;

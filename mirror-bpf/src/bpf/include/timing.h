@@ -15,6 +15,15 @@
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_ACK 0x10
 
+/* timing_on - whether the timing @group is switched on (see enum timing_group). */
+static __always_inline int timing_on(__u32 group)
+{
+    __u32 zero = 0;
+    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
+
+    return set && (set->timing & group);
+}
+
 /* hist_bucket - the bucket of @ns: exact below 8, then 8 sub-buckets per power of two. */
 static __always_inline __u32 hist_bucket(__u64 ns)
 {
@@ -99,6 +108,8 @@ static __always_inline void timing_request(struct __sk_buff *skb, const struct p
                                            struct counters *cnt)
 {
     cnt->v[STAT_HTTP_REQUESTS]++;
+    if (!timing_on(TIMING_HTTP))
+        return;
     struct flow_timing *t = timing_get(&m->key, 1, cnt);
     if (!t)
         return;
@@ -150,6 +161,11 @@ static __always_inline void timing_handshake(struct __sk_buff *skb, const struct
 {
     __u8 f = m->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK);
 
+    /* Most packets leave here: neither a SYN nor one of the first ACKs of their direction. */
+    if (!(f & TCP_FLAG_SYN) && (f != TCP_FLAG_ACK || !fs || fs->dir[m->dir & 1].packets > 2))
+        return;
+    if (!timing_on(TIMING_HANDSHAKE))
+        return;
     if (f == TCP_FLAG_SYN) {
         struct flow_timing *t = timing_get(&m->key, 1, cnt);
         if (t) {
@@ -165,10 +181,8 @@ static __always_inline void timing_handshake(struct __sk_buff *skb, const struct
             t->synack_ns = bpf_ktime_get_ns();
         return;
     }
-    if (f != TCP_FLAG_ACK || !fs || fs->dir[m->dir & 1].packets > 2)
-        return;
     struct flow_timing *t = timing_get(&m->key, 0, cnt);
-    if (!t || !t->synack_ns || !t->syn_ns || t->syn_dir != m->dir)
+    if (!t || !fs || !t->synack_ns || !t->syn_ns || t->syn_dir != m->dir)
         return;
     __u64 now = bpf_ktime_get_ns();
     if (now < t->syn_ns)

@@ -191,10 +191,16 @@ struct trigger_event {
     __u8 request_head[HTTP_REQUEST_HEAD_LEN];
 };
 
+/* Timing groups, switched at run time (bits of settings.timing). */
+enum timing_group {
+    TIMING_HTTP = 1,      /* HTTP response times (needed by latency> rules) */
+    TIMING_HANDSHAKE = 2, /* TCP handshake times */
+};
+
 /* Runtime settings, one entry in the settings map, changed by user space at any time. */
 struct settings {
     __u32 mirror_ifindex; /* 0 = no mirror interface: marked packets are counted, not copied */
-    __u32 _pad;
+    __u32 timing;         /* enum timing_group bits that are on */
 };
 
 /* Per-CPU counters (one entry in the stats map). */
