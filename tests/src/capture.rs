@@ -1,6 +1,9 @@
-//! tcpdump on one interface of one namespace, written to a pcap file and read back on stop.
+//! tcpdump on one interface of one namespace, written to a pcap file and read back on stop;
+//! recordings of the same traffic at an endpoint and on the mirror sink.
 
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
+use std::thread;
 use std::time::Duration;
 
 use crate::netns::Netns;
@@ -31,6 +34,11 @@ impl Capture {
         Capture { proc, file: file.to_path_buf() }
     }
 
+    /// The pcap file it writes.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
     /// Stops tcpdump (SIGINT, so that it flushes) and reads what it captured. Panics when the
     /// kernel dropped packets: the comparison would be meaningless.
     pub fn stop(mut self) -> Trace {
@@ -42,5 +50,48 @@ impl Capture {
             out.lines().find(|l| l.ends_with("dropped by kernel")).and_then(|l| l.split(' ').next());
         assert_eq!(dropped, Some("0"), "tcpdump lost packets: {out}");
         pcap::read(&self.file)
+    }
+}
+
+/// Time for the last packets (the connection's close) to pass every capture point.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// Packets seen at an endpoint and on the mirror during the same traffic.
+pub struct Recording {
+    /// At the reference endpoint's `eth0`.
+    pub reference: Trace,
+    /// On the mirror sink.
+    pub mirror: Trace,
+}
+
+/// Takes recordings into numbered pcap files of one directory.
+pub struct Recorder {
+    dir: PathBuf,
+    taken: Cell<u32>,
+}
+
+impl Recorder {
+    /// Files go to `dir`.
+    pub fn new(dir: &Path) -> Recorder {
+        Recorder { dir: dir.to_path_buf(), taken: Cell::new(0) }
+    }
+
+    /// Runs `traffic` while capturing TCP at the `eth0` of `reference` (a pod's namespace)
+    /// and everything on `mirror` (namespace and device; `None`: the mirror trace is empty).
+    pub fn record(
+        &self,
+        reference: &Netns,
+        mirror: Option<(&Netns, &str)>,
+        traffic: impl FnOnce(),
+    ) -> Recording {
+        let n = self.taken.replace(self.taken.get() + 1);
+        let at_pod = Capture::start(reference, "eth0", "tcp", &self.dir.join(format!("reference-{n}.pcap")));
+        let at_sink =
+            mirror.map(|(ns, dev)| Capture::start(ns, dev, "", &self.dir.join(format!("mirror-{n}.pcap"))));
+        traffic();
+        thread::sleep(SETTLE);
+        let reference = at_pod.stop();
+        let mirror = at_sink.map(Capture::stop).unwrap_or_default();
+        Recording { reference, mirror }
     }
 }

@@ -1,10 +1,12 @@
 //! curl as the HTTP client. Several URLs in one call share one keep-alive connection; separate
-//! calls are separate connections.
+//! calls are separate connections. A [`Session`] keeps one connection open between requests.
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use crate::netns::Netns;
+use crate::proc::{wait_until, Proc};
 
 /// The outcome of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,4 +92,56 @@ pub fn get_keepalive(ns: &Netns, urls: &[String]) -> Vec<u16> {
 #[track_caller]
 pub fn get_each(ns: &Netns, urls: &[String]) -> Vec<u16> {
     urls.iter().map(|u| get(ns, std::slice::from_ref(u))[0].status).collect()
+}
+
+/// One keep-alive connection held open while other things happen (an agent restarts): python's
+/// http.client, one request per [`Session::get`].
+pub struct Session {
+    proc: Proc,
+    answered: usize,
+}
+
+/// Reads paths on stdin, GETs each on one connection, prints "status local_port".
+const SESSION_CLIENT: &str = r#"import http.client, sys
+conn = http.client.HTTPConnection(sys.argv[1], int(sys.argv[2]), timeout=5)
+for line in sys.stdin:
+    conn.request("GET", line.strip())
+    r = conn.getresponse()
+    r.read()
+    print(r.status, conn.sock.getsockname()[1], flush=True)
+"#;
+
+impl Session {
+    /// A session from `ns` to `server`:`port`; it connects at the first request.
+    pub fn open(ns: &Netns, server: IpAddr, port: u16) -> Session {
+        let mut cmd = ns.command("python3");
+        cmd.args(["-c", SESSION_CLIENT, &server.to_string(), &port.to_string()]);
+        Session {
+            proc: Proc::spawn_with_input(&format!("http session from {}", ns.name()), &mut cmd),
+            answered: 0,
+        }
+    }
+
+    /// GETs `path`; returns the status and the local port (the same on every call as long as
+    /// the connection stays open: http.client reconnects silently otherwise).
+    #[track_caller]
+    pub fn get(&mut self, path: &str) -> (u16, u16) {
+        self.proc.send(path);
+        let mut answers = Vec::new();
+        let answered = wait_until(Duration::from_secs(5), || {
+            answers = self
+                .proc
+                .output()
+                .lines()
+                .filter_map(|l| {
+                    let (status, port) = l.split_once(' ')?;
+                    Some((status.parse().ok()?, port.parse().ok()?))
+                })
+                .collect::<Vec<(u16, u16)>>();
+            answers.len() > self.answered || !self.proc.running()
+        });
+        assert!(answered && answers.len() > self.answered, "GET {path}: {}", self.proc.output());
+        self.answered += 1;
+        answers[self.answered - 1]
+    }
 }

@@ -49,6 +49,11 @@ impl Netns {
         c
     }
 
+    /// Its bind mount, what `setns` and `nsenter --net` take.
+    pub fn path(&self) -> String {
+        format!("/run/netns/{}", self.name)
+    }
+
     /// Runs a shell command inside the namespace; panics with its output when it fails.
     #[track_caller]
     pub fn sh(&self, cmd: &str) -> String {
@@ -60,9 +65,17 @@ impl Netns {
     pub fn enter(&self) -> Entered {
         let open = |path: &str| File::open(path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
         let previous = open("/proc/thread-self/ns/net");
-        setns(&open(&format!("/run/netns/{}", self.name)));
+        setns(&open(&self.path()));
         Entered { previous, _thread_bound: PhantomData }
     }
+}
+
+/// A command that runs `program` in the network namespace at `path` only. Unlike `ip netns
+/// exec`, it keeps the mount namespace: /sys/fs/bpf is the host's, so pins outlive the process.
+pub fn nsenter(path: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new("nsenter");
+    c.arg(format!("--net={path}")).arg("--").arg(program);
+    c
 }
 
 fn setns(ns: &File) {
@@ -144,9 +157,22 @@ pub struct Topology {
 }
 
 impl Topology {
-    /// Builds the node and one pod per role (at most 11 characters: `veth<role>` is a link
-    /// name). Pod `i` (from 1) has 198.18.i.2/24 and 2001:2:0:i::2/64; the node is `.1`/`::1`.
+    /// Builds the node, one pod per role (at most 11 characters: `veth<role>` is a link name)
+    /// and the mirror sink. Pod `i` (from 1) has 198.18.i.2/24 and 2001:2:0:i::2/64; the node
+    /// is `.1`/`::1`.
     pub fn new(roles: &[&str]) -> Topology {
+        let topo = Topology::without_sink(roles);
+        // The sink carries nothing of its own: no IPv6, so no neighbour discovery on it.
+        topo.node.sh(&format!(
+            "ip link add {MIRROR_DEV} type veth peer name {MIRROR_SINK} \
+             && sysctl -qw net.ipv6.conf.{MIRROR_DEV}.disable_ipv6=1 net.ipv6.conf.{MIRROR_SINK}.disable_ipv6=1 \
+             && ip link set {MIRROR_DEV} up && ip link set {MIRROR_SINK} up"
+        ));
+        topo
+    }
+
+    /// Like [`Topology::new`] without the mirror sink (for an agent that makes its own).
+    pub fn without_sink(roles: &[&str]) -> Topology {
         let node = Netns::new("node");
         node.sh("sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1");
         let mut pods = Vec::new();
@@ -175,12 +201,6 @@ impl Topology {
             ));
             pods.push(pod);
         }
-        // The sink carries nothing of its own: no IPv6, so no neighbour discovery on it.
-        node.sh(&format!(
-            "ip link add {MIRROR_DEV} type veth peer name {MIRROR_SINK} \
-             && sysctl -qw net.ipv6.conf.{MIRROR_DEV}.disable_ipv6=1 net.ipv6.conf.{MIRROR_SINK}.disable_ipv6=1 \
-             && ip link set {MIRROR_DEV} up && ip link set {MIRROR_SINK} up"
-        ));
         Topology { pods, node }
     }
 

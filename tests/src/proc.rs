@@ -1,8 +1,8 @@
 //! Child processes the tests start (servers, captures): their output is collected in the
 //! background, waits are bounded, and whatever is still running is killed on drop.
 
-use std::io::Read;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::io::{Read, Write};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -25,6 +25,7 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 pub struct Proc {
     what: String,
     child: Child,
+    stdin: Option<ChildStdin>,
     output: Arc<Mutex<String>>,
     readers: Vec<JoinHandle<()>>,
 }
@@ -32,8 +33,18 @@ pub struct Proc {
 impl Proc {
     /// Starts `cmd` with stdout and stderr collected; `what` names it in messages.
     pub fn spawn(what: &str, cmd: &mut Command) -> Proc {
+        Self::start(what, cmd.stdin(Stdio::null()))
+    }
+
+    /// Like [`Proc::spawn`], with a pipe to its stdin for [`Proc::send`].
+    pub fn spawn_with_input(what: &str, cmd: &mut Command) -> Proc {
+        let mut proc = Self::start(what, cmd.stdin(Stdio::piped()));
+        proc.stdin = proc.child.stdin.take();
+        proc
+    }
+
+    fn start(what: &str, cmd: &mut Command) -> Proc {
         let mut child = cmd
-            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -55,7 +66,15 @@ impl Proc {
                 })
             })
             .collect();
-        Proc { what: what.to_string(), child, output, readers }
+        Proc { what: what.to_string(), child, stdin: None, output, readers }
+    }
+
+    /// Writes `line` and a newline to its stdin.
+    #[track_caller]
+    pub fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().unwrap_or_else(|| panic!("{} has no stdin pipe", self.what));
+        let res = writeln!(stdin, "{line}").and_then(|()| stdin.flush());
+        res.unwrap_or_else(|e| panic!("writing to {}: {e}: {}", self.what, self.output()));
     }
 
     /// Its pid.

@@ -2,9 +2,8 @@
 //! servers, and recordings of the traffic at an endpoint and on the mirror sink. The test's
 //! thread stays inside the node namespace while the testbed lives.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::rc::Rc;
-use std::thread;
 use std::time::Duration;
 
 use libbpf_rs::RingBuffer;
@@ -15,22 +14,11 @@ use mirror_bpf::{
 };
 use tempfile::TempDir;
 
-use crate::capture::Capture;
+use crate::capture::Recorder;
+pub use crate::capture::Recording;
 use crate::netns::{Entered, Netns, Pod, Topology, MIRROR_DEV, MIRROR_SINK};
 use crate::oracle::Expected;
-use crate::pcap::Trace;
 use crate::servers::Server;
-
-/// Time for the last packets (the connection's close) to pass every capture point.
-const SETTLE: Duration = Duration::from_millis(300);
-
-/// Packets seen at an endpoint and on the mirror during the same traffic.
-pub struct Recording {
-    /// At the reference endpoint's `eth0`.
-    pub reference: Trace,
-    /// On the mirror sink.
-    pub mirror: Trace,
-}
 
 /// Trigger events, collected as they are polled.
 pub struct Events {
@@ -58,7 +46,7 @@ pub struct Testbed {
     pub topo: Topology,
     /// Configs and captures.
     pub dir: TempDir,
-    recordings: Cell<u32>,
+    recorder: Recorder,
 }
 
 impl Testbed {
@@ -74,8 +62,8 @@ impl Testbed {
             dp,
             _inside: inside,
             topo,
+            recorder: Recorder::new(dir.path()),
             dir,
-            recordings: Cell::new(0),
         }
     }
 
@@ -177,17 +165,8 @@ impl Testbed {
     }
 
     fn capture(&self, reference: &str, sink: bool, traffic: impl FnOnce()) -> Recording {
-        let dir = self.dir.path();
-        let n = self.recordings.replace(self.recordings.get() + 1);
-        let at_pod =
-            Capture::start(&self.pod(reference).ns, "eth0", "tcp", &dir.join(format!("reference-{n}.pcap")));
-        let at_sink = sink
-            .then(|| Capture::start(&self.topo.node, MIRROR_SINK, "", &dir.join(format!("mirror-{n}.pcap"))));
-        traffic();
-        thread::sleep(SETTLE);
-        let reference = at_pod.stop();
-        let mirror = at_sink.map(Capture::stop).unwrap_or_default();
-        Recording { reference, mirror }
+        let mirror = sink.then_some((&self.topo.node, MIRROR_SINK));
+        self.recorder.record(&self.pod(reference).ns, mirror, traffic)
     }
 
     /// Checks the mirror against the reference (see [`Expected`]) and the classifier's view
