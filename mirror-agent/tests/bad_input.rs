@@ -1,0 +1,122 @@
+//! Bad input is refused with a message that says where: configurations naming the key, rules
+//! pointing at the token, an unknown rule id, an agent that is not there. Nothing changes.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use mirror_bpf::testing::require_root;
+use mirror_e2e::agent::{AgentConfig, AgentEnv, Binaries};
+use mirror_e2e::netns::Topology;
+
+use common::{bins, rules};
+
+fn run(cmd: &mut Command) -> (Output, String) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out, text)
+}
+
+/// mirror-agent with a configuration, bounded in time (a bad one must fail at once).
+fn agent(bins: &Binaries, config: &Path, check: bool) -> (Output, String) {
+    let mut cmd = Command::new("timeout");
+    cmd.arg("10").arg(&bins.agent).arg("--config").arg(config);
+    if check {
+        cmd.arg("--check");
+    }
+    run(&mut cmd)
+}
+
+#[test]
+fn bad_configs_are_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let bins = bins();
+    // Should a bad config be taken, the agent would touch only the temp dir.
+    let d = dir.path().display();
+    let confined =
+        format!("api:\n  socket: {d}/api.sock\nbpf:\n  pin_path: {d}/bpf\nstate:\n  path: {d}/state.yaml\n");
+    let cases = [
+        ("mirror:\n  interfce: mirror0\n", "mirror.interfce", "unknown field `interfce`"),
+        ("colour: red\n", "colour", "unknown field `colour`"),
+        ("mirror:\n  create: tun\n", "mirror.create", "unknown variant `tun`"),
+        ("flows:\n  max: lots\n", "flows.max", "invalid"),
+        ("rules: [\"status=500\", \"status=999\"]\n", "rules[1]", "bad rule at 'status=999'"),
+        ("rules: [\"colour=red\"]\n", "rules[0]", "bad rule at 'colour=red'"),
+    ];
+    for (i, (text, key, reason)) in cases.into_iter().enumerate() {
+        let path = dir.path().join(format!("bad-{i}.yaml"));
+        std::fs::write(&path, format!("{confined}{text}")).unwrap();
+        for check in [false, true] {
+            let (out, said) = agent(&bins, &path, check);
+            assert_eq!(out.status.code(), Some(2), "{text} (--check {check}): {said}");
+            // "mirror-agent: config FILE: KEY: ...REASON..."
+            let (_, after) = said.split_once(".yaml: ").unwrap_or_else(|| panic!("{said}"));
+            assert!(
+                after.starts_with(&format!("{key}: ")) && after.contains(reason),
+                "{text} (--check {check}): {said}"
+            );
+        }
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), cases.len(), "a refused config created files");
+    let (out, said) = agent(&bins, &dir.path().join("absent.yaml"), false);
+    assert!(!out.status.success() && said.contains("absent.yaml"), "{said}");
+}
+
+#[test]
+fn the_example_config_is_valid() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/agent.yaml");
+    let (out, said) = agent(&bins(), &example, true);
+    assert!(out.status.success(), "{said}");
+    assert_eq!(said, "configuration is valid\n");
+}
+
+#[test]
+fn mirrorctl_without_an_agent_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("absent.sock");
+    let (out, said) = run(Command::new(bins().ctl).arg("--socket").arg(&socket).arg("status"));
+    assert!(!out.status.success(), "{said}");
+    let want = format!("cannot reach the agent at {} (is mirror-agent running?", socket.display());
+    assert!(said.contains(&want), "{said}");
+}
+
+#[test]
+fn mirrorctl_refuses_bad_rules_and_unknown_ids() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&[]);
+    let cfg = AgentConfig { rules: vec!["status=500".into()], ..AgentConfig::default() };
+    let env = AgentEnv::new(&bins(), &topo.node, &cfg);
+    let agent = env.start(&[]);
+    let before = rules(&env);
+    assert_eq!(before.len(), 1, "the configured rule: {before:?}");
+
+    let cases: [(&[&str], &str); 5] = [
+        (&["rules", "add", "status=999"], "bad rule at 'status=999'"),
+        (&["rules", "add", "colour=red"], "bad rule at 'colour=red'"),
+        (&["rules", "add", "status=500", "packets=lots"], "bad rule at 'packets=lots'"),
+        (&["rules", "del", "12345"], "no rule with id 12345"),
+        (&["rules", "del", "first"], "invalid value 'first'"),
+    ];
+    for (args, message) in cases {
+        let out = env.ctl(args);
+        assert!(!out.status.success(), "{args:?}: {out:?}");
+        assert!(out.stdout.is_empty() && out.stderr.contains(message), "{args:?}: {out:?}");
+    }
+    // The agent checks too, for clients other than mirrorctl: 400 with the same message.
+    let socket = env.socket();
+    let mut curl = Command::new("curl");
+    curl.args(["-sS", "--max-time", "5", "-w", " %{http_code}", "-H", "content-type: application/json"])
+        .arg("--unix-socket")
+        .arg(&socket)
+        .args(["-d", r#"{"rule": "status=999"}"#, "http://agent/v1/rules"]);
+    let (out, said) = run(&mut curl);
+    assert!(
+        out.status.success() && said.contains("bad rule at 'status=999'") && said.ends_with(" 400"),
+        "{said}"
+    );
+    assert_eq!(rules(&env), before, "a refused rule was added");
+    agent.terminate();
+}

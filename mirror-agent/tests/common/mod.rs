@@ -1,0 +1,74 @@
+//! What the agent's end-to-end tests share: the binaries under test, typed views of
+//! mirrorctl's JSON, and the classifier as the kernel shows it.
+
+// Each test file uses its own part of this module.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use mirror_agent::api::types::{FlowView, RuleView, StatusView};
+use mirror_bpf::attach::tcx_prog_ids;
+use mirror_e2e::agent::{AgentEnv, Binaries};
+
+/// How long an agent may take to attach to the links present at its start.
+pub const ATTACH: Duration = Duration::from_secs(5);
+
+/// The node-side veths of the client and server pods of [`mirror_e2e::scenario::PODS`].
+pub const VETHS: [&str; 2] = ["vethclient", "vethserver"];
+
+/// The binaries of this package.
+pub fn bins() -> Binaries {
+    Binaries { agent: env!("CARGO_BIN_EXE_mirror-agent").into(), ctl: env!("CARGO_BIN_EXE_mirrorctl").into() }
+}
+
+/// Parses mirrorctl's JSON output.
+#[track_caller]
+pub fn json<T: DeserializeOwned>(text: &str) -> T {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not the expected JSON ({e}): {text}"))
+}
+
+/// `mirrorctl -o json status`.
+#[track_caller]
+pub fn status(env: &AgentEnv) -> StatusView {
+    json(&env.ctl_ok(&["-o", "json", "status"]))
+}
+
+/// `mirrorctl -o json rules list`.
+#[track_caller]
+pub fn rules(env: &AgentEnv) -> Vec<RuleView> {
+    json(&env.ctl_ok(&["-o", "json", "rules", "list"]))
+}
+
+/// `mirrorctl -o json flows`.
+#[track_caller]
+pub fn flows(env: &AgentEnv) -> Vec<FlowView> {
+    json(&env.ctl_ok(&["-o", "json", "flows", "--limit", "1000"]))
+}
+
+/// `mirrorctl rules add RULE`, which prints the new rule's id.
+#[track_caller]
+pub fn add_rule(env: &AgentEnv, rule: &str) -> u32 {
+    let mut args = vec!["rules", "add"];
+    args.extend(rule.split_whitespace());
+    let out = env.ctl_ok(&args);
+    out.trim().parse().unwrap_or_else(|e| panic!("rules add printed {out:?}, not an id: {e}"))
+}
+
+/// TCX programs on the ingress and egress of a link (of the calling thread's namespace).
+#[track_caller]
+pub fn tcx_programs(ifindex: u32) -> [usize; 2] {
+    [false, true].map(|egress| {
+        tcx_prog_ids(ifindex, egress)
+            .unwrap_or_else(|e| panic!("querying TCX of ifindex {ifindex}: {e}"))
+            .len()
+    })
+}
+
+/// Whether a link of that name exists in the calling thread's namespace.
+pub fn link_exists(name: &str) -> bool {
+    let c = std::ffi::CString::new(name).expect("a link name");
+    // SAFETY: a valid C string, only read.
+    unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
+}

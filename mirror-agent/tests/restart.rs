@@ -1,0 +1,117 @@
+//! Restarts: after SIGTERM with --keep-attached and after SIGKILL, the classifier stays on the
+//! links and keeps mirroring while no agent runs; the next agent adopts it with the rules
+//! (same ids), the flows and their marks. One keep-alive connection, marked before the first
+//! stop, is used throughout: every packet of it from the 500 on is mirrored exactly once.
+
+mod common;
+
+use mirror_bpf::testing::{ifindex, require_root};
+use mirror_e2e::agent::{Agent, AgentConfig, AgentEnv};
+use mirror_e2e::capture::Recorder;
+use mirror_e2e::client::{self, url, Session};
+use mirror_e2e::netns::Topology;
+use mirror_e2e::oracle::Expected;
+use mirror_e2e::scenario::{HTTP, PODS};
+use mirror_e2e::servers::Server;
+
+use common::{add_rule, bins, flows, link_exists, rules, status, tcx_programs, ATTACH, VETHS};
+
+/// Rules and ids as listed (hits aside).
+fn rule_ids(env: &AgentEnv) -> Vec<(u32, String)> {
+    rules(env).into_iter().map(|r| (r.id, r.rule)).collect()
+}
+
+/// Asserts that the classifier, and only one instance of it, is on both hooks of every veth.
+#[track_caller]
+fn attached_once() {
+    for v in VETHS {
+        assert_eq!(tcx_programs(ifindex(v)), [1, 1], "{v}");
+    }
+}
+
+/// Starts an agent and checks that it adopted what the last one left, rules included.
+#[track_caller]
+fn adopting<'a>(env: &'a AgentEnv, rules_before: &[(u32, String)]) -> Agent<'a> {
+    let agent = env.start(&[]);
+    agent.wait_attached(&VETHS, ATTACH);
+    let st = status(env);
+    assert!(st.adopted, "did not adopt: {st:?}\n{}", agent.output());
+    assert_eq!(rule_ids(env), rules_before);
+    attached_once();
+    agent
+}
+
+#[test]
+fn restarts_keep_the_data_path_rules_and_marks() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&PODS);
+    // TCX queries and link lookups act in the calling thread's namespace.
+    let _inside = topo.node.enter();
+    let env = AgentEnv::new(&bins(), &topo.node, &AgentConfig::default());
+    let _nginx = Server::nginx(topo.pod("server"), HTTP, env.dir());
+    let agent = env.start(&["--keep-attached"]);
+    agent.wait_attached(&VETHS, ATTACH);
+    // Ids with a gap, to see them kept rather than renumbered.
+    let id = add_rule(&env, "status=500");
+    let gone = add_rule(&env, "status=404");
+    add_rule(&env, "status=503");
+    env.ctl_ok(&["rules", "del", &gone.to_string()]);
+    let rules_before = rule_ids(&env);
+    assert!(!status(&env).adopted);
+
+    let client = &topo.pod("client").ns;
+    let server = topo.pod("server").addr(false);
+    let sink = env.sink_peer();
+    let mut last = None;
+    let recorder = Recorder::new(env.dir());
+    let rec = recorder.record(client, Some((&topo.node, sink.as_str())), || {
+        let mut session = Session::open(client, server, HTTP);
+        let (code, port) = session.get("/bar");
+        assert_eq!(code, 500);
+        let mut same_connection =
+            |path: &str, want: u16| assert_eq!(session.get(path), (want, port), "{path}");
+
+        // SIGTERM with --keep-attached: everything stays, and mirrors.
+        let log = agent.terminate();
+        assert!(log.contains("leaving the data path attached"), "{log}");
+        attached_once();
+        assert!(link_exists(env.sink()) && env.pin_path().join("links").exists());
+        same_connection("/foo", 200);
+        assert_eq!(client::get_each(client, &[url(server, HTTP, "/bar")]), [500]);
+
+        let agent = adopting(&env, &rules_before);
+        same_connection("/foo", 200);
+
+        // SIGKILL: nothing is cleaned up, and the next agent adopts it all the same.
+        agent.kill();
+        same_connection("/foo", 200);
+        let agent = adopting(&env, &rules_before);
+        same_connection("/foo", 200);
+        let urls = ["/foo", "/bar", "/foo"].map(|p| url(server, HTTP, p));
+        assert_eq!(client::get_keepalive(client, &urls), [200, 500, 200]);
+        same_connection("/bar", 500);
+        last = Some(agent);
+    });
+
+    let expected = Expected::from_reference(&rec.reference, |status, _| status == 500);
+    expected.assert_mirror(&rec.mirror);
+    assert_eq!(expected.triggered.len(), 3, "{:?}", expected.triggered);
+    // The session's mark, set by the first agent, counted every packet since, through both
+    // restarts and while no agent ran.
+    let t = &expected.triggered[0];
+    let all = flows(&env);
+    let f = all
+        .iter()
+        .find(|f| f.lo == t.flow.lo.to_string() && f.hi == t.flow.hi.to_string())
+        .unwrap_or_else(|| panic!("{t:?} not in {all:?}"));
+    assert_eq!((f.rule_id, f.status, f.mirrored_packets), (Some(id), Some(500), t.packets), "{f:?}");
+    let hits = rules(&env).into_iter().find(|r| r.id == id).map(|r| r.hits);
+    assert_eq!(hits, Some(3), "hits of rule {id} survive restarts");
+    assert_eq!(status(&env).counters["triggers"], 3);
+
+    last.expect("the last agent").terminate();
+    assert!(!link_exists(env.sink()), "the sink outlived a clean stop");
+    assert!(!env.pin_path().exists(), "pins outlived a clean stop");
+}
