@@ -12,9 +12,11 @@ use anyhow::{anyhow, Context};
 use tokio::sync::oneshot;
 
 use mirror_bpf::flow::monotonic_ns;
-use mirror_bpf::{AttachMode, Attachment, Datapath, DatapathOptions, MirrorMethod, Rule, TriggerEvent};
+use mirror_bpf::{
+    AttachMode, Attachment, Datapath, DatapathOptions, MirrorMethod, Rule, TimingGroup, TriggerEvent,
+};
 
-use crate::api::types::{DirView, FlowView, HistogramView, InterfaceView, LatencyView, RuleView};
+use crate::api::types::{DirView, FlowView, GroupView, HistogramView, InterfaceView, LatencyView, RuleView};
 use crate::state::{SavedRule, SavedState};
 
 /// How the engine is set up.
@@ -60,6 +62,7 @@ enum Cmd {
     Rules { reply: Reply<Vec<RuleView>> },
     Flows { reply: Reply<Vec<FlowView>> },
     Latency { reply: Reply<Vec<HistogramView>> },
+    Groups { set: Option<(TimingGroup, bool)>, reply: Reply<Vec<GroupView>> },
     Status { reply: Reply<EngineStatus> },
     DropStalePins { reply: Reply<usize> },
     SetCreatedSink { created: bool, reply: Reply<()> },
@@ -140,6 +143,11 @@ impl Engine {
     /// The latency histograms.
     pub async fn latency(&self) -> anyhow::Result<Vec<HistogramView>> {
         self.call(|reply| Cmd::Latency { reply }).await
+    }
+
+    /// The timing groups, after switching one if `set`.
+    pub async fn groups(&self, set: Option<(TimingGroup, bool)>) -> anyhow::Result<Vec<GroupView>> {
+        self.call(|reply| Cmd::Groups { set, reply }).await
     }
 
     /// Interfaces, counters and the like.
@@ -268,6 +276,9 @@ impl Worker {
             }
             Cmd::Latency { reply } => {
                 let _ = reply.send(self.latency());
+            }
+            Cmd::Groups { set, reply } => {
+                let _ = reply.send(self.groups(set));
             }
             Cmd::Status { reply } => {
                 let _ = reply.send(self.status());
@@ -444,6 +455,17 @@ impl Worker {
                 handshake_ms: f.handshake.map(ms),
             })
             .collect())
+    }
+
+    fn groups(&self, set: Option<(TimingGroup, bool)>) -> anyhow::Result<Vec<GroupView>> {
+        if let Some((group, on)) = set {
+            self.dp.set_timing(group, on)?;
+            tracing::info!(group = group.name(), enabled = on, "timing group switched");
+        }
+        TimingGroup::ALL
+            .into_iter()
+            .map(|g| Ok(GroupView { group: g.name().into(), enabled: self.dp.timing(g)? }))
+            .collect()
     }
 
     fn latency(&self) -> anyhow::Result<Vec<HistogramView>> {

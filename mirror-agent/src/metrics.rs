@@ -14,6 +14,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::api::types::HistogramView;
 use crate::engine::Engine;
 
 /// Counters exported as `mirror_<metric>_total`: (counter, metric, help).
@@ -47,9 +48,47 @@ async fn scrape(State(engine): State<Engine>) -> impl IntoResponse {
     }
 }
 
+/// A histogram aggregated in the kernel, exported as is: (upper bound in seconds, count).
+#[derive(Debug)]
+struct KernelHistogram {
+    sum: f64,
+    count: u64,
+    buckets: Vec<(f64, u64)>,
+}
+
+impl prometheus_client::encoding::EncodeMetric for KernelHistogram {
+    fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            self.sum,
+            self.count,
+            &self.buckets,
+            None,
+        )
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Histogram
+    }
+}
+
+/// The kernel's fine buckets folded into powers of two of nanoseconds (1 µs to 16 s), plus +Inf.
+fn fold(h: &HistogramView) -> KernelHistogram {
+    let bounds: Vec<u64> = (10..=34).map(|p| 1u64 << p).collect();
+    let mut counts = vec![0u64; bounds.len() + 1];
+    for [_, hi, n] in &h.buckets {
+        let i = bounds.iter().position(|b| hi <= b).unwrap_or(bounds.len());
+        counts[i] += n;
+    }
+    let mut buckets: Vec<(f64, u64)> =
+        bounds.iter().map(|b| *b as f64 / 1e9).zip(counts.iter().copied()).collect();
+    buckets.push((f64::INFINITY, counts[bounds.len()]));
+    KernelHistogram { sum: h.sum_seconds, count: h.count, buckets }
+}
+
 async fn render(engine: &Engine) -> anyhow::Result<String> {
     let status = engine.status().await?;
     let rules = engine.rules().await?;
+    let hists = engine.latency().await?;
     let mut reg = Registry::with_prefix("mirror");
     for (key, metric, help) in EXPORTED {
         let v = status.counters.get(*key).copied().unwrap_or(0);
@@ -64,6 +103,27 @@ async fn render(engine: &Engine) -> anyhow::Result<String> {
     let attached = Gauge::<i64>::default();
     attached.set(status.interfaces.len() as i64);
     reg.register("attached_interfaces", "Interfaces the classifier is attached to", attached);
+    let http = reg.sub_registry_with_prefix("http_response");
+    for h in hists.iter().filter(|h| h.kind == "http_response") {
+        let labels = [
+            (std::borrow::Cow::from("interface"), std::borrow::Cow::from(h.interface.clone())),
+            ("class".into(), format!("{}xx", h.class.unwrap_or(0)).into()),
+        ];
+        http.sub_registry_with_labels(labels.into_iter()).register(
+            "seconds",
+            "Request (first segment) to response status line, seen on the host-side veth",
+            fold(h),
+        );
+    }
+    let hs = reg.sub_registry_with_prefix("tcp_handshake");
+    for h in hists.iter().filter(|h| h.kind == "tcp_handshake") {
+        let labels = [(std::borrow::Cow::from("interface"), std::borrow::Cow::from(h.interface.clone()))];
+        hs.sub_registry_with_labels(labels.into_iter()).register(
+            "seconds",
+            "SYN to the ACK that completes the handshake, seen on the host-side veth",
+            fold(h),
+        );
+    }
     let mut out = String::new();
     encode(&mut out, &reg)?;
     let _ = writeln!(out);

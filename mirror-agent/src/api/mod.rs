@@ -18,7 +18,10 @@ use axum::{Json, Router};
 use serde::Deserialize;
 
 use crate::engine::Engine;
-use types::{ErrorBody, FlowView, HistogramView, MirrorView, NewRule, RuleView, StatusView};
+use mirror_bpf::TimingGroup;
+use types::{
+    ErrorBody, FlowView, GroupView, HistogramView, MirrorView, NewRule, RuleView, SetGroup, StatusView,
+};
 
 /// What the API reports beyond the engine.
 #[derive(Debug, Clone)]
@@ -64,6 +67,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/counters", get(counters))
         .route("/v1/latency", get(latency))
+        .route("/v1/latency/groups", get(groups))
+        .route("/v1/latency/groups/{group}", axum::routing::put(set_group))
         .fallback(|| async {
             ApiError(
                 StatusCode::NOT_FOUND,
@@ -139,6 +144,25 @@ async fn status(State(s): State<ApiState>) -> ApiResult<StatusView> {
 
 async fn latency(State(s): State<ApiState>) -> ApiResult<Vec<HistogramView>> {
     Ok(Json(s.engine.latency().await?))
+}
+
+async fn groups(State(s): State<ApiState>) -> ApiResult<Vec<GroupView>> {
+    Ok(Json(s.engine.groups(None).await?))
+}
+
+async fn set_group(
+    State(s): State<ApiState>,
+    UrlPath(name): UrlPath<String>,
+    body: Result<Json<SetGroup>, JsonRejection>,
+) -> ApiResult<Vec<GroupView>> {
+    let Json(body) = body.map_err(|e| {
+        ApiError(StatusCode::BAD_REQUEST, format!("expected {{\"enabled\": true|false}}: {e}"))
+    })?;
+    let names: Vec<&str> = TimingGroup::ALL.iter().map(|g| g.name()).collect();
+    let group = TimingGroup::from_name(&name).ok_or_else(|| {
+        ApiError(StatusCode::NOT_FOUND, format!("no timing group '{name}' (groups: {})", names.join(", ")))
+    })?;
+    Ok(Json(s.engine.groups(Some((group, body.enabled))).await?))
 }
 
 async fn counters(State(s): State<ApiState>) -> ApiResult<BTreeMap<String, u64>> {

@@ -157,3 +157,19 @@ pub struct ErrorBody {
     /// What went wrong.
     pub error: String,
 }
+
+/// A timing group and whether it is on (GET /v1/latency/groups, PUT /v1/latency/groups/{group}).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupView {
+    /// http | handshake.
+    pub group: String,
+    /// Whether it measures.
+    pub enabled: bool,
+}
+
+/// PUT /v1/latency/groups/{group} body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SetGroup {
+    /// Switch on or off.
+    pub enabled: bool,
+}

@@ -1,6 +1,7 @@
 //! mirrorctl: the operator's CLI, one subcommand per API resource.
 
 pub mod client;
+pub mod hist;
 pub mod table;
 
 use std::path::PathBuf;
@@ -9,7 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use hyper::Method;
 use serde::Serialize;
 
-use crate::api::types::{FlowView, NewRule, RuleView, StatusView};
+use crate::api::types::{FlowView, GroupView, HistogramView, NewRule, RuleView, SetGroup, StatusView};
 use crate::config::DEFAULT_SOCKET;
 use client::Client;
 
@@ -51,6 +52,30 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
+    /// Latency histograms (HTTP response time, TCP handshake), and their groups.
+    Latency {
+        #[command(subcommand)]
+        command: Option<LatencyCommand>,
+        /// One histogram per interface instead of one per kind and status class.
+        #[arg(long)]
+        by_interface: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum LatencyCommand {
+    /// Switch a timing group on (http, handshake).
+    Enable {
+        /// The group.
+        group: String,
+    },
+    /// Switch a timing group off.
+    Disable {
+        /// The group.
+        group: String,
+    },
+    /// The timing groups and whether they are on.
+    Groups,
 }
 
 #[derive(Subcommand)]
@@ -75,6 +100,35 @@ fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn print_latency(hists: &[HistogramView], by_interface: bool) {
+    if hists.is_empty() {
+        println!("no latency measured yet");
+        return;
+    }
+    let mut groups: std::collections::BTreeMap<(String, Option<u8>, String), Vec<&HistogramView>> =
+        Default::default();
+    for h in hists {
+        let iface = if by_interface { format!("{} ", h.interface) } else { String::new() };
+        groups.entry((h.kind.clone(), h.class, iface)).or_default().push(h);
+    }
+    for ((kind, class, iface), hs) in groups {
+        let Some(h) = hist::merge(&hs) else { continue };
+        let what = match class {
+            Some(c) => format!("{kind} {c}xx"),
+            None => kind,
+        };
+        println!(
+            "{iface}{what}: {} measured, p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms",
+            h.count,
+            hist::quantile(&h, 0.5),
+            hist::quantile(&h, 0.9),
+            hist::quantile(&h, 0.99)
+        );
+        print!("{}", hist::render(&h));
+        println!();
+    }
+}
+
 fn rule_rows(rules: &[RuleView]) -> Vec<Vec<String>> {
     rules.iter().map(|r| vec![r.id.to_string(), r.hits.to_string(), r.rule.clone()]).collect()
 }
@@ -84,6 +138,31 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let c = Client::new(&args.socket);
     let json = args.output == Output::Json;
     match args.command {
+        Command::Latency { command: None, by_interface } => {
+            let hists: Vec<HistogramView> = c.call(Method::GET, "/v1/latency", None).await?;
+            if json {
+                return print_json(&hists);
+            }
+            print_latency(&hists, by_interface);
+        }
+        Command::Latency { command: Some(cmd), .. } => {
+            let enabled = matches!(cmd, LatencyCommand::Enable { .. });
+            let groups: Vec<GroupView> = match cmd {
+                LatencyCommand::Groups => c.call(Method::GET, "/v1/latency/groups", None).await?,
+                LatencyCommand::Enable { group } | LatencyCommand::Disable { group } => {
+                    let body = serde_json::to_string(&SetGroup { enabled })?;
+                    c.call(Method::PUT, &format!("/v1/latency/groups/{group}"), Some(body)).await?
+                }
+            };
+            if json {
+                return print_json(&groups);
+            }
+            let rows: Vec<Vec<String>> = groups
+                .iter()
+                .map(|g| vec![g.group.clone(), if g.enabled { "on" } else { "off" }.into()])
+                .collect();
+            print!("{}", table::render(&["GROUP", "STATE"], &rows));
+        }
         Command::Rules { command: RulesCommand::Add { tokens } } => {
             let rule = tokens.join(" ");
             // Refuse a bad rule here, pointing at the token, before bothering the agent.
