@@ -90,8 +90,7 @@ static __always_inline int classify(struct __sk_buff *skb, enum hook_kind hook,
     __u64 precise = 0;
     if (kind == HTTP_RESPONSE) {
         cnt->v[STAT_HTTP_RESPONSES]++;
-        precise = bpf_ktime_get_ns();
-        tc.took = timing_response(skb, &m, fs, tc.status, precise, &tc.t, cnt);
+        tc.took = timing_response(skb, &m, fs, tc.status, &precise, &tc.t, cnt);
     }
 
     struct mirror_mark *mk = mark_lookup(fs, &m.key);
@@ -102,7 +101,7 @@ static __always_inline int classify(struct __sk_buff *skb, enum hook_kind hook,
     struct rule_action *ra = rule_lookup(m.src_port, tc.status, tc.took);
     if (!ra)
         return 0;
-    return mirror_trigger(skb, &m, ra, &tc, hook, now, precise, cnt) &&
+    return mirror_trigger(skb, &m, ra, &tc, hook, now, precise ?: bpf_ktime_get_ns(), cnt) &&
            mirror_copy(skb, method, cnt);
 }
 

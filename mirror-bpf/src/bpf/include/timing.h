@@ -125,23 +125,27 @@ static __always_inline void timing_request(struct __sk_buff *skb, const struct p
 
 /*
  * timing_response - a status line: the time since the flow's pending request, if any, is
- * added to the flow and to the histogram of this interface and status class.
- * @now: the precise clock, read by the caller.
+ * added to the flow and to the histogram of this interface and status class. The clock is
+ * read only when a request is pending.
+ * @now: set to the precise clock when it was read.
  * @return the response time (0: no request was pending); @t is set to the timing entry.
  */
 static __always_inline __u64 timing_response(struct __sk_buff *skb, const struct pkt_meta *m,
-                                             struct flow_traffic *fs, __u16 status, __u64 now,
+                                             struct flow_traffic *fs, __u16 status, __u64 *now,
                                              struct flow_timing **t, struct counters *cnt)
 {
     *t = timing_get(&m->key, 0, cnt);
     if (!*t)
         return 0;
     __u64 req = (*t)->request_ns;
-    if (!req || req > now)
+    if (!req)
+        return 0;
+    *now = bpf_ktime_get_ns();
+    if (req > *now)
         return 0;
     /* Answered: a later status line of the same flow needs a new request. */
     (*t)->request_ns = 0;
-    __u64 took = now - req;
+    __u64 took = *now - req;
     if (fs) {
         fs->http_time_sum_ns += took;
         fs->http_timed++;
