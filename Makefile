@@ -17,9 +17,11 @@ build: deps
 test: deps
 	$(CARGO) test --workspace --release
 
-# Builds, creates a namespace topology with a service that answers some 500s, mirrors the
-# triggered flows and shows them, then cleans up.
+# Builds the agent, then the demo, which runs it from the same target directory: creates a
+# namespace topology with a service that answers some 500s, mirrors the triggered flows and
+# shows them, then cleans up.
 demo: deps
+	$(CARGO) build --release -p mirror-agent --bins
 	$(CARGO) run --release -p mirror-e2e --bin demo
 
 # Data-path cost per packet (BPF_PROG_TEST_RUN), results in bench/RESULTS-datapath.md.

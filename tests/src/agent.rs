@@ -37,8 +37,8 @@ impl Binaries {
     pub fn locate() -> Result<Binaries, String> {
         let exe = std::env::current_exe().map_err(|e| format!("locating this executable: {e}"))?;
         let find = |var: &str, name: &str| -> Result<PathBuf, String> {
-            if let Some(p) = std::env::var_os(var) {
-                return Ok(PathBuf::from(p));
+            if let Some(p) = std::env::var_os(var).map(PathBuf::from) {
+                return if p.is_file() { Ok(p) } else { Err(format!("{var}={}: no such file", p.display())) };
             }
             exe.ancestors().skip(1).take(2).map(|d| d.join(name)).find(|p| p.is_file()).ok_or_else(|| {
                 format!(
