@@ -149,6 +149,14 @@ impl<'obj> Datapath<'obj> {
         Ok(dp)
     }
 
+    /// Whether the classifier stamps packets at tc ingress for the kernel stack latency (see
+    /// [`crate::Tracing`]); a plain flag in the program's data, read per packet.
+    pub fn set_stack_stamps(&mut self, on: bool) {
+        if let Some(data) = self.skel.maps.data_data.as_deref_mut() {
+            data.stack_stamps_on = u32::from(on);
+        }
+    }
+
     /// Switches a timing group on or off at run time.
     pub fn set_timing(&self, group: TimingGroup, on: bool) -> Result<()> {
         self.write_settings(|s| if on { s.timing |= group.bit() } else { s.timing &= !group.bit() })

@@ -15,23 +15,36 @@ pub enum HistKind {
     HttpResponse,
     /// SYN to the ACK that completes the handshake.
     TcpHandshake,
+    /// Kernel stack: netif_receive_skb to our tc ingress.
+    StackRxTc,
+    /// Kernel stack: tc ingress to leaving the node (net_dev_start_xmit).
+    StackTcXmit,
+    /// Kernel stack: tc ingress to a local socket read.
+    StackTcRead,
+    /// Kernel stack: netif_receive_skb to leaving the node.
+    StackXmit,
+    /// Kernel stack: netif_receive_skb to a local socket read.
+    StackRead,
 }
 
 impl HistKind {
+    const ALL: [(HistKind, hist_kind, &'static str); 7] = [
+        (Self::HttpResponse, hist_kind::HIST_HTTP_RESPONSE, "http_response"),
+        (Self::TcpHandshake, hist_kind::HIST_TCP_HANDSHAKE, "tcp_handshake"),
+        (Self::StackRxTc, hist_kind::HIST_STACK_RX_TC, "stack_rx_to_tc"),
+        (Self::StackTcXmit, hist_kind::HIST_STACK_TC_XMIT, "stack_tc_to_xmit"),
+        (Self::StackTcRead, hist_kind::HIST_STACK_TC_READ, "stack_tc_to_read"),
+        (Self::StackXmit, hist_kind::HIST_STACK_XMIT, "stack_rx_to_xmit"),
+        (Self::StackRead, hist_kind::HIST_STACK_READ, "stack_rx_to_read"),
+    ];
+
     fn from_raw(k: u8) -> Option<Self> {
-        match u32::from(k) {
-            k if k == hist_kind::HIST_HTTP_RESPONSE.0 => Some(Self::HttpResponse),
-            k if k == hist_kind::HIST_TCP_HANDSHAKE.0 => Some(Self::TcpHandshake),
-            _ => None,
-        }
+        Self::ALL.iter().find(|(_, raw, _)| raw.0 == u32::from(k)).map(|(kind, _, _)| *kind)
     }
 
-    /// A short name: `http_response`, `tcp_handshake`.
+    /// A short name: `http_response`, `tcp_handshake`, `stack_rx_to_tc`, ...
     pub fn name(self) -> &'static str {
-        match self {
-            Self::HttpResponse => "http_response",
-            Self::TcpHandshake => "tcp_handshake",
-        }
+        Self::ALL.iter().find(|(kind, _, _)| *kind == self).map_or("", |(_, _, n)| n)
     }
 }
 

@@ -20,6 +20,7 @@ mod ruleset;
 pub mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tracing;
 
 pub use attach::{AttachMode, Attachment, MirrorMethod};
 pub use datapath::{Datapath, DatapathOptions, TimingGroup};
@@ -31,6 +32,7 @@ pub use latency::{HistKind, Histogram};
 pub use libbpf_rs::RingBuffer as EventRing;
 pub use rule::{Limits, Rule, RuleError, RuleId, StatusMatch};
 pub use stats::Counters;
+pub use tracing::{NetCpuTime, TraceGroup, Tracing};
 
 /// Generated skeletons, one per `src/bpf/<name>.bpf.c`.
 #[allow(missing_docs, clippy::all, non_camel_case_types, non_snake_case, non_upper_case_globals)]
@@ -38,6 +40,10 @@ pub mod skel {
     /// The classifier attached to container veths.
     pub mod classifier {
         include!(concat!(env!("OUT_DIR"), "/classifier.skel.rs"));
+    }
+    /// Tracing programs: kernel stack latency and network-stack CPU cost.
+    pub mod tracing {
+        include!(concat!(env!("OUT_DIR"), "/tracing.skel.rs"));
     }
     /// An empty tc program, the baseline of every per-packet cost.
     pub mod baseline {
@@ -66,12 +72,17 @@ plain_types! {
     port_status_key = 4,
     mirror_mark = 64,
     flow_timing = 120,
+    skb_stamp = 24,
     hist_key = 8,
     latency_hist = 16 + 8 * types::mirror_limits::HIST_BUCKETS.0 as usize,
     trigger_event = 160,
     settings = 8,
     counters = 8 * types::stat_idx::STAT_MAX.0 as usize,
 }
+
+// SAFETY: as above: integers only, no implicit padding (asserted).
+unsafe impl plain::Plain for skel::tracing::types::net_cpu_time {}
+const _: () = assert!(std::mem::size_of::<skel::tracing::types::net_cpu_time>() == 24);
 
 /// The bytes of a shared value, as a map wants them.
 pub(crate) fn bytes_of<T: plain::Plain>(v: &T) -> &[u8] {

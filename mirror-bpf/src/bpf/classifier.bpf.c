@@ -26,6 +26,22 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
+/*
+ * stack_stamp_tc - the packet reached our tc ingress: add the time to the stamp the tracing
+ * programs put on it at netif_receive_skb (kernel stack latency, when that group is on).
+ */
+static __always_inline void stack_stamp_tc(struct __sk_buff *ctx)
+{
+    struct sk_buff *skb = bpf_cast_to_kern_ctx(ctx);
+    __u64 key = (__u64)skb;
+    struct skb_stamp *st = bpf_map_lookup_elem(&skb_stamps, &key);
+
+    if (st && !st->tc_ns)
+        st->tc_ns = bpf_ktime_get_ns();
+}
+
 /* Force the types that only user space reads into BTF, hence into the skeleton. */
 struct trigger_event _trigger_event = {};
 struct counters _counters = {};
@@ -54,6 +70,8 @@ static __always_inline int classify(struct __sk_buff *skb, enum hook_kind hook,
         return 0;
     cnt->v[STAT_PACKETS]++;
     cnt->v[STAT_BYTES] += skb->len;
+    if (hook == HOOK_INGRESS && stack_stamps_on)
+        stack_stamp_tc(skb);
 
     if (hook == HOOK_EGRESS) {
         __u32 iif = skb->ingress_ifindex;

@@ -7,6 +7,7 @@
 #define MIRROR_MAPS_H
 
 #include "types.h"
+#include "shared_maps.h"
 
 /*
  * Key: struct flow_key. Value: struct flow_traffic, one copy per CPU.
@@ -44,22 +45,6 @@ struct {
     __type(value, struct flow_timing);
 } flow_timing SEC(".maps");
 
-/* Key: struct hist_key. Value: struct latency_hist, per CPU (no atomics; summed in user space). */
-struct {
-    __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-    __uint(max_entries, 4096);
-    __type(key, struct hist_key);
-    __type(value, struct latency_hist);
-} latency_hists SEC(".maps");
-
-/* Key: 0. Value: a zeroed struct latency_hist, the initial value of new histograms (too large
- * for the stack). Never written. */
-struct {
-    __uint(type, BPF_MAP_TYPE_ARRAY);
-    __uint(max_entries, 1);
-    __type(key, __u32);
-    __type(value, struct latency_hist);
-} hist_zero SEC(".maps");
 
 /*
  * Key: HTTP status (0..599). Value: struct rule_entry of the rules covering it.
@@ -107,13 +92,6 @@ struct {
     __type(value, struct counters);
 } stats SEC(".maps");
 
-/* Key: ifindex. Value: enum hook_kind bits attached. Lets egress skip packets already seen. */
-struct {
-    __uint(type, BPF_MAP_TYPE_HASH);
-    __uint(max_entries, 8192);
-    __type(key, __u32);
-    __type(value, __u32);
-} attached_ifaces SEC(".maps");
 
 /* Key: 0. Value: struct settings. */
 struct {
@@ -135,5 +113,11 @@ struct {
  * starting value at each load, so that entries adopted from an earlier instance look again.
  */
 volatile __u32 mark_epoch SEC(".data") = 1;
+
+/*
+ * Switched by user space through the mmapped .data: whether the classifier stamps packets for
+ * the kernel stack latency (a plain load per packet, no map lookup).
+ */
+volatile __u32 stack_stamps_on SEC(".data") = 0;
 
 #endif /* MIRROR_MAPS_H */

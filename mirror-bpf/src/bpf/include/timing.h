@@ -11,6 +11,7 @@
 
 #include "maps.h"
 #include "parse.h"
+#include "hist.h"
 
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_ACK 0x10
@@ -22,66 +23,6 @@ static __always_inline int timing_on(__u32 group)
     struct settings *set = bpf_map_lookup_elem(&settings, &zero);
 
     return set && (set->timing & group);
-}
-
-/* hist_bucket - the bucket of @ns: exact below 8, then 8 sub-buckets per power of two. */
-static __always_inline __u32 hist_bucket(__u64 ns)
-{
-    if (ns < (1 << HIST_SUB_BITS))
-        return ns;
-    __u64 v = ns;
-    __u32 msb = 0;
-    if (v >> 32) {
-        v >>= 32;
-        msb += 32;
-    }
-    if (v >> 16) {
-        v >>= 16;
-        msb += 16;
-    }
-    if (v >> 8) {
-        v >>= 8;
-        msb += 8;
-    }
-    if (v >> 4) {
-        v >>= 4;
-        msb += 4;
-    }
-    if (v >> 2) {
-        v >>= 2;
-        msb += 2;
-    }
-    if (v >> 1)
-        msb += 1;
-    __u32 b = (msb - HIST_SUB_BITS + 1) * (1 << HIST_SUB_BITS) +
-              ((ns >> (msb - HIST_SUB_BITS)) & ((1 << HIST_SUB_BITS) - 1));
-    return b < HIST_BUCKETS ? b : HIST_BUCKETS - 1;
-}
-
-/* hist_add - count one interval of @ns in the histogram (@ifindex, @kind, @class). */
-static __always_inline void hist_add(__u32 ifindex, __u8 kind, __u8 class, __u64 ns,
-                                     struct counters *cnt)
-{
-    struct hist_key k = {.ifindex = ifindex, .kind = kind, .class = class};
-    struct latency_hist *h = bpf_map_lookup_elem(&latency_hists, &k);
-
-    if (!h) {
-        __u32 zero = 0;
-        struct latency_hist *init = bpf_map_lookup_elem(&hist_zero, &zero);
-        if (!init)
-            return;
-        bpf_map_update_elem(&latency_hists, &k, init, BPF_NOEXIST);
-        h = bpf_map_lookup_elem(&latency_hists, &k);
-        if (!h) {
-            cnt->v[STAT_HIST_INSERT_FAILED]++;
-            return;
-        }
-    }
-    __u32 b = hist_bucket(ns);
-    if (b < HIST_BUCKETS)
-        h->buckets[b]++;
-    h->count++;
-    h->sum_ns += ns;
 }
 
 /* timing_get - the flow's shared timing entry, created when @create. */
@@ -152,7 +93,8 @@ static __always_inline __u64 timing_response(struct __sk_buff *skb, const struct
         if (took > fs->http_time_max_ns)
             fs->http_time_max_ns = took;
     }
-    hist_add(skb->ifindex, HIST_HTTP_RESPONSE, status / 100, took, cnt);
+    if (hist_add(skb->ifindex, HIST_HTTP_RESPONSE, status / 100, took))
+        cnt->v[STAT_HIST_INSERT_FAILED]++;
     return took;
 }
 
@@ -194,7 +136,8 @@ static __always_inline void timing_handshake(struct __sk_buff *skb, const struct
     __u64 took = now - t->syn_ns;
     t->syn_ns = 0; /* measured once */
     fs->handshake_us = took / 1000 ?: 1;
-    hist_add(skb->ifindex, HIST_TCP_HANDSHAKE, 0, took, cnt);
+    if (hist_add(skb->ifindex, HIST_TCP_HANDSHAKE, 0, took))
+        cnt->v[STAT_HIST_INSERT_FAILED]++;
 }
 
 #endif /* MIRROR_TIMING_H */

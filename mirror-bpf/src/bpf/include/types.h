@@ -27,6 +27,11 @@ enum mirror_limits {
 enum hist_kind {
     HIST_HTTP_RESPONSE = 0, /* first segment of a request to the status line of its response */
     HIST_TCP_HANDSHAKE = 1, /* SYN to the ACK that completes the handshake */
+    HIST_STACK_RX_TC = 2,   /* netif_receive_skb to our tc ingress (kernel stack latency) */
+    HIST_STACK_TC_XMIT = 3, /* tc ingress to leaving the node (net_dev_start_xmit) */
+    HIST_STACK_TC_READ = 4, /* tc ingress to a local socket read (skb_copy_datagram_iovec) */
+    HIST_STACK_XMIT = 5,    /* netif_receive_skb to leaving the node */
+    HIST_STACK_READ = 6,    /* netif_receive_skb to a local socket read */
 };
 
 /* Which tc hook a program runs at. */
@@ -160,6 +165,21 @@ struct flow_timing {
     __u8 syn_dir;     /* enum flow_dir of the SYN */
     __u8 _pad[3];
     __u8 head[HTTP_REQUEST_HEAD_LEN]; /* raw "METHOD target HTTP/1.x" prefix of the request */
+};
+
+/* When a packet entered the node and reached the classifier (kernel stack latency). */
+struct skb_stamp {
+    __u64 rx_ns;     /* netif_receive_skb on an attached interface */
+    __u64 tc_ns;     /* tc ingress (0: not seen) */
+    __u32 ifindex;   /* where it entered */
+    __u32 _pad;
+};
+
+/* Network-stack CPU time of one CPU (net_cpu_time map). */
+struct net_cpu_time {
+    __u64 syscall_ns;    /* in send/receive system calls, softirqs inside them excluded */
+    __u64 softirq_rx_ns; /* in NET_RX softirqs */
+    __u64 softirq_tx_ns; /* in NET_TX softirqs */
 };
 
 /* latency_hists key. */

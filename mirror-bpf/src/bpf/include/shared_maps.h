@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * This file contains the maps shared by the classifier and the tracing programs: user space
+ * creates them with the classifier and hands the same maps to the tracing object before its
+ * load, so that both write one set of histograms and agree on the attached interfaces.
+ */
+#ifndef MIRROR_SHARED_MAPS_H
+#define MIRROR_SHARED_MAPS_H
+
+#include "types.h"
+
+/* Key: ifindex. Value: enum hook_kind bits attached. Lets egress skip packets already seen. */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 8192);
+    __type(key, __u32);
+    __type(value, __u32);
+} attached_ifaces SEC(".maps");
+
+/* Key: struct hist_key. Value: struct latency_hist, per CPU (no atomics; summed in user space). */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+    __uint(max_entries, 4096);
+    __type(key, struct hist_key);
+    __type(value, struct latency_hist);
+} latency_hists SEC(".maps");
+
+/* Key: 0. Value: a zeroed struct latency_hist, the initial value of new histograms (too large
+ * for the stack). Never written. */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct latency_hist);
+} hist_zero SEC(".maps");
+
+/*
+ * Key: the address of a struct sk_buff. Value: struct skb_stamp.
+ * When a packet entered the node through an attached interface, and reached our classifier;
+ * deleted when it leaves, is read, or is freed (the address is reused at once).
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u64);
+    __type(value, struct skb_stamp);
+} skb_stamps SEC(".maps");
+
+#endif /* MIRROR_SHARED_MAPS_H */

@@ -1,0 +1,191 @@
+//! The tracing programs, by group, switched at run time: kernel stack latency ("stack") and
+//! network-stack CPU cost ("cpu"). They share the classifier's interface set and histograms.
+//!
+//! fexit is preferred where the kernel allows it (it lets clones inherit their parent's stamp);
+//! where it is refused (lockdown, or no BTF trampolines) the same groups run on tp_btf and raw
+//! tracepoints, and clones are not followed. The choice is made once, at load.
+
+use std::mem::MaybeUninit;
+use std::os::fd::AsFd;
+
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, ProgramMut};
+
+use crate::error::{Context, Result};
+use crate::skel::tracing::{OpenTracingSkel, TracingSkel, TracingSkelBuilder};
+use crate::{read_plain, Datapath};
+
+/// A group of tracing programs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TraceGroup {
+    /// Kernel stack latency per stage.
+    Stack,
+    /// Share of CPU time in the network stack.
+    Cpu,
+}
+
+impl TraceGroup {
+    /// Every group.
+    pub const ALL: [TraceGroup; 2] = [TraceGroup::Stack, TraceGroup::Cpu];
+
+    /// Its name: `stack`, `cpu`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TraceGroup::Stack => "stack",
+            TraceGroup::Cpu => "cpu",
+        }
+    }
+
+    /// The group of that name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|g| g.name() == name)
+    }
+}
+
+/// Network-stack CPU time of one CPU since load, nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetCpuTime {
+    /// In send/receive system calls (softirqs inside them excluded).
+    pub syscall_ns: u64,
+    /// In NET_RX softirqs.
+    pub softirq_rx_ns: u64,
+    /// In NET_TX softirqs.
+    pub softirq_tx_ns: u64,
+}
+
+/// The loaded tracing programs and the links of the groups that are on.
+pub struct Tracing {
+    skel: TracingSkel<'static>,
+    fexit: Result<(), String>,
+    stack: Vec<Link>,
+    cpu: Vec<Link>,
+}
+
+fn open(dp: &Datapath<'_>, with_fexit: bool) -> Result<OpenTracingSkel<'static>> {
+    // One object per attempt, alive as long as the process (at most two per agent).
+    let storage = Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit()));
+    let mut open =
+        TracingSkelBuilder::default().open(storage).context(|| "opening the tracing programs".into())?;
+    let ours = &dp.skel().maps;
+    let maps = &mut open.maps;
+    for (map, shared, name) in [
+        (&mut maps.attached_ifaces, ours.attached_ifaces.as_fd(), "attached_ifaces"),
+        (&mut maps.latency_hists, ours.latency_hists.as_fd(), "latency_hists"),
+        (&mut maps.hist_zero, ours.hist_zero.as_fd(), "hist_zero"),
+        (&mut maps.skb_stamps, ours.skb_stamps.as_fd(), "skb_stamps"),
+    ] {
+        map.reuse_fd(shared).context(|| format!("sharing {name} with the tracing programs"))?;
+    }
+    open.progs.stack_clone.set_autoload(with_fexit);
+    if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
+        rodata.node_netns = current_netns()?;
+    }
+    Ok(open)
+}
+
+/// The inode of the calling thread's network namespace (the node's: where the classifier is).
+fn current_netns() -> Result<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata("/proc/thread-self/ns/net")
+        .context(|| "reading /proc/thread-self/ns/net".into())?;
+    Ok(meta.ino() as u32)
+}
+
+impl Tracing {
+    /// Loads the tracing programs (nothing is attached yet), sharing `dp`'s maps. Call it from
+    /// the network namespace of the interfaces `dp` is attached to.
+    pub fn load(dp: &Datapath<'_>) -> Result<Tracing> {
+        let (skel, fexit) = match open(dp, true)?.load() {
+            Ok(skel) => (skel, Ok(())),
+            Err(e) => {
+                let why = e.to_string();
+                let skel = open(dp, false)?.load().context(|| "loading the tracing programs".into())?;
+                (skel, Err(why))
+            }
+        };
+        Ok(Tracing { skel, fexit, stack: Vec::new(), cpu: Vec::new() })
+    }
+
+    /// Whether fexit could be used; else why not.
+    pub fn fexit(&self) -> &Result<(), String> {
+        &self.fexit
+    }
+
+    /// Whether a group is on.
+    pub fn is_on(&self, group: TraceGroup) -> bool {
+        match group {
+            TraceGroup::Stack => !self.stack.is_empty(),
+            TraceGroup::Cpu => !self.cpu.is_empty(),
+        }
+    }
+
+    /// Switches a group on or off. The stack group also makes the classifier stamp packets.
+    pub fn set(&mut self, dp: &mut Datapath<'_>, group: TraceGroup, on: bool) -> Result<()> {
+        if self.is_on(group) == on {
+            return Ok(());
+        }
+        if !on {
+            match group {
+                TraceGroup::Stack => {
+                    dp.set_stack_stamps(false);
+                    self.stack.clear();
+                }
+                TraceGroup::Cpu => self.cpu.clear(),
+            }
+            return Ok(());
+        }
+        let p = &self.skel.progs;
+        let progs: Vec<&ProgramMut<'_>> = match group {
+            TraceGroup::Stack => {
+                let mut v = vec![&p.stack_rx, &p.stack_xmit, &p.stack_read, &p.stack_consume, &p.stack_free];
+                if self.fexit.is_ok() {
+                    v.push(&p.stack_clone);
+                }
+                v
+            }
+            TraceGroup::Cpu => {
+                vec![
+                    &p.cpu_sys_enter,
+                    &p.cpu_sys_exit,
+                    &p.cpu_softirq_entry,
+                    &p.cpu_softirq_exit,
+                    &p.cpu_sched_switch,
+                ]
+            }
+        };
+        let links = progs
+            .into_iter()
+            .map(|prog| prog.attach().context(|| format!("attaching {}", prog.name().to_string_lossy())))
+            .collect::<Result<Vec<_>>>()?;
+        match group {
+            TraceGroup::Stack => {
+                self.stack = links;
+                dp.set_stack_stamps(true);
+            }
+            TraceGroup::Cpu => self.cpu = links,
+        }
+        Ok(())
+    }
+
+    /// Network-stack CPU time per CPU since load (index = CPU).
+    pub fn cpu_times(&self) -> Result<Vec<NetCpuTime>> {
+        let per_cpu = self
+            .skel
+            .maps
+            .net_cpu_time
+            .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+            .context(|| "reading net_cpu_time".into())?
+            .unwrap_or_default();
+        Ok(per_cpu
+            .iter()
+            .map(|b| {
+                let v: crate::skel::tracing::types::net_cpu_time = read_plain(b);
+                NetCpuTime {
+                    syscall_ns: v.syscall_ns,
+                    softirq_rx_ns: v.softirq_rx_ns,
+                    softirq_tx_ns: v.softirq_tx_ns,
+                }
+            })
+            .collect())
+    }
+}
