@@ -39,6 +39,7 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
         method: cfg.mirror.method.into(),
         state_path: cfg.state.path.clone(),
         initial_rules,
+        groups: cfg.latency.groups(),
     })
     .await?;
 

@@ -206,6 +206,41 @@ impl Default for Flows {
     }
 }
 
+/// `latency:` section: which measurement groups are on at start (all switch at run time with
+/// `mirrorctl latency enable|disable GROUP`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Latency {
+    /// HTTP response time per flow and in histograms (needed by `latency>` rules).
+    pub http: bool,
+    /// TCP handshake time.
+    pub handshake: bool,
+    /// Kernel stack latency per stage (tracing programs).
+    pub stack: bool,
+    /// Share of CPU time in the network stack (tracing programs).
+    pub cpu: bool,
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        Self { http: true, handshake: true, stack: false, cpu: false }
+    }
+}
+
+impl Latency {
+    /// Each group with its state at start.
+    pub fn groups(&self) -> Vec<(crate::groups::Group, bool)> {
+        use crate::groups::Group;
+        use mirror_bpf::{TimingGroup, TraceGroup};
+        vec![
+            (Group::Timing(TimingGroup::Http), self.http),
+            (Group::Timing(TimingGroup::Handshake), self.handshake),
+            (Group::Trace(TraceGroup::Stack), self.stack),
+            (Group::Trace(TraceGroup::Cpu), self.cpu),
+        ]
+    }
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
@@ -247,6 +282,8 @@ pub struct Config {
     pub flows: Flows,
     /// Rules installed at the first start (same syntax as `mirrorctl rules add`).
     pub rules: Vec<String>,
+    /// Measurement groups on at start.
+    pub latency: Latency,
     /// Logging.
     pub log: Log,
     /// On SIGTERM, leave the data path attached and pinned for the next agent.

@@ -13,10 +13,13 @@ use tokio::sync::oneshot;
 
 use mirror_bpf::flow::monotonic_ns;
 use mirror_bpf::{
-    AttachMode, Attachment, Datapath, DatapathOptions, MirrorMethod, Rule, TimingGroup, TriggerEvent,
+    AttachMode, Attachment, Datapath, DatapathOptions, MirrorMethod, Rule, TraceGroup, Tracing, TriggerEvent,
 };
 
-use crate::api::types::{DirView, FlowView, GroupView, HistogramView, InterfaceView, LatencyView, RuleView};
+use crate::api::types::{
+    CpuShareView, DirView, FlowView, GroupView, HistogramView, InterfaceView, LatencyView, RuleView,
+};
+use crate::groups::Group;
 use crate::state::{SavedRule, SavedState};
 
 /// How the engine is set up.
@@ -32,6 +35,8 @@ pub struct EngineConfig {
     pub state_path: PathBuf,
     /// Rules for a first start.
     pub initial_rules: Vec<Rule>,
+    /// Measurement groups switched on or off at start (the others keep their defaults).
+    pub groups: Vec<(Group, bool)>,
 }
 
 /// What the engine reports about itself.
@@ -49,6 +54,10 @@ pub struct EngineStatus {
     pub attach_latency: LatencyView,
     /// The mirror ifindex in use (0: none).
     pub mirror_ifindex: u32,
+    /// Share of each CPU spent in the network stack over the last second (cpu group on).
+    pub net_cpu: Vec<CpuShareView>,
+    /// How the tracing programs run: "fexit + tp_btf", "tp_btf (fexit refused: ...)", or why not.
+    pub tracing: String,
 }
 
 type Reply<T> = oneshot::Sender<anyhow::Result<T>>;
@@ -62,7 +71,7 @@ enum Cmd {
     Rules { reply: Reply<Vec<RuleView>> },
     Flows { reply: Reply<Vec<FlowView>> },
     Latency { reply: Reply<Vec<HistogramView>> },
-    Groups { set: Option<(TimingGroup, bool)>, reply: Reply<Vec<GroupView>> },
+    Groups { set: Option<(Group, bool)>, reply: Reply<Vec<GroupView>> },
     Status { reply: Reply<EngineStatus> },
     DropStalePins { reply: Reply<usize> },
     SetCreatedSink { created: bool, reply: Reply<()> },
@@ -146,7 +155,7 @@ impl Engine {
     }
 
     /// The timing groups, after switching one if `set`.
-    pub async fn groups(&self, set: Option<(TimingGroup, bool)>) -> anyhow::Result<Vec<GroupView>> {
+    pub async fn groups(&self, set: Option<(Group, bool)>) -> anyhow::Result<Vec<GroupView>> {
         self.call(|reply| Cmd::Groups { set, reply }).await
     }
 
@@ -192,6 +201,11 @@ struct Worker {
     latency: hdrhistogram::Histogram<u64>,
     events: mirror_bpf::EventRing<'static>,
     event_rx: mpsc::Receiver<TriggerEvent>,
+    /// The tracing programs, or why they could not be loaded.
+    tracing: Result<Tracing, String>,
+    /// Last CPU-time sample and the shares computed from the one before.
+    cpu_sample: Option<(Instant, Vec<mirror_bpf::NetCpuTime>)>,
+    net_cpu: Vec<CpuShareView>,
 }
 
 impl Worker {
@@ -216,6 +230,20 @@ impl Worker {
         let events = dp.events(move |e| {
             let _ = event_tx.send(e);
         })?;
+        let tracing = Tracing::load(&dp).map_err(|e| e.to_string());
+        match &tracing {
+            Ok(t) => match t.fexit() {
+                Ok(()) => {
+                    tracing::info!("tracing programs: fexit available (clones inherit stamps) + tp_btf")
+                }
+                Err(why) => {
+                    tracing::info!(fexit = %why, "tracing programs: fexit refused; tp_btf and raw tracepoints only")
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "tracing programs unavailable: the stack and cpu groups cannot be switched on")
+            }
+        }
         let mut w = Worker {
             dp,
             cfg,
@@ -225,7 +253,13 @@ impl Worker {
             latency: hdrhistogram::Histogram::new(3).expect("3 significant digits is valid"),
             events,
             event_rx,
+            tracing,
+            cpu_sample: None,
+            net_cpu: Vec::new(),
         };
+        for (g, on) in w.cfg.groups.clone() {
+            w.set_group(g, on)?;
+        }
         if first_start {
             for rule in w.cfg.initial_rules.clone() {
                 let view = w.add_rule(rule)?;
@@ -248,6 +282,7 @@ impl Worker {
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             }
             self.drain_events();
+            self.sample_cpu();
         }
     }
 
@@ -457,15 +492,67 @@ impl Worker {
             .collect())
     }
 
-    fn groups(&self, set: Option<(TimingGroup, bool)>) -> anyhow::Result<Vec<GroupView>> {
-        if let Some((group, on)) = set {
-            self.dp.set_timing(group, on)?;
-            tracing::info!(group = group.name(), enabled = on, "timing group switched");
+    fn set_group(&mut self, group: Group, on: bool) -> anyhow::Result<()> {
+        match group {
+            Group::Timing(g) => self.dp.set_timing(g, on)?,
+            Group::Trace(g) => match &mut self.tracing {
+                Ok(t) => t.set(&mut self.dp, g, on)?,
+                Err(why) if on => anyhow::bail!("the {} group needs the tracing programs: {why}", g.name()),
+                Err(_) => {}
+            },
         }
-        TimingGroup::ALL
-            .into_iter()
-            .map(|g| Ok(GroupView { group: g.name().into(), enabled: self.dp.timing(g)? }))
-            .collect()
+        if group == Group::Trace(TraceGroup::Cpu) {
+            self.cpu_sample = None;
+            self.net_cpu.clear();
+        }
+        tracing::info!(group = group.name(), enabled = on, "measurement group switched");
+        Ok(())
+    }
+
+    fn group_on(&self, group: Group) -> anyhow::Result<bool> {
+        Ok(match group {
+            Group::Timing(g) => self.dp.timing(g)?,
+            Group::Trace(g) => self.tracing.as_ref().is_ok_and(|t| t.is_on(g)),
+        })
+    }
+
+    fn groups(&mut self, set: Option<(Group, bool)>) -> anyhow::Result<Vec<GroupView>> {
+        if let Some((group, on)) = set {
+            self.set_group(group, on)?;
+        }
+        Group::all().map(|g| Ok(GroupView { group: g.name().into(), enabled: self.group_on(g)? })).collect()
+    }
+
+    /// Every second while the cpu group is on: the share of each CPU in the network stack.
+    fn sample_cpu(&mut self) {
+        let Ok(t) = &self.tracing else { return };
+        if !t.is_on(TraceGroup::Cpu) {
+            return;
+        }
+        if self.cpu_sample.as_ref().is_some_and(|(at, _)| at.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        let Ok(now) = t.cpu_times() else { return };
+        let at = Instant::now();
+        if let Some((then, before)) = &self.cpu_sample {
+            let wall = at.duration_since(*then).as_nanos().max(1) as f64;
+            let share = |a: u64, b: u64| a.saturating_sub(b) as f64 / wall;
+            self.net_cpu = now
+                .iter()
+                .zip(before)
+                .enumerate()
+                .map(|(cpu, (n, b))| CpuShareView {
+                    cpu: cpu as u32,
+                    syscall: share(n.syscall_ns, b.syscall_ns),
+                    softirq_rx: share(n.softirq_rx_ns, b.softirq_rx_ns),
+                    softirq_tx: share(n.softirq_tx_ns, b.softirq_tx_ns),
+                    syscall_seconds_total: n.syscall_ns as f64 / 1e9,
+                    softirq_rx_seconds_total: n.softirq_rx_ns as f64 / 1e9,
+                    softirq_tx_seconds_total: n.softirq_tx_ns as f64 / 1e9,
+                })
+                .collect();
+        }
+        self.cpu_sample = Some((at, now));
     }
 
     fn latency(&self) -> anyhow::Result<Vec<HistogramView>> {
@@ -514,6 +601,14 @@ impl Worker {
                 max_ms: ms(h.max()),
             },
             mirror_ifindex: self.dp.settings()?.mirror_ifindex,
+            net_cpu: self.net_cpu.clone(),
+            tracing: match &self.tracing {
+                Ok(t) => match t.fexit() {
+                    Ok(()) => "fexit + tp_btf".into(),
+                    Err(why) => format!("tp_btf (fexit refused: {why})"),
+                },
+                Err(why) => format!("unavailable: {why}"),
+            },
         })
     }
 

@@ -7,6 +7,7 @@ pub mod bpffs;
 pub mod config;
 pub mod ctl;
 pub mod engine;
+pub mod groups;
 pub mod links;
 pub mod metrics;
 pub mod sink;

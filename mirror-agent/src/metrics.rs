@@ -124,6 +124,24 @@ async fn render(engine: &Engine) -> anyhow::Result<String> {
             fold(h),
         );
     }
+    let cpu = reg.sub_registry_with_prefix("net_cpu");
+    for c in &status.net_cpu {
+        for (kind, share, total) in [
+            ("syscall", c.syscall, c.syscall_seconds_total),
+            ("softirq_rx", c.softirq_rx, c.softirq_rx_seconds_total),
+            ("softirq_tx", c.softirq_tx, c.softirq_tx_seconds_total),
+        ] {
+            let labels = [
+                (std::borrow::Cow::from("cpu"), std::borrow::Cow::from(c.cpu.to_string())),
+                ("kind".into(), kind.into()),
+            ];
+            let sub = cpu.sub_registry_with_labels(labels.into_iter());
+            sub.register("seconds", "CPU time in the network stack (cpu group on)", ConstCounter::new(total));
+            let g = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+            g.set(share);
+            sub.register("share", "Share of the last second in the network stack (cpu group on)", g);
+        }
+    }
     let mut out = String::new();
     encode(&mut out, &reg)?;
     let _ = writeln!(out);

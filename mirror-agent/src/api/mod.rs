@@ -18,7 +18,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 
 use crate::engine::Engine;
-use mirror_bpf::TimingGroup;
+use crate::groups::Group;
 use types::{
     ErrorBody, FlowView, GroupView, HistogramView, MirrorView, NewRule, RuleView, SetGroup, StatusView,
 };
@@ -139,6 +139,8 @@ async fn status(State(s): State<ApiState>) -> ApiResult<StatusView> {
         mirror: MirrorView { ifindex: (st.mirror_ifindex != 0).then_some(st.mirror_ifindex), ..info.mirror },
         counters: st.counters,
         attach_latency: st.attach_latency,
+        tracing: st.tracing,
+        net_cpu: st.net_cpu,
     }))
 }
 
@@ -158,9 +160,8 @@ async fn set_group(
     let Json(body) = body.map_err(|e| {
         ApiError(StatusCode::BAD_REQUEST, format!("expected {{\"enabled\": true|false}}: {e}"))
     })?;
-    let names: Vec<&str> = TimingGroup::ALL.iter().map(|g| g.name()).collect();
-    let group = TimingGroup::from_name(&name).ok_or_else(|| {
-        ApiError(StatusCode::NOT_FOUND, format!("no timing group '{name}' (groups: {})", names.join(", ")))
+    let group = Group::from_name(&name).ok_or_else(|| {
+        ApiError(StatusCode::NOT_FOUND, format!("no measurement group '{name}' (groups: {})", Group::names()))
     })?;
     Ok(Json(s.engine.groups(Some((group, body.enabled))).await?))
 }

@@ -149,6 +149,31 @@ pub struct StatusView {
     pub counters: BTreeMap<String, u64>,
     /// Attach latency.
     pub attach_latency: LatencyView,
+    /// How the tracing programs run (fexit or tp_btf), or why they cannot.
+    #[serde(default)]
+    pub tracing: String,
+    /// Share of each CPU in the network stack over the last second (cpu group on).
+    #[serde(default)]
+    pub net_cpu: Vec<CpuShareView>,
+}
+
+/// One CPU's time in the network stack.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuShareView {
+    /// CPU number.
+    pub cpu: u32,
+    /// Share of the last second in send/receive system calls.
+    pub syscall: f64,
+    /// Share in NET_RX softirqs.
+    pub softirq_rx: f64,
+    /// Share in NET_TX softirqs.
+    pub softirq_tx: f64,
+    /// Since the group was switched on, seconds.
+    pub syscall_seconds_total: f64,
+    /// Likewise.
+    pub softirq_rx_seconds_total: f64,
+    /// Likewise.
+    pub softirq_tx_seconds_total: f64,
 }
 
 /// An error reply.

@@ -209,9 +209,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             );
             let l = &s.attach_latency;
             println!(
-                "attach latency: {} attachments, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms\n",
+                "attach latency: {} attachments, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
                 l.count, l.p50_ms, l.p99_ms, l.max_ms
             );
+            println!("tracing programs: {}\n", s.tracing);
             let rows: Vec<Vec<String>> = s
                 .interfaces
                 .iter()
@@ -230,6 +231,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let rows: Vec<Vec<String>> =
                 s.counters.iter().map(|(k, v)| vec![k.clone(), v.to_string()]).collect();
             print!("{}", table::render(&["COUNTER", "VALUE"], &rows));
+            if !s.net_cpu.is_empty() {
+                let pct = |v: f64| format!("{:.1}%", v * 100.0);
+                let rows: Vec<Vec<String>> = s
+                    .net_cpu
+                    .iter()
+                    .map(|c| vec![c.cpu.to_string(), pct(c.syscall), pct(c.softirq_rx), pct(c.softirq_tx)])
+                    .collect();
+                println!();
+                print!("{}", table::render(&["CPU", "SEND/RECV CALLS", "NET_RX", "NET_TX"], &rows));
+            }
         }
         Command::Flows { limit } => {
             let flows: Vec<FlowView> = c.call(Method::GET, &format!("/v1/flows?limit={limit}"), None).await?;

@@ -38,7 +38,7 @@ static __always_inline void stack_stamp_tc(struct __sk_buff *ctx)
     __u64 key = (__u64)skb;
     struct skb_stamp *st = bpf_map_lookup_elem(&skb_stamps, &key);
 
-    if (st && !st->tc_ns)
+    if (st && !st->tc_ns && st->ifindex == skb->skb_iif)
         st->tc_ns = bpf_ktime_get_ns();
 }
 

@@ -29,6 +29,13 @@ struct net_cpu_time _net_cpu_time = {};
 /* The node's network namespace (inode), set at load: ifindexes are only unique within one. */
 const volatile __u32 node_netns = 0;
 
+/*
+ * Some skbs are freed on paths without a tracepoint (TCP frees consumed ACKs with
+ * __kfree_skb), so a stamp can outlive its packet and the address go to another one. A stamp
+ * only counts for a packet that entered where it was taken (skb_iif) within this age.
+ */
+#define STAMP_MAX_AGE_NS (1000ULL * 1000 * 1000)
+
 /* ---- stack ---- */
 
 static __always_inline void stamp_close(struct sk_buff *skb, __u8 kind_tc, __u8 kind_total)
@@ -39,8 +46,11 @@ static __always_inline void stamp_close(struct sk_buff *skb, __u8 kind_tc, __u8 
     if (!st)
         return;
     __u64 now = bpf_ktime_get_ns();
-    if (now >= st->rx_ns)
-        hist_add(st->ifindex, kind_total, 0, now - st->rx_ns);
+    if (st->ifindex != skb->skb_iif || now < st->rx_ns || now - st->rx_ns > STAMP_MAX_AGE_NS) {
+        bpf_map_delete_elem(&skb_stamps, &key);
+        return;
+    }
+    hist_add(st->ifindex, kind_total, 0, now - st->rx_ns);
     if (st->tc_ns && now >= st->tc_ns) {
         hist_add(st->ifindex, kind_tc, 0, now - st->tc_ns);
         if (st->tc_ns >= st->rx_ns)

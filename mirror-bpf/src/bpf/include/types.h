@@ -171,7 +171,7 @@ struct flow_timing {
 struct skb_stamp {
     __u64 rx_ns;     /* netif_receive_skb on an attached interface */
     __u64 tc_ns;     /* tc ingress (0: not seen) */
-    __u32 ifindex;   /* where it entered */
+    __u32 ifindex;   /* where it entered: skb_iif of the packet, unlike a recycled sk_buff's */
     __u32 _pad;
 };
 
