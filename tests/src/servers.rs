@@ -84,9 +84,11 @@ impl Drop for Server {
     }
 }
 
-/// Dual-stack HTTP/1.1 (keep-alive) server; the status is chosen by the path.
+/// Dual-stack HTTP/1.1 (keep-alive) server; the status is chosen by the path, the body size
+/// by `?bytes=N`, and a delay before answering by `?delay_ms=N`.
 const PYTHON_SERVER: &str = r#"import socket
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -106,6 +108,8 @@ class Handler(BaseHTTPRequestHandler):
         body = b"%d\n" % code
         if query.startswith("bytes="):
             body = b"x" * int(query[len("bytes="):])
+        if query.startswith("delay_ms="):
+            time.sleep(int(query[len("delay_ms="):]) / 1000)
         self.send_response(code)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
