@@ -10,7 +10,8 @@ use libbpf_rs::RingBuffer;
 use mirror_bpf::testing::{self, ifindex};
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{
-    AttachMode, Attachment, Counters, Datapath, DatapathOptions, MirrorMethod, RuleId, TriggerEvent,
+    AttachMode, Attachment, Counters, Datapath, DatapathOptions, HistKind, Histogram, MirrorMethod, RuleId,
+    TriggerEvent,
 };
 use tempfile::TempDir;
 
@@ -151,6 +152,19 @@ impl Testbed {
     /// The counters.
     pub fn counters(&self) -> Counters {
         self.dp.counters().expect("reading counters")
+    }
+
+    /// The histograms of `kind` (and status `class`, if given) merged over interfaces.
+    pub fn histogram(&self, kind: HistKind, class: Option<u8>) -> Option<Histogram> {
+        let mut hs = self
+            .dp
+            .histograms()
+            .expect("reading histograms")
+            .into_iter()
+            .filter(|h| h.kind == kind && class.is_none_or(|c| h.class == c));
+        let mut all = hs.next()?;
+        hs.for_each(|h| all.merge(&h));
+        Some(all)
     }
 
     /// Runs `traffic` while capturing at `reference`'s `eth0` (TCP only) and on the mirror sink

@@ -4,26 +4,13 @@
 use std::time::Duration;
 
 use mirror_bpf::testing::require_root;
-use mirror_bpf::{AttachMode, HistKind, Histogram, MirrorMethod};
+use mirror_bpf::{AttachMode, HistKind, MirrorMethod};
 use mirror_e2e::client::{self, url};
 use mirror_e2e::scenario::PODS;
 use mirror_e2e::testbed::Testbed;
 
 /// python's port.
 const PY: u16 = 8080;
-
-fn merged(bed: &Testbed, kind: HistKind, class: Option<u8>) -> Option<Histogram> {
-    let hs: Vec<Histogram> = bed
-        .dp
-        .histograms()
-        .unwrap()
-        .into_iter()
-        .filter(|h| h.kind == kind && class.is_none_or(|c| h.class == c))
-        .collect();
-    let mut all = hs.first()?.clone();
-    hs[1..].iter().for_each(|h| all.merge(h));
-    Some(all)
-}
 
 fn bed() -> Testbed {
     let mut bed = Testbed::new(&PODS);
@@ -42,7 +29,7 @@ fn a_50ms_server_is_measured_at_50ms_once_per_request() {
     let urls: Vec<String> = (0..20).map(|_| url(server, PY, "/status/200?delay_ms=50")).collect();
     assert!(client::get_keepalive(&bed.pod("client").ns, &urls).iter().all(|s| *s == 200));
 
-    let h = merged(&bed, HistKind::HttpResponse, Some(2)).expect("a 2xx histogram");
+    let h = bed.histogram(HistKind::HttpResponse, Some(2)).expect("a 2xx histogram");
     // Each request crosses two attached veths but is timed once.
     assert_eq!(h.count, 20);
     let p50 = h.quantile(0.5).unwrap().as_secs_f64();
@@ -85,11 +72,11 @@ fn handshake_time_is_positive_and_below_a_request_response_exchange() {
     let server = bed.pod("server").addr(false);
     let urls: Vec<String> = (0..10).map(|_| url(server, PY, "/status/200")).collect();
     client::get_each(&bed.pod("client").ns, &urls);
-    let hs = merged(&bed, HistKind::TcpHandshake, None).expect("a handshake histogram");
+    let hs = bed.histogram(HistKind::TcpHandshake, None).expect("a handshake histogram");
     // One per connection, measured once although each crosses two attached veths.
     assert_eq!(hs.count, 10);
     let handshake = hs.quantile(0.5).unwrap();
-    let exchange = merged(&bed, HistKind::HttpResponse, Some(2)).unwrap().quantile(0.5).unwrap();
+    let exchange = bed.histogram(HistKind::HttpResponse, Some(2)).unwrap().quantile(0.5).unwrap();
     assert!(
         handshake > Duration::ZERO && handshake < exchange,
         "handshake {handshake:?}, exchange {exchange:?}"

@@ -7,13 +7,24 @@ use mirror_e2e::client::{self, url};
 use mirror_e2e::scenario::{HTTP, PODS};
 use mirror_e2e::testbed::Testbed;
 
-fn hist(bed: &Testbed, kind: HistKind) -> Option<mirror_bpf::Histogram> {
-    let hs: Vec<_> = bed.dp.histograms().unwrap().into_iter().filter(|h| h.kind == kind).collect();
-    let mut all = hs.first()?.clone();
-    for h in &hs[1..] {
-        all.merge(h);
-    }
-    Some(all)
+/// A client and an nginx server pod, attached, with the tracing programs loaded and `group` on.
+fn bed_with(group: TraceGroup) -> (Testbed, Tracing) {
+    let mut bed = Testbed::new(&PODS);
+    bed.nginx("server", HTTP);
+    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
+    let mut tracing = Tracing::load(&bed.dp).unwrap();
+    // Loaded is not on: nothing is measured before a group is switched on.
+    let cpu: u64 = tracing.cpu_times().unwrap().iter().map(|c| c.syscall_ns + c.softirq_rx_ns).sum();
+    assert_eq!(cpu, 0);
+    assert!(bed.histogram(HistKind::StackXmit, None).is_none());
+    tracing.set(&mut bed.dp, group, true).unwrap();
+    (bed, tracing)
+}
+
+/// `n` keep-alive requests for nginx's /foo.
+fn foo_urls(bed: &Testbed, n: usize) -> Vec<String> {
+    let server = bed.pod("server").addr(false);
+    (0..n).map(|_| url(server, HTTP, "/foo")).collect()
 }
 
 #[test]
@@ -21,20 +32,14 @@ fn stack_stages_are_present_and_ordered_for_pod_to_pod_packets() {
     if !require_root() {
         return;
     }
-    let mut bed = Testbed::new(&PODS);
-    bed.nginx("server", HTTP);
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
-    let mut tracing = Tracing::load(&bed.dp).unwrap();
+    let (mut bed, mut tracing) = bed_with(TraceGroup::Stack);
     eprintln!("fexit: {:?}", tracing.fexit());
-    tracing.set(&mut bed.dp, TraceGroup::Stack, true).unwrap();
-
-    let server = bed.pod("server").addr(false);
-    let urls: Vec<String> = (0..20).map(|_| url(server, HTTP, "/foo")).collect();
+    let urls = foo_urls(&bed, 20);
     assert!(client::get_keepalive(&bed.pod("client").ns, &urls).iter().all(|s| *s == 200));
 
-    let rx_tc = hist(&bed, HistKind::StackRxTc).expect("netif_receive_skb to tc ingress");
-    let tc_xmit = hist(&bed, HistKind::StackTcXmit).expect("tc ingress to the other veth");
-    let total = hist(&bed, HistKind::StackXmit).expect("netif_receive_skb to the other veth");
+    let rx_tc = bed.histogram(HistKind::StackRxTc, None).expect("netif_receive_skb to tc ingress");
+    let tc_xmit = bed.histogram(HistKind::StackTcXmit, None).expect("tc ingress to the other veth");
+    let total = bed.histogram(HistKind::StackXmit, None).expect("netif_receive_skb to the other veth");
     // Every forwarded packet has all three, and the stages add up in order.
     assert!(total.count >= 40, "{} packets", total.count);
     assert_eq!((rx_tc.count, tc_xmit.count), (total.count, total.count));
@@ -46,7 +51,7 @@ fn stack_stages_are_present_and_ordered_for_pod_to_pod_packets() {
     // Off: no more samples.
     tracing.set(&mut bed.dp, TraceGroup::Stack, false).unwrap();
     client::get_keepalive(&bed.pod("client").ns, &urls[..5]);
-    assert_eq!(hist(&bed, HistKind::StackXmit).unwrap().count, total.count);
+    assert_eq!(bed.histogram(HistKind::StackXmit, None).unwrap().count, total.count);
 }
 
 #[test]
@@ -54,16 +59,10 @@ fn stack_stages_for_packets_read_by_a_local_socket() {
     if !require_root() {
         return;
     }
-    let mut bed = Testbed::new(&PODS);
-    bed.nginx("server", HTTP);
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
-    let mut tracing = Tracing::load(&bed.dp).unwrap();
-    tracing.set(&mut bed.dp, TraceGroup::Stack, true).unwrap();
-    let server = bed.pod("server").addr(false);
-    let urls: Vec<String> = (0..10).map(|_| url(server, HTTP, "/foo")).collect();
-    client::get_keepalive(bed.node(), &urls);
-    let read = hist(&bed, HistKind::StackRead).expect("netif_receive_skb to the socket read");
-    let tc_read = hist(&bed, HistKind::StackTcRead).expect("tc ingress to the socket read");
+    let (bed, _tracing) = bed_with(TraceGroup::Stack);
+    client::get_keepalive(bed.node(), &foo_urls(&bed, 10));
+    let read = bed.histogram(HistKind::StackRead, None).expect("netif_receive_skb to the socket read");
+    let tc_read = bed.histogram(HistKind::StackTcRead, None).expect("tc ingress to the socket read");
     assert!(read.count >= 10 && tc_read.count == read.count, "{} / {}", read.count, tc_read.count);
     assert!(tc_read.mean() <= read.mean());
 }
@@ -73,16 +72,8 @@ fn network_cpu_time_is_counted_while_on() {
     if !require_root() {
         return;
     }
-    let mut bed = Testbed::new(&PODS);
-    bed.nginx("server", HTTP);
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
-    let mut tracing = Tracing::load(&bed.dp).unwrap();
-    let before: u64 = tracing.cpu_times().unwrap().iter().map(|c| c.syscall_ns + c.softirq_rx_ns).sum();
-    assert_eq!(before, 0, "off by default");
-    tracing.set(&mut bed.dp, TraceGroup::Cpu, true).unwrap();
-    let server = bed.pod("server").addr(false);
-    let urls: Vec<String> = (0..20).map(|_| url(server, HTTP, "/foo")).collect();
-    client::get_keepalive(&bed.pod("client").ns, &urls);
+    let (bed, tracing) = bed_with(TraceGroup::Cpu);
+    client::get_keepalive(&bed.pod("client").ns, &foo_urls(&bed, 20));
     let times = tracing.cpu_times().unwrap();
     let syscall: u64 = times.iter().map(|c| c.syscall_ns).sum();
     let softirq: u64 = times.iter().map(|c| c.softirq_rx_ns + c.softirq_tx_ns).sum();
