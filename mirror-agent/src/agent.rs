@@ -43,8 +43,35 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     })
     .await?;
 
+    // A start that fails from here on is undone like a stop, except that state adopted from
+    // an earlier agent is left as it was found.
+    let adopted = engine.status().await?.adopted;
     let created_sink = SavedState::load(&cfg.state.path)?.is_some_and(|s| s.created_sink);
     let mut sink = Sink::new(cfg.mirror.clone(), created_sink)?;
+    let served = serve(&cfg, &engine, &mut sink, &mut term, &mut int).await;
+    if let Err(e) = &served {
+        tracing::error!(error = format!("{e:#}"), "stopping on an error");
+    }
+    let keep = keep_attached || cfg.keep_attached || (served.is_err() && adopted);
+    tracing::info!(keep_attached = keep, "stopping");
+    let res = engine.shutdown(keep).await;
+    if !keep {
+        sink.remove().await?;
+        // The engine, which writes the state file, has stopped: the file is ours now.
+        remember_sink(&cfg, false)?;
+    }
+    let _ = std::fs::remove_file(&cfg.api.socket);
+    served.and(res)
+}
+
+/// Creates the sink, serves the API and metrics, and follows link events until a signal.
+async fn serve(
+    cfg: &Config,
+    engine: &Engine,
+    sink: &mut Sink,
+    term: &mut tokio::signal::unix::Signal,
+    int: &mut tokio::signal::unix::Signal,
+) -> anyhow::Result<()> {
     let mirror_ifindex = sink.ensure().await?;
     engine.set_mirror(mirror_ifindex.unwrap_or(0)).await?;
     if mirror_ifindex.is_none() {
@@ -99,21 +126,11 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
             _ = int.recv() => break,
             ev = rx.recv() => {
                 let Some(ev) = ev else { anyhow::bail!("link events stopped") };
-                on_link_event(&cfg, &engine, &mut sink, &info, &mut known, ev).await;
+                on_link_event(cfg, engine, sink, &info, &mut known, ev).await;
             }
         }
     }
-
-    let keep = keep_attached || cfg.keep_attached;
-    tracing::info!(keep_attached = keep, "stopping");
-    let res = engine.shutdown(keep).await;
-    if !keep {
-        sink.remove().await?;
-        // The engine, which writes the state file, has stopped: the file is ours now.
-        remember_sink(&cfg, false)?;
-    }
-    let _ = std::fs::remove_file(&cfg.api.socket);
-    res
+    Ok(())
 }
 
 fn remember_sink(cfg: &Config, created: bool) -> anyhow::Result<()> {
@@ -159,6 +176,7 @@ async fn on_link_event(
                 match sink.ensure().await {
                     Ok(i) => {
                         set_sink(engine, info, i).await;
+                        info.lock().expect("info lock").mirror.created = sink.created;
                         if let Err(e) = engine.set_created_sink(sink.created).await {
                             tracing::warn!(error = format!("{e:#}"), "recording the recreated sink");
                         }

@@ -308,7 +308,16 @@ impl Config {
             serde_path_to_error::deserialize(de).map_err(|e| {
                 let path = e.path().to_string();
                 let path = if path == "." { "config".to_string() } else { path };
-                err(path, e.into_inner().to_string())
+                // serde_yaml prefixes the enclosing key ("mirror: unknown field ..."): the
+                // full path is given already.
+                let reason = e.into_inner().to_string();
+                let reason = match reason.split_once(": ") {
+                    Some((prefix, rest)) if path.starts_with(prefix) && !prefix.contains(' ') => {
+                        rest.to_string()
+                    }
+                    _ => reason,
+                };
+                err(path, reason)
             })?
         };
         cfg.validate()?;
