@@ -82,7 +82,8 @@ static __always_inline int classify(struct __sk_buff *skb, enum hook_kind hook,
         }
     }
 
-    struct pkt_meta m = {};
+    /* Not zeroed: the parser writes every byte of what is used (the key's padding too). */
+    struct pkt_meta m;
     int res = parse_packet(skb, &m);
     if (res != PARSE_TCP) {
         cnt->v[res == PARSE_OTHER ? STAT_NON_TCP : STAT_MALFORMED]++;

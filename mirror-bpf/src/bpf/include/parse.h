@@ -113,6 +113,8 @@ static __always_inline int parse_tcp(struct cursor *c, void *frame, struct pkt_m
     __u16 sport = bpf_ntohs(tcp->source);
     flow_key_set(m, saddr, daddr, sport, bpf_ntohs(tcp->dest));
     m->key.proto = IPPROTO_TCP;
+    m->key._pad[0] = 0;
+    m->key._pad[1] = 0;
     m->src_port = sport;
     m->tcp_flags = ((__u8 *)tcp)[13];
     m->payload_off = (__u32)(c->pos - frame);
