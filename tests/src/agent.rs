@@ -182,11 +182,18 @@ impl AgentEnv {
     /// API answers; panics with its output if it does not.
     #[track_caller]
     pub fn start(&self, args: &[&str]) -> Agent<'_> {
+        self.start_within(args, STARTUP)
+    }
+
+    /// Like [`AgentEnv::start`], waiting up to `timeout` for the API (a first start with
+    /// thousands of initial rules takes longer).
+    #[track_caller]
+    pub fn start_within(&self, args: &[&str], timeout: Duration) -> Agent<'_> {
         let mut cmd = nsenter(&self.node.1, &self.bins.agent);
         cmd.arg("--config").arg(self.config_path()).args(args);
         let mut proc = Proc::spawn(&format!("mirror-agent in {}", self.node.0), &mut cmd);
         let socket = self.socket();
-        let serving = wait_until(STARTUP, || UnixStream::connect(&socket).is_ok() || !proc.running());
+        let serving = wait_until(timeout, || UnixStream::connect(&socket).is_ok() || !proc.running());
         assert!(serving && proc.running(), "mirror-agent did not start: {}", proc.output());
         Agent { env: self, proc }
     }
