@@ -4,7 +4,7 @@
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: deps build test demo bench bench-quick lint
+.PHONY: deps build test demo bench bench-traffic bench-quick lint
 
 deps:
 	@scripts/install-deps.sh
@@ -28,8 +28,15 @@ demo: deps
 bench: deps
 	$(CARGO) run --release -p mirror-bench -- datapath --out bench/RESULTS-datapath.md
 
+# Overhead on real traffic (iperf3, sockperf, HTTP) with no agent, the agent, a static tc
+# mirror and tcpdump, in network namespaces; results in bench/RESULTS.md (about 30 minutes).
+bench-traffic: deps
+	$(CARGO) run --release -p mirror-bench -- traffic --out bench/RESULTS.md
+
+# Both benchmarks in their quick mode: a smoke test of the runners (about 2 minutes).
 bench-quick: deps
 	$(CARGO) run --release -p mirror-bench -- datapath --quick
+	$(CARGO) run --release -p mirror-bench -- traffic --quick
 
 lint:
 	$(CARGO) fmt --all --check

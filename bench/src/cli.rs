@@ -4,38 +4,66 @@ use std::path::PathBuf;
 
 pub const USAGE: &str = "\
 usage: mirror-bench datapath [--quick] [--out FILE]
+       mirror-bench traffic [--quick] [--out FILE] [--cpus CLIENT,SERVER] [--no-wait]
 
   datapath     ns/packet of the classifier per case, beside the empty tc program
                (BPF_PROG_TEST_RUN; needs root)
-  --quick      repeat 100,000 and 3 runs instead of 1,000,000 and 7 (a smoke test)
-  --out FILE   also write the markdown report to FILE";
+  traffic      iperf3, sockperf and HTTP (nginx, wrk) between network namespaces with no
+               agent, qdiscs only, the agent passing or mirroring, a static tc mirror,
+               tcpdump, and the mirred method; attach time and agent footprint for 1, 100
+               and 1,000 veths (needs root)
+  --quick      short runs, fewer repetitions (a smoke test)
+  --out FILE   also write the markdown report to FILE
+  --cpus C,S   traffic: pin clients to CPU C and servers to CPU S (default: both on the
+               last CPU)
+  --no-wait    traffic: start at once instead of waiting for a quiet machine (full mode)";
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     Datapath { quick: bool, out: Option<PathBuf> },
+    Traffic(TrafficArgs),
     Help,
+}
+
+/// Arguments of `traffic`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TrafficArgs {
+    pub quick: bool,
+    pub out: Option<PathBuf>,
+    /// (client CPU, server CPU).
+    pub cpus: Option<(usize, usize)>,
+    pub no_wait: bool,
 }
 
 /// Parses the arguments after the program name.
 pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
     let mut args = args.into_iter();
-    match args.next().as_deref() {
-        Some("datapath") => {}
+    let traffic = match args.next().as_deref() {
+        Some("datapath") => false,
+        Some("traffic") => true,
         Some("-h" | "--help" | "help") => return Ok(Command::Help),
         Some(other) => return Err(format!("unknown benchmark '{other}'")),
         None => return Err("name a benchmark".into()),
-    }
-    let (mut quick, mut out) = (false, None);
+    };
+    let mut t = TrafficArgs::default();
     while let Some(arg) = args.next() {
         match arg.as_str() {
-            "--quick" => quick = true,
-            "--out" => out = Some(args.next().ok_or("--out needs a file")?.into()),
+            "--quick" => t.quick = true,
+            "--out" => t.out = Some(args.next().ok_or("--out needs a file")?.into()),
+            "--cpus" if traffic => t.cpus = Some(parse_cpus(&args.next().ok_or("--cpus needs C,S")?)?),
+            "--no-wait" if traffic => t.no_wait = true,
             "-h" | "--help" => return Ok(Command::Help),
             _ => return Err(format!("unknown argument '{arg}'")),
         }
     }
-    Ok(Command::Datapath { quick, out })
+    Ok(if traffic { Command::Traffic(t) } else { Command::Datapath { quick: t.quick, out: t.out } })
+}
+
+fn parse_cpus(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("--cpus takes two CPU numbers, CLIENT,SERVER: '{s}'");
+    let (c, s) = s.split_once(',').ok_or_else(bad)?;
+    Ok((c.trim().parse().map_err(|_| bad())?, s.trim().parse().map_err(|_| bad())?))
 }
 
 #[cfg(test)]
@@ -57,10 +85,27 @@ mod tests {
     }
 
     #[test]
+    fn traffic_options() {
+        assert_eq!(p(&["traffic"]), Ok(Command::Traffic(TrafficArgs::default())));
+        assert_eq!(
+            p(&["traffic", "--quick", "--cpus", "0,1", "--no-wait", "--out", "bench/RESULTS.md"]),
+            Ok(Command::Traffic(TrafficArgs {
+                quick: true,
+                out: Some("bench/RESULTS.md".into()),
+                cpus: Some((0, 1)),
+                no_wait: true
+            }))
+        );
+    }
+
+    #[test]
     fn errors() {
         assert!(p(&[]).is_err());
         assert!(p(&["xdp"]).is_err());
         assert!(p(&["datapath", "--out"]).is_err());
         assert!(p(&["datapath", "--fast"]).is_err());
+        assert!(p(&["datapath", "--cpus", "0,1"]).is_err());
+        assert!(p(&["traffic", "--cpus", "0"]).is_err());
+        assert!(p(&["traffic", "--cpus", "a,1"]).is_err());
     }
 }

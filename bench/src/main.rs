@@ -1,14 +1,17 @@
-//! Benchmarks of the mirror. `mirror-bench datapath [--quick] [--out FILE]` measures the
-//! classifier's cost per packet against the empty tc program (needs root).
+//! Benchmarks of the mirror (both need root): `mirror-bench datapath` measures the
+//! classifier's cost per packet against the empty tc program; `mirror-bench traffic` the
+//! overhead of the agent on real traffic beside no agent and the classic alternatives.
 
 mod cli;
 mod datapath;
 mod host;
 mod report;
 mod stats;
+mod traffic;
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 
@@ -20,6 +23,12 @@ fn main() -> ExitCode {
         Ok(cli::Command::Help) => println!("{}", cli::USAGE),
         Ok(cli::Command::Datapath { quick, out }) => {
             if let Err(e) = run_datapath(quick, out.as_deref()) {
+                eprintln!("mirror-bench: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        }
+        Ok(cli::Command::Traffic(args)) => {
+            if let Err(e) = run_traffic(&args) {
                 eprintln!("mirror-bench: {e:#}");
                 return ExitCode::FAILURE;
             }
@@ -87,10 +96,124 @@ fn run_datapath(quick: bool, out: Option<&Path>) -> Result<()> {
         ],
     };
     let text = report::render(&header, &rows, &checks);
+    publish(&text, out)
+}
+
+/// Prints the report and writes it to `out`.
+fn publish(text: &str, out: Option<&Path>) -> Result<()> {
     println!("{text}");
     if let Some(out) = out {
-        std::fs::write(out, &text).with_context(|| format!("writing {}", out.display()))?;
+        std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
         eprintln!("written to {}", out.display());
     }
     Ok(())
+}
+
+/// The full run waits for the 1-minute load average to stay below this for 30 s, at most
+/// 10 minutes: other builds on a shared machine would be measured too.
+const QUIET_LOAD: f64 = 0.7;
+
+fn run_traffic(args: &cli::TrafficArgs) -> Result<()> {
+    if !mirror_bpf::testing::require_root() {
+        anyhow::bail!("the traffic benchmark needs root (network namespaces, tc, BPF)");
+    }
+    let plan = if args.quick { traffic::Plan::quick() } else { traffic::Plan::full() };
+    let cores = Host::probe().cores.max(1);
+    // On this kind of VM a wakeup across CPUs costs tens of µs and iperf3 retransmits across
+    // them, so by default client and server share the last CPU (the first takes most
+    // interrupts) and the agent and tcpdump have the other.
+    let (client, server) = args.cpus.unwrap_or((cores - 1, cores - 1));
+    anyhow::ensure!(client < cores && server < cores, "--cpus: this machine has {cores} CPUs");
+    let pins = traffic::Pinning { client, server };
+    let bins = traffic::binaries()?;
+    // Now, when the agent was built: others may commit while the benchmark runs.
+    let source = source();
+    let quiet = (!args.quick && !args.no_wait)
+        .then(|| traffic::wait_quiet(QUIET_LOAD, Duration::from_secs(30), Duration::from_secs(600)));
+    let load_start = traffic::loadavg();
+    let host = Host::probe();
+    let results = traffic::run(&plan, &bins.bins, pins)?;
+    let load_end = traffic::loadavg();
+
+    let mut command = String::from("cargo run --release -p mirror-bench -- traffic");
+    if args.quick {
+        command.push_str(" --quick");
+    }
+    if let Some((c, s)) = args.cpus {
+        command.push_str(&format!(" --cpus {c},{s}"));
+    }
+    if args.no_wait {
+        command.push_str(" --no-wait");
+    }
+    if let Some(out) = &args.out {
+        command.push_str(&format!(" --out {}", out.display()));
+    }
+    let quiet_text = match quiet {
+        None => "not waited for".to_string(),
+        Some(q) if q.reached => {
+            format!("below {QUIET_LOAD} for 30 s after waiting {:.0} s", q.waited.as_secs_f64())
+        }
+        Some(q) => {
+            format!("not below {QUIET_LOAD} for 30 s within {:.0} s: started anyway", q.waited.as_secs_f64())
+        }
+    };
+    let meta = traffic::report::Meta {
+        host: &host,
+        plan: &plan,
+        settings: vec![
+            (
+                "mode",
+                if args.quick { "quick (smoke test: numbers are indicative only)".into() } else { "full".into() },
+            ),
+            ("runs", format!("{} rounds of {} s per configuration and load", plan.rounds, plan.secs)),
+            (
+                "CPU pinning",
+                format!(
+                    "clients on CPU {client}, servers on CPU {server} (taskset); the agent and tcpdump unpinned"
+                ),
+            ),
+            (
+                "load average (1, 5, 15 min)",
+                format!(
+                    "{} at the start, {} at the end; quiet machine: {quiet_text}",
+                    traffic::fmt_loadavg(load_start),
+                    traffic::fmt_loadavg(load_end)
+                ),
+            ),
+            ("tools", tool_versions()),
+            ("source", source),
+            ("command", format!("`{command}`")),
+        ],
+    };
+    publish(&traffic::report::render(&meta, &results), args.out.as_deref())
+}
+
+/// The commit the agent and classifier were built from, and whether their sources differed
+/// from it.
+fn source() -> String {
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git").args(args).output().ok();
+        out.filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let Some(head) = git(&["rev-parse", "--short", "HEAD"]) else { return "unknown (not a git tree)".into() };
+    let dirty =
+        git(&["status", "--porcelain", "--", "mirror-bpf", "mirror-agent"]).is_some_and(|s| !s.is_empty());
+    let note = if dirty { ", with uncommitted changes in mirror-bpf/ or mirror-agent/" } else { "" };
+    format!("the agent and classifier measured were built from commit {head}{note}")
+}
+
+/// First lines of the load tools' versions.
+fn tool_versions() -> String {
+    let version = |prog: &str, arg: &str| {
+        let out = std::process::Command::new(prog).arg(arg).output().ok();
+        let text = out
+            .map(|o| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)));
+        let line = text.as_deref().and_then(|t| t.lines().find(|l| !l.trim().is_empty())).unwrap_or("?");
+        line.trim().to_string()
+    };
+    [("iperf3", "--version"), ("sockperf", "--version"), ("wrk", "-v"), ("nginx", "-v")]
+        .iter()
+        .map(|(p, a)| version(p, a))
+        .collect::<Vec<_>>()
+        .join("; ")
 }

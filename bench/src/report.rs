@@ -165,7 +165,7 @@ fn fmt_rules(n: u32) -> String {
 }
 
 /// 10000 as "10,000".
-fn fmt_count(n: u32) -> String {
+pub fn fmt_count(n: u32) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, ch) in digits.chars().enumerate() {

@@ -1,0 +1,124 @@
+//! Attaching at scale: a running agent, then N veth pairs created at once in its node
+//! namespace (as pods appear); the time until the agent reports all N attached, its own
+//! per-link attach latency (link event received to classifier attached), and its resident
+//! memory and CPU time.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use mirror_e2e::agent::Binaries;
+use mirror_e2e::netns::Netns;
+use serde_json::Value;
+
+use super::agent::{self, AgentSpec, Method, Rules};
+use super::footprint::Footprint;
+
+/// One measurement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttachRun {
+    pub veths: usize,
+    /// From the creation of the links to all of them reported attached.
+    pub all_attached_s: f64,
+    /// The agent's attach latency, ms.
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// Before the links appear.
+    pub idle: Footprint,
+    /// Once all are attached.
+    pub attached: Footprint,
+}
+
+impl AttachRun {
+    /// CPU time the agent spent attaching.
+    pub fn cpu_s(&self) -> f64 {
+        self.attached.cpu_s - self.idle.cpu_s
+    }
+}
+
+/// How long all links may take.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(180);
+/// Status polls cost the agent a little CPU too: not more often than this.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Measures `veths` links appearing under a running agent, in a namespace of its own.
+pub fn measure(bins: &Binaries, veths: usize) -> Result<AttachRun> {
+    let node = Netns::new("attach");
+    let spec = AgentSpec { rules: Rules::Pass(1), method: Method::Clone };
+    let env = agent::env(bins, &node, spec, &["vethb*"])?;
+    let agent = env.start(&[]);
+    // Let the start settle (sink, rules) before the idle reading.
+    std::thread::sleep(Duration::from_millis(500));
+    let idle = Footprint::of(agent.pid())?;
+
+    let batch = node_batch(veths);
+    let file = env.dir().join("links.batch");
+    std::fs::write(&file, batch)?;
+    let start = Instant::now();
+    let out = node.command("ip").arg("-batch").arg(&file).output()?;
+    ensure!(out.status.success(), "creating {veths} veths: {}", String::from_utf8_lossy(&out.stderr));
+    let mut status;
+    loop {
+        status = env.status();
+        let attached = attached_count(&status);
+        if attached >= veths {
+            break;
+        }
+        if start.elapsed() > ATTACH_TIMEOUT {
+            bail!("{attached} of {veths} veths attached after {ATTACH_TIMEOUT:?}: {}", agent.output());
+        }
+        std::thread::sleep(POLL);
+    }
+    let all_attached_s = start.elapsed().as_secs_f64();
+    let attached = Footprint::of(agent.pid())?;
+    let lat = &status["attach_latency"];
+    let ms = |k: &str| lat[k].as_f64().with_context(|| format!("no attach_latency.{k}: {lat}"));
+    let count = lat["count"].as_u64().unwrap_or(0);
+    ensure!(count >= veths as u64, "the agent timed {count} attachments of {veths}: {status}");
+    let run = AttachRun {
+        veths,
+        all_attached_s,
+        p50_ms: ms("p50_ms")?,
+        p99_ms: ms("p99_ms")?,
+        max_ms: ms("max_ms")?,
+        idle,
+        attached,
+    };
+    agent.terminate();
+    Ok(run)
+}
+
+/// `ip -batch` lines creating `n` veth pairs `vethbI`/`pbI`, both ends up (a CNI brings the
+/// host side up; the peer stays in the node here, which the agent ignores).
+fn node_batch(n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            format!("link add vethb{i} type veth peer name pb{i}\nlink set vethb{i} up\nlink set pb{i} up\n")
+        })
+        .collect()
+}
+
+/// Interfaces in `mirrorctl -o json status`.
+fn attached_count(status: &Value) -> usize {
+    status["interfaces"].as_array().map_or(0, Vec::len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_lines() {
+        assert_eq!(
+            node_batch(1),
+            "link add vethb0 type veth peer name pb0\nlink set vethb0 up\nlink set pb0 up\n"
+        );
+    }
+
+    #[test]
+    fn status_shape() {
+        let s: Value =
+            serde_json::from_str(r#"{"interfaces": [{"name": "vethb0"}, {"name": "vethb1"}]}"#).unwrap();
+        assert_eq!(attached_count(&s), 2);
+    }
+}

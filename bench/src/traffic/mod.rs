@@ -1,0 +1,267 @@
+//! The traffic benchmark: real loads between network namespaces with no agent, the agent
+//! passing or mirroring, and the classic alternatives (qdiscs only, a static tc mirror,
+//! tcpdump), alternating run after run; then attaching at scale, and the classifier's run
+//! time under load from the kernel's accounting.
+
+mod agent;
+mod attach;
+mod bpfstats;
+mod configs;
+mod footprint;
+mod loads;
+mod quiet;
+pub mod report;
+mod topology;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use mirror_e2e::agent::Binaries;
+
+pub use agent::binaries;
+pub use attach::AttachRun;
+pub use bpfstats::ProgRun;
+pub use configs::{Config, Observed};
+pub use loads::{Load, Sample};
+pub use quiet::{fmt_loadavg, loadavg, wait as wait_quiet};
+pub use topology::Pinning;
+
+use configs::{
+    Ctx, StaticFilter, CLONE_TC, MIRRED, MIRROR, NO_AGENT, PASS, PASS_100, PASS_10K, QDISCS, STATIC, TCPDUMP,
+};
+use loads::Load::{Http, IperfNodeToPod, IperfPodToPod, Sockperf};
+
+/// What to measure and for how long.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Seconds per run.
+    pub secs: u32,
+    /// Runs of each (load, configuration); in each round every configuration runs once.
+    pub rounds: usize,
+    /// The loads and the configurations each runs under; the first is the baseline.
+    pub cells: Vec<(Load, Vec<Config>)>,
+    /// Veth counts of the attach measurement, and how often each is measured.
+    pub veth_counts: Vec<usize>,
+    pub attach_reps: usize,
+    /// Runs with the kernel's BPF run-time accounting on.
+    pub profiles: Vec<(Load, Config)>,
+}
+
+impl Plan {
+    pub fn full() -> Plan {
+        Plan {
+            secs: 5,
+            rounds: 5,
+            cells: vec![
+                (IperfPodToPod, vec![NO_AGENT, QDISCS, PASS, STATIC, TCPDUMP, MIRRED]),
+                (IperfNodeToPod, vec![NO_AGENT, QDISCS, PASS, STATIC, TCPDUMP]),
+                (Sockperf, vec![NO_AGENT, QDISCS, PASS, STATIC, TCPDUMP, MIRRED]),
+                (Http { errors_pct: 0 }, vec![NO_AGENT, QDISCS, PASS, PASS_100, PASS_10K, STATIC, TCPDUMP]),
+                (Http { errors_pct: 50 }, vec![NO_AGENT, MIRROR]),
+                (Http { errors_pct: 100 }, vec![NO_AGENT, MIRROR, MIRRED, CLONE_TC]),
+            ],
+            veth_counts: vec![1, 100, 1000],
+            attach_reps: 3,
+            profiles: Self::profiles(),
+        }
+    }
+
+    /// Every load once, the main configurations, one round of short runs: a smoke test of the
+    /// runner (each agent start costs seconds of BPF verification, so fewer agent cells).
+    pub fn quick() -> Plan {
+        Plan {
+            secs: 1,
+            rounds: 1,
+            cells: vec![
+                (IperfPodToPod, vec![NO_AGENT, QDISCS, PASS, STATIC, TCPDUMP]),
+                (IperfNodeToPod, vec![NO_AGENT, PASS]),
+                (Sockperf, vec![NO_AGENT, PASS]),
+                (Http { errors_pct: 0 }, vec![NO_AGENT, PASS, PASS_100]),
+                (Http { errors_pct: 50 }, vec![NO_AGENT, MIRROR]),
+                (Http { errors_pct: 100 }, vec![NO_AGENT, MIRROR, MIRRED]),
+            ],
+            veth_counts: vec![1, 10],
+            attach_reps: 1,
+            profiles: vec![(Http { errors_pct: 100 }, MIRROR)],
+        }
+    }
+
+    fn profiles() -> Vec<(Load, Config)> {
+        vec![
+            (IperfPodToPod, PASS),
+            (Sockperf, PASS),
+            (Http { errors_pct: 0 }, PASS),
+            (Http { errors_pct: 0 }, PASS_10K),
+            (Http { errors_pct: 100 }, MIRROR),
+            (Http { errors_pct: 100 }, MIRRED),
+        ]
+    }
+}
+
+/// The runs of one configuration under one load, in round order.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    pub load: Load,
+    pub config: Config,
+    pub runs: Vec<(Sample, Observed)>,
+}
+
+/// Program run times during one profile run.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    pub load: Load,
+    pub config: Config,
+    pub progs: Vec<ProgRun>,
+}
+
+/// Everything measured.
+#[derive(Debug, Clone)]
+pub struct Results {
+    pub cells: Vec<Cell>,
+    pub attach: Vec<AttachRun>,
+    pub profiles: Vec<Profile>,
+    /// Load average at the start of each round.
+    pub round_loads: Vec<[f64; 3]>,
+    /// Per agent configuration: seconds from starting the agent to its veths attached, the
+    /// first start (which adds the initial rules) and the later ones.
+    pub agent_starts: Vec<(Config, Vec<f64>)>,
+    pub static_filter: &'static str,
+    pub offloads: String,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// SIGINT and SIGTERM end the benchmark after the current run, through the normal error path,
+/// so that every namespace, process, qdisc and pin it made is removed.
+fn stop_on_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(sig, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    }
+}
+
+fn check_stop() -> Result<()> {
+    if STOP.load(Ordering::Relaxed) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+/// Runs the whole plan.
+pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
+    stop_on_signals();
+    let bed = topology::Bed::new(pins)?;
+    let static_filter = StaticFilter::probe(bed.node());
+    let ctx = Ctx { bed: &bed, agents: agent::Agents::new(bins, bed.node()), static_filter };
+    let mut cells: Vec<Cell> = plan
+        .cells
+        .iter()
+        .flat_map(|(load, cfgs)| cfgs.iter().map(|c| Cell { load: *load, config: *c, runs: Vec::new() }))
+        .collect();
+    let mut round_loads = Vec::new();
+    for round in 0..plan.rounds {
+        round_loads.push(loadavg());
+        eprintln!("round {}/{} (load {})", round + 1, plan.rounds, fmt_loadavg(loadavg()));
+        for (load, cfgs) in &plan.cells {
+            // Each round starts one configuration later, so none is always first after a load
+            // change; the baseline still runs in every round, beside the others.
+            for i in 0..cfgs.len() {
+                let cfg = cfgs[(i + round) % cfgs.len()];
+                check_stop()?;
+                let started = Instant::now();
+                let (sample, seen) = configs::run(&cfg, &ctx, *load, plan.secs)
+                    .with_context(|| format!("{} under ({}) {}", load.name(), cfg.key, cfg.label))?;
+                eprintln!(
+                    "  {:<20} ({:>4}) {:<42} {} [{:.1} s]",
+                    load.name(),
+                    cfg.key,
+                    cfg.label,
+                    describe(&sample, &seen),
+                    started.elapsed().as_secs_f64()
+                );
+                let cell = cells.iter_mut().find(|c| c.load == *load && c.config == cfg).expect("planned");
+                cell.runs.push((sample, seen));
+            }
+        }
+    }
+    let mut profiles = Vec::new();
+    for (load, cfg) in &plan.profiles {
+        check_stop()?;
+        let progs = profile(&ctx, *load, cfg, plan.secs)?;
+        eprintln!("  profile {} ({}): {progs:?}", load.name(), cfg.key);
+        profiles.push(Profile { load: *load, config: *cfg, progs });
+    }
+    let offloads = bed.offloads();
+    let agent_starts = start_times(&ctx.agents.start_times(), &plan.cells);
+    drop(ctx);
+    drop(bed);
+    let mut attach = Vec::new();
+    for rep in 0..plan.attach_reps {
+        for &n in &plan.veth_counts {
+            check_stop()?;
+            let run = attach::measure(bins, n).with_context(|| format!("attaching to {n} veths"))?;
+            eprintln!(
+                "  attach {n} veths (rep {}): all in {:.3} s, p50 {:.2} ms",
+                rep + 1,
+                run.all_attached_s,
+                run.p50_ms
+            );
+            attach.push(run);
+        }
+    }
+    Ok(Results {
+        cells,
+        attach,
+        profiles,
+        round_loads,
+        agent_starts,
+        static_filter: static_filter.describe(),
+        offloads,
+    })
+}
+
+/// Start times by configuration: the first configuration planned with each agent spec.
+fn start_times(
+    by_spec: &[(agent::AgentSpec, Vec<f64>)],
+    cells: &[(Load, Vec<Config>)],
+) -> Vec<(Config, Vec<f64>)> {
+    by_spec
+        .iter()
+        .filter_map(|(spec, times)| {
+            let cfg = cells.iter().flat_map(|(_, c)| c).find(|c| c.setup == configs::Setup::Agent(*spec))?;
+            Some((*cfg, times.clone()))
+        })
+        .collect()
+}
+
+/// One run of `load` under the agent of `cfg` with BPF run-time accounting on.
+fn profile(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<Vec<ProgRun>> {
+    let configs::Setup::Agent(spec) = cfg.setup else { bail!("profiles are of agent configurations") };
+    let _on = bpfstats::StatsOn::enable()?;
+    let veths = ctx.bed.pod_veths();
+    let (progs, _) = ctx.agents.run(spec, &veths, |pid| {
+        let before = bpfstats::programs_of(pid)?;
+        load.run(ctx.bed, secs)?;
+        Ok(bpfstats::delta(&before, &bpfstats::programs_of(pid)?))
+    })?;
+    Ok(progs)
+}
+
+fn describe(s: &Sample, seen: &Observed) -> String {
+    let mut out = Vec::new();
+    if let Some(t) = s.throughput {
+        out.push(format!("{t:.2}"));
+    }
+    if let Some(l) = s.latency {
+        out.push(format!("p50 {:.1} µs p99 {:.1} µs", l.p50, l.p99));
+    }
+    if seen.copies > 0 {
+        out.push(format!("copies {} lost {}", seen.copies, seen.lost));
+    }
+    out.join(", ")
+}

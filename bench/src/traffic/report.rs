@@ -1,0 +1,610 @@
+//! The report: per-load tables (medians over rounds, ratios to the baseline (a) paired within
+//! each round), the published figures beside ours, attaching at scale, the classifier's run
+//! time under load, and the bars.
+
+use std::fmt::Write;
+
+use super::loads::{Latency, Load};
+use super::{AttachRun, Cell, Plan, Profile, Results};
+use crate::host::Host;
+use crate::report::fmt_count;
+use crate::stats::{median, Summary};
+
+/// Throughput of the agent passing traffic, relative to no agent.
+pub const PASS_MIN_THROUGHPUT: f64 = 0.98;
+/// Throughput with every HTTP flow mirrored, relative to no agent.
+pub const MIRROR_MIN_THROUGHPUT: f64 = 0.95;
+/// Median latency of the agent passing traffic, relative to no agent.
+pub const PASS_MAX_P50: f64 = 1.03;
+/// Cost per request with 10,000 rules against 1 rule.
+pub const RULES_MAX_GROWTH: f64 = 0.05;
+
+/// Figures of the research monitor this project comes from, as published.
+const PUBLISHED_IPERF_MONITOR: f64 = 0.897;
+const PUBLISHED_IPERF_QDISCS: f64 = 0.977;
+const PUBLISHED_HTTP_0: f64 = 0.97;
+const PUBLISHED_HTTP_100: f64 = 0.89;
+const PUBLISHED_P50_PASS: f64 = 1.06;
+const PUBLISHED_P50_MIRROR: f64 = 1.13;
+
+/// Everything the header says.
+pub struct Meta<'a> {
+    pub host: &'a Host,
+    pub plan: &'a Plan,
+    /// Settings lines: (label, value).
+    pub settings: Vec<(&'a str, String)>,
+}
+
+/// One cell summarized against the baseline of its load.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stats {
+    pub throughput: Option<Summary>,
+    /// Median over rounds of throughput / baseline throughput of the same round.
+    pub throughput_ratio: Option<Summary>,
+    /// Medians over rounds of each percentile.
+    pub latency: Option<Latency>,
+    /// Median over rounds of p50 / baseline p50 of the same round, and of p99.
+    pub p50_ratio: Option<Summary>,
+    pub p99_ratio: Option<Summary>,
+    /// Medians over rounds.
+    pub copies: f64,
+    pub lost: f64,
+}
+
+/// Per-round ratios `x[i] / base[i]`, summarized (median, min, max).
+fn paired(x: &[f64], base: &[f64]) -> Summary {
+    let r: Vec<f64> = x.iter().zip(base).map(|(x, b)| x / b).collect();
+    Summary::of(&r)
+}
+
+impl Stats {
+    pub fn of(cell: &Cell, base: &Cell) -> Stats {
+        let series = |c: &Cell, f: &dyn Fn(&super::Sample) -> Option<f64>| -> Option<Vec<f64>> {
+            c.runs.iter().map(|(s, _)| f(s)).collect()
+        };
+        let thr = |s: &super::Sample| s.throughput;
+        let p = |pick: fn(&Latency) -> f64| move |s: &super::Sample| s.latency.as_ref().map(pick);
+        let (p50, p99, p999) = (p(|l| l.p50), p(|l| l.p99), p(|l| l.p999));
+        let t = series(cell, &thr);
+        let tb = series(base, &thr);
+        let l50 = series(cell, &p50);
+        let l99 = series(cell, &p99);
+        let l999 = series(cell, &p999);
+        let obs = |f: fn(&super::Observed) -> u64| {
+            median(&cell.runs.iter().map(|(_, o)| f(o) as f64).collect::<Vec<_>>())
+        };
+        Stats {
+            throughput: t.as_deref().map(Summary::of),
+            throughput_ratio: t.as_deref().zip(tb.as_deref()).map(|(t, b)| paired(t, b)),
+            latency: match (&l50, &l99, &l999) {
+                (Some(a), Some(b), Some(c)) => {
+                    Some(Latency { p50: median(a), p99: median(b), p999: median(c) })
+                }
+                _ => None,
+            },
+            p50_ratio: l50.as_deref().zip(series(base, &p50).as_deref()).map(|(x, b)| paired(x, b)),
+            p99_ratio: l99.as_deref().zip(series(base, &p99).as_deref()).map(|(x, b)| paired(x, b)),
+            copies: obs(|o| o.copies),
+            lost: obs(|o| o.lost),
+        }
+    }
+}
+
+/// A bar applied to a measured value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bar {
+    pub what: String,
+    pub pass: bool,
+}
+
+/// The cell of `load` under configuration `key`, with its load's baseline.
+fn find<'a>(r: &'a Results, load: Load, key: &str) -> Option<(&'a Cell, &'a Cell)> {
+    let cell = r.cells.iter().find(|c| c.load == load && c.config.key == key)?;
+    let base = r.cells.iter().find(|c| c.load == load && c.config.key == "a")?;
+    Some((cell, base))
+}
+
+fn stats(r: &Results, load: Load, key: &str) -> Option<Stats> {
+    find(r, load, key).map(|(c, b)| Stats::of(c, b))
+}
+
+fn thr_ratio(r: &Results, load: Load, key: &str) -> Option<f64> {
+    stats(r, load, key)?.throughput_ratio.map(|s| s.median)
+}
+
+fn p50_ratio(r: &Results, load: Load, key: &str) -> Option<f64> {
+    stats(r, load, key)?.p50_ratio.map(|s| s.median)
+}
+
+const HTTP_0: Load = Load::Http { errors_pct: 0 };
+const HTTP_50: Load = Load::Http { errors_pct: 50 };
+const HTTP_100: Load = Load::Http { errors_pct: 100 };
+
+/// The rule-count cells present, fewest rules first: (rules, key).
+fn rule_cells(r: &Results) -> Vec<(u32, &'static str)> {
+    [(1, "c"), (100, "c100"), (10_000, "c10k")]
+        .into_iter()
+        .filter(|(_, k)| find(r, HTTP_0, k).is_some())
+        .collect()
+}
+
+/// Median over rounds of the change in cost per request (1/throughput) from the `lo` rules
+/// cell to the `hi` one, paired within rounds.
+fn rules_growth(r: &Results, lo: &str, hi: &str) -> Option<f64> {
+    let (lo, _) = find(r, HTTP_0, lo)?;
+    let (hi, _) = find(r, HTTP_0, hi)?;
+    let t = |c: &Cell| c.runs.iter().map(|(s, _)| s.throughput).collect::<Option<Vec<f64>>>();
+    let (l, h) = (t(lo)?, t(hi)?);
+    Some(paired(&l, &h).median - 1.0)
+}
+
+/// Every bar whose cells were measured.
+pub fn bars(r: &Results) -> Vec<Bar> {
+    let mut out = Vec::new();
+    let mut min_bar = |what: &str, v: Option<f64>, min: f64| {
+        if let Some(v) = v {
+            out.push(Bar { what: format!("{what}: {v:.3} (bar: at least {min})"), pass: v >= min });
+        }
+    };
+    min_bar(
+        "iperf3 pod→pod throughput, agent passing (c)/(a)",
+        thr_ratio(r, Load::IperfPodToPod, "c"),
+        PASS_MIN_THROUGHPUT,
+    );
+    min_bar(
+        "iperf3 node→pod throughput, agent passing (c)/(a)",
+        thr_ratio(r, Load::IperfNodeToPod, "c"),
+        PASS_MIN_THROUGHPUT,
+    );
+    min_bar(
+        "HTTP throughput at 0% errors, agent passing (c)/(a)",
+        thr_ratio(r, HTTP_0, "c"),
+        PASS_MIN_THROUGHPUT,
+    );
+    min_bar(
+        "HTTP throughput at 100% errors, every flow mirrored (d)/(a)",
+        thr_ratio(r, HTTP_100, "d"),
+        MIRROR_MIN_THROUGHPUT,
+    );
+    let mut max_bar = |what: &str, v: Option<f64>, max: f64| {
+        if let Some(v) = v {
+            out.push(Bar { what: format!("{what}: {v:.3} (bar: at most {max})"), pass: v <= max });
+        }
+    };
+    max_bar("sockperf p50 latency, agent passing (c)/(a)", p50_ratio(r, Load::Sockperf, "c"), PASS_MAX_P50);
+    max_bar("HTTP p50 latency at 0% errors, agent passing (c)/(a)", p50_ratio(r, HTTP_0, "c"), PASS_MAX_P50);
+    let rules = rule_cells(r);
+    if let (Some(lo), Some(hi)) = (rules.first(), rules.last()) {
+        if lo.0 != hi.0 {
+            if let Some(g) = rules_growth(r, lo.1, hi.1) {
+                out.push(Bar {
+                    what: format!(
+                        "HTTP cost per request with {} rules vs {}: {:+.1}% (paired per round; bar: within {:.0}%)",
+                        fmt_count(hi.0),
+                        fmt_count(lo.0),
+                        g * 100.0,
+                        RULES_MAX_GROWTH * 100.0
+                    ),
+                    pass: g.abs() <= RULES_MAX_GROWTH,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The markdown report.
+pub fn render(meta: &Meta<'_>, r: &Results) -> String {
+    let mut s = String::new();
+    let h = meta.host;
+    let _ = writeln!(s, "# Traffic benchmark: the overhead of monitoring and mirroring\n");
+    let _ = writeln!(s, "- machine: {}, {} cores", h.cpu, h.cores);
+    let _ = writeln!(s, "- kernel: {}", h.kernel);
+    let _ = writeln!(s, "- date: {}", h.date);
+    for (label, value) in &meta.settings {
+        let _ = writeln!(s, "- {label}: {value}");
+    }
+    let _ = writeln!(s, "- offloads of the pod veths: {}", r.offloads);
+    let _ = writeln!(s, "- static mirror filter: {}", r.static_filter);
+    let loads: Vec<String> = r.round_loads.iter().map(|l| format!("{:.2}", l[0])).collect();
+    let _ = writeln!(s, "- 1-minute load average at the start of each round: {}", loads.join(", "));
+
+    let _ = writeln!(s, "\n## Method\n");
+    for p in method(meta.plan) {
+        let _ = writeln!(s, "{p}\n");
+    }
+    let _ = writeln!(s, "## Configurations\n");
+    let mut seen: Vec<&str> = Vec::new();
+    for c in &r.cells {
+        if !seen.contains(&c.config.key) {
+            seen.push(c.config.key);
+            let _ = writeln!(s, "- ({}) {}", c.config.key, c.config.label);
+        }
+    }
+
+    summary_table(&mut s, r);
+    let _ = writeln!(s, "\n## Results per load\n");
+    let _ = writeln!(
+        s,
+        "Medians over rounds; the ratio is to (a) in the same round, median (min-max) over rounds. \
+         copies: packets copied per run (mirrored by the agent, sent by the static mirror, \
+         captured by tcpdump); lost: copies that failed (tcpdump: dropped by the kernel).\n"
+    );
+    let mut loads: Vec<Load> = Vec::new();
+    for c in &r.cells {
+        if !loads.contains(&c.load) {
+            loads.push(c.load);
+        }
+    }
+    for load in loads {
+        load_table(&mut s, r, load);
+    }
+    rules_table(&mut s, r);
+    starts_table(&mut s, &r.agent_starts);
+    attach_table(&mut s, &r.attach);
+    profile_table(&mut s, &r.profiles);
+    let bars = bars(r);
+    let _ = writeln!(s, "\n## Bars\n");
+    let _ =
+        writeln!(s, "Benchmark bars, not tests: a miss is reported here and the benchmark still succeeds.\n");
+    for b in &bars {
+        let _ = writeln!(s, "- {}: {}", if b.pass { "PASS" } else { "MISSED" }, b.what);
+    }
+    let missed = bars.iter().filter(|b| !b.pass).count();
+    let _ = writeln!(
+        s,
+        "\n{} of {} bars passed{}",
+        bars.len() - missed,
+        bars.len(),
+        if missed > 0 { "; MISSED bars above" } else { "" }
+    );
+    s
+}
+
+fn method(plan: &Plan) -> Vec<String> {
+    vec![
+        format!(
+            "A node namespace routes between a client pod (198.18.1.2) and a server pod (198.18.2.2), \
+             each joined to it by a veth pair; monitors attach to the node-side veths. In every round \
+             each configuration of a load runs once for {} s, the baseline (a) among them, one after \
+             the other (a b c ... a b c ...; each round starts one configuration later), {} rounds; \
+             the agent, qdiscs, filters and tcpdump are set up before a run and removed after it.",
+            plan.secs, plan.rounds
+        ),
+        "Loads: iperf3 (one TCP stream, 1 s of slow start omitted) client pod → server pod, crossing \
+         both veths, and node → server pod, crossing one; sockperf TCP ping-pong (round-trip time, \
+         p50/p99/p99.9) client → server; wrk (2 threads, 4 keep-alive HTTP/1.1 connections) against \
+         nginx (1 worker, `/foo` answers 200, `/bar` 500): at 0% errors every connection asks /foo, \
+         at 100% /bar, at 50% the connections of one thread ask /foo and of the other /bar, so half \
+         the requests are answered 500 and half the connections mirrored; wrk reports requests/s and \
+         latency percentiles."
+            .into(),
+        "The agent runs as `mirror-agent --config` in the node namespace (nsenter --net) with a \
+         config, API socket, state file and pin path of its own, a veth sink it creates, metrics \
+         off, attached to the two pod veths, everything else at its default (attach mode auto, \
+         i.e. TCX here; the latency groups on by default, http and handshake); passing: the rule `status=599` (no server answers it) \
+         plus, for the rule-count rows, rules `port=P status=500` on ports no service uses; \
+         mirroring: `status=500 packets=0 bytes=0 duration=0`, so a flow is copied from its first \
+         500 to its end. After each run the agent's counters must show the traffic seen, nothing \
+         triggered when passing, packets mirrored when mirroring; the static mirror and tcpdump \
+         must have copied packets."
+            .into(),
+        "The static mirror (e) is what an operator can do without a classifier: clsact on the pod \
+         veths, and on the server's veth filters with `action mirred egress mirror` copying the \
+         service port's traffic to a spare veth. tcpdump (f) captures the service port on the \
+         server's veth to a file (whole packets, default buffer, a ring of two 256 MB files)."
+            .into(),
+        "Attaching: a running agent; N veth pairs created at once with `ip -batch` in its namespace; \
+         the time until `mirrorctl -o json status` lists all N (polled every 100 ms), the agent's \
+         own attach latency (link event received to classifier attached), its RSS before and after, \
+         its peak RSS, and the CPU time it used (utime+stime from /proc). Profile: one more run \
+         with the kernel's BPF run-time accounting on (BPF_ENABLE_STATS), reading run_time_ns and \
+         run_cnt of the agent's programs before and after; accounting adds two clock reads per \
+         run, so it is never on while throughput is measured."
+            .into(),
+    ]
+}
+
+fn fmt_thr(load: Load, v: f64) -> String {
+    match load {
+        Load::Http { .. } => fmt_count(v.round() as u32),
+        _ => format!("{v:.2}"),
+    }
+}
+
+fn fmt_ratio(s: &Option<Summary>) -> String {
+    s.map_or("-".into(), |s| format!("{:.3} ({:.3}-{:.3})", s.median, s.min, s.max))
+}
+
+fn load_table(s: &mut String, r: &Results, load: Load) {
+    let unit = match load {
+        Load::Http { .. } => "requests/s",
+        Load::Sockperf => "",
+        _ => "Gbit/s",
+    };
+    let _ = writeln!(s, "### {}\n", load.name());
+    let lat = load == Load::Sockperf || matches!(load, Load::Http { .. });
+    let thr = load != Load::Sockperf;
+    let mut head = vec!["config".to_string()];
+    if thr {
+        head.extend([format!("{unit} (min-max)"), "ratio to (a)".into()]);
+    }
+    if lat {
+        head.extend([
+            "p50 µs".into(),
+            "p99 µs".into(),
+            "p99.9 µs".into(),
+            "p50 ratio".into(),
+            "p99 ratio".into(),
+        ]);
+    }
+    head.extend(["copies".into(), "lost".into()]);
+    let _ = writeln!(s, "| {} |", head.join(" | "));
+    let _ = writeln!(s, "|---|{}", "---:|".repeat(head.len() - 1));
+    for c in r.cells.iter().filter(|c| c.load == load) {
+        let Some(st) = stats(r, load, c.config.key) else { continue };
+        let mut row = vec![format!("({}) {}", c.config.key, c.config.label)];
+        if thr {
+            let t = st.throughput.expect("a throughput load");
+            row.push(format!(
+                "{} ({}-{})",
+                fmt_thr(load, t.median),
+                fmt_thr(load, t.min),
+                fmt_thr(load, t.max)
+            ));
+            row.push(fmt_ratio(&st.throughput_ratio));
+        }
+        if lat {
+            let l = st.latency.expect("a latency load");
+            row.extend([format!("{:.1}", l.p50), format!("{:.1}", l.p99), format!("{:.1}", l.p999)]);
+            row.extend([fmt_ratio(&st.p50_ratio), fmt_ratio(&st.p99_ratio)]);
+        }
+        row.extend([fmt_count(st.copies.round() as u32), fmt_count(st.lost.round() as u32)]);
+        let _ = writeln!(s, "| {} |", row.join(" | "));
+    }
+    let _ = writeln!(s);
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or("not measured".into(), |v| format!("{:.1}%", v * 100.0))
+}
+
+fn summary_table(s: &mut String, r: &Results) {
+    let _ = writeln!(s, "\n## Summary: ours beside the published figures\n");
+    let _ = writeln!(
+        s,
+        "Relative to no agent (a), medians over rounds. \"Published\" is the research monitor this \
+         project comes from, on its own hardware and loads: compare the direction and size, not \
+         the digits.\n"
+    );
+    let _ = writeln!(s, "| measure | ours | published |");
+    let _ = writeln!(s, "|---|---:|---:|");
+    let rows: [(&str, Option<f64>, Option<f64>); 12] = [
+        (
+            "iperf3 pod→pod throughput, agent passing (c)",
+            thr_ratio(r, Load::IperfPodToPod, "c"),
+            Some(PUBLISHED_IPERF_MONITOR),
+        ),
+        (
+            "iperf3 pod→pod throughput, qdiscs only (b)",
+            thr_ratio(r, Load::IperfPodToPod, "b"),
+            Some(PUBLISHED_IPERF_QDISCS),
+        ),
+        ("iperf3 pod→pod throughput, static tc mirror (e)", thr_ratio(r, Load::IperfPodToPod, "e"), None),
+        ("iperf3 pod→pod throughput, tcpdump (f)", thr_ratio(r, Load::IperfPodToPod, "f"), None),
+        ("iperf3 node→pod throughput, agent passing (c)", thr_ratio(r, Load::IperfNodeToPod, "c"), None),
+        ("HTTP throughput, 0% mirrored (c)", thr_ratio(r, HTTP_0, "c"), Some(PUBLISHED_HTTP_0)),
+        ("HTTP throughput, 50% of requests 500, mirrored (d)", thr_ratio(r, HTTP_50, "d"), None),
+        ("HTTP throughput, 100% mirrored (d)", thr_ratio(r, HTTP_100, "d"), Some(PUBLISHED_HTTP_100)),
+        ("HTTP throughput, 100% mirrored, mirred method (g)", thr_ratio(r, HTTP_100, "g"), None),
+        (
+            "sockperf p50 latency, agent passing (c)",
+            p50_ratio(r, Load::Sockperf, "c"),
+            Some(PUBLISHED_P50_PASS),
+        ),
+        ("HTTP p50 latency, agent passing (c)", p50_ratio(r, HTTP_0, "c"), Some(PUBLISHED_P50_PASS)),
+        ("HTTP p50 latency, 100% mirrored (d)", p50_ratio(r, HTTP_100, "d"), Some(PUBLISHED_P50_MIRROR)),
+    ];
+    for (what, ours, published) in rows {
+        let _ =
+            writeln!(s, "| {what} | {} | {} |", pct(ours), published.map_or("-".into(), |p| pct(Some(p))));
+    }
+}
+
+fn rules_table(s: &mut String, r: &Results) {
+    let rules = rule_cells(r);
+    if rules.len() < 2 {
+        return;
+    }
+    let _ = writeln!(s, "### Rules (HTTP at 0% errors: every response's status is looked up)\n");
+    let _ = writeln!(s, "| rules | requests/s | ratio to (a) | cost per request vs 1 rule (paired) |");
+    let _ = writeln!(s, "|---:|---:|---:|---:|");
+    for (n, key) in &rules {
+        let Some(st) = stats(r, HTTP_0, key) else { continue };
+        let g = rules_growth(r, rules[0].1, key).map_or("-".into(), |g| format!("{:+.1}%", g * 100.0));
+        let t = st.throughput.map_or(f64::NAN, |t| t.median);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {g} |",
+            fmt_count(*n),
+            fmt_count(t.round() as u32),
+            fmt_ratio(&st.throughput_ratio)
+        );
+    }
+    let _ = writeln!(s);
+}
+
+fn starts_table(s: &mut String, starts: &[(super::Config, Vec<f64>)]) {
+    if starts.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "### Agent start\n");
+    let _ = writeln!(
+        s,
+        "From starting `mirror-agent` to both pod veths attached. The first start of a \
+         configuration adds its initial rules (the agent rewrites its state file after each); \
+         later starts restore them from that file.\n"
+    );
+    let _ = writeln!(s, "| config | first start (s) | later starts, median (min-max) (s) |");
+    let _ = writeln!(s, "|---|---:|---:|");
+    for (cfg, times) in starts {
+        let later = match times.get(1..) {
+            Some(t) if !t.is_empty() => {
+                let sm = Summary::of(t);
+                format!("{:.2} ({:.2}-{:.2}), {} starts", sm.median, sm.min, sm.max, t.len())
+            }
+            _ => "-".into(),
+        };
+        let _ = writeln!(s, "| ({}) {} | {:.2} | {later} |", cfg.key, cfg.label, times[0]);
+    }
+    let _ = writeln!(s);
+}
+
+fn attach_table(s: &mut String, runs: &[AttachRun]) {
+    if runs.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "### Attaching\n");
+    let _ = writeln!(
+        s,
+        "Medians over repetitions. Attach latency is the agent's own (link event to classifier \
+         attached); RSS before the links appear → once all are attached; CPU: the agent's \
+         utime+stime while attaching.\n"
+    );
+    let _ = writeln!(s, "| veths | all attached (s) | attach p50 / p99 / max (ms) | RSS (MB) | peak RSS (MB) | CPU (s) | repetitions |");
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|");
+    let mut counts: Vec<usize> = runs.iter().map(|r| r.veths).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    let mb = |kb: u64| kb as f64 / 1024.0;
+    for n in counts {
+        let rs: Vec<&AttachRun> = runs.iter().filter(|r| r.veths == n).collect();
+        let m = |f: &dyn Fn(&AttachRun) -> f64| median(&rs.iter().map(|r| f(r)).collect::<Vec<_>>());
+        let _ = writeln!(
+            s,
+            "| {} | {:.3} | {:.2} / {:.2} / {:.2} | {:.1} → {:.1} | {:.1} | {:.3} | {} |",
+            fmt_count(n as u32),
+            m(&|r| r.all_attached_s),
+            m(&|r| r.p50_ms),
+            m(&|r| r.p99_ms),
+            m(&|r| r.max_ms),
+            m(&|r| mb(r.idle.rss_kb)),
+            m(&|r| mb(r.attached.rss_kb)),
+            m(&|r| mb(r.attached.peak_rss_kb)),
+            m(&|r| r.cpu_s()),
+            rs.len()
+        );
+    }
+    let _ = writeln!(s);
+}
+
+fn profile_table(s: &mut String, profiles: &[Profile]) {
+    if profiles.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "### The classifier's run time under load (kernel BPF accounting)\n");
+    let _ = writeln!(s, "| load | config | program | runs | ns/run |");
+    let _ = writeln!(s, "|---|---|---|---:|---:|");
+    for p in profiles {
+        for prog in &p.progs {
+            let _ = writeln!(
+                s,
+                "| {} | ({}) {} | {} | {} | {:.0} |",
+                p.load.name(),
+                p.config.key,
+                p.config.label,
+                prog.name,
+                prog.run_cnt,
+                prog.ns_per_run()
+            );
+        }
+    }
+    let _ = writeln!(s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::configs::{MIRROR, NO_AGENT, PASS, PASS_10K};
+    use super::super::{Observed, Sample};
+    use super::*;
+
+    fn http(rps: &[f64], p50: &[f64]) -> Vec<(Sample, Observed)> {
+        rps.iter()
+            .zip(p50)
+            .map(|(&t, &l)| {
+                let sample = Sample {
+                    throughput: Some(t),
+                    latency: Some(Latency { p50: l, p99: 2.0 * l, p999: 3.0 * l }),
+                };
+                (sample, Observed { copies: 10, lost: 0 })
+            })
+            .collect()
+    }
+
+    fn results() -> Results {
+        let cell = |load, config, runs| Cell { load, config, runs };
+        Results {
+            cells: vec![
+                cell(HTTP_0, NO_AGENT, http(&[100.0, 200.0, 100.0], &[10.0, 5.0, 10.0])),
+                // Same rounds: 0.99, 0.99, 0.99 of the baseline even though it drifts.
+                cell(HTTP_0, PASS, http(&[99.0, 198.0, 99.0], &[10.2, 5.1, 10.2])),
+                cell(HTTP_0, PASS_10K, http(&[90.0, 180.0, 90.0], &[10.2, 5.1, 10.2])),
+                cell(HTTP_100, NO_AGENT, http(&[100.0, 100.0, 100.0], &[10.0, 10.0, 10.0])),
+                cell(HTTP_100, MIRROR, http(&[96.0, 94.0, 97.0], &[11.0, 11.0, 11.0])),
+            ],
+            attach: vec![],
+            profiles: vec![],
+            round_loads: vec![[0.1, 0.2, 0.3]; 3],
+            agent_starts: vec![(PASS_10K, vec![120.0, 3.0, 4.0, 3.5])],
+            static_filter: "u32",
+            offloads: "tso on".into(),
+        }
+    }
+
+    #[test]
+    fn ratios_are_paired_within_rounds() {
+        let r = results();
+        let st = stats(&r, HTTP_0, "c").unwrap();
+        let ratio = st.throughput_ratio.unwrap();
+        assert!((ratio.median - 0.99).abs() < 1e-12 && (ratio.max - 0.99).abs() < 1e-12, "{ratio:?}");
+        assert_eq!(st.throughput.unwrap().median, 99.0);
+        assert!((st.p50_ratio.unwrap().median - 1.02).abs() < 1e-12);
+        let l = st.latency.unwrap();
+        assert_eq!((l.p50, l.p99), (10.2, 20.4));
+        assert_eq!(st.copies, 10.0);
+    }
+
+    #[test]
+    fn bars_pass_and_miss() {
+        let r = results();
+        let b: Vec<(bool, String)> = bars(&r).into_iter().map(|b| (b.pass, b.what)).collect();
+        assert_eq!(b.len(), 4, "{b:?}");
+        assert!(
+            b[0].0 && b[0].1.starts_with("HTTP throughput at 0% errors, agent passing (c)/(a): 0.990"),
+            "{b:?}"
+        );
+        assert!(b[1].0 && b[1].1.contains("(d)/(a): 0.960"), "{b:?}");
+        assert!(b[2].0 && b[2].1.contains("HTTP p50 latency at 0% errors"), "{b:?}");
+        assert!(!b[3].0 && b[3].1.contains("10,000 rules vs 1: +10.0%"), "{b:?}");
+    }
+
+    #[test]
+    fn report_has_tables_and_published_figures() {
+        let host = Host { cpu: "cpu".into(), cores: 2, kernel: "k".into(), date: "d".into() };
+        let plan = Plan::quick();
+        let meta = Meta { host: &host, plan: &plan, settings: vec![("mode", "quick".into())] };
+        let text = render(&meta, &results());
+        assert!(text.contains("| HTTP throughput, 100% mirrored (d) | 96.0% | 89.0% |"), "{text}");
+        assert!(
+            text.contains("| iperf3 pod→pod throughput, agent passing (c) | not measured | 89.7% |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| (c) agent, 1 rule, nothing triggered | 99 (99-198) | 0.990 (0.990-0.990) |"),
+            "{text}"
+        );
+        assert!(text.contains("| 10,000 | 90 |"), "{text}");
+        assert!(text.contains("3 of 4 bars passed; MISSED"), "{text}");
+        assert!(text.contains("| 120.00 | 3.50 (3.00-4.00), 3 starts |"), "{text}");
+    }
+}
