@@ -261,10 +261,12 @@ impl Worker {
             w.set_group(g, on)?;
         }
         if first_start {
+            // Saved once below, not after each rule: thousands of initial rules stay quick.
             for rule in w.cfg.initial_rules.clone() {
-                let view = w.add_rule(rule)?;
-                tracing::info!(id = view.id, rule = %view.rule, "initial rule added");
+                let id = w.dp.add_rule(rule.clone())?;
+                tracing::debug!(id, %rule, "initial rule added");
             }
+            tracing::info!(rules = w.cfg.initial_rules.len(), "initial rules added");
         }
         w.save()?;
         Ok(w)
@@ -434,13 +436,9 @@ impl Worker {
     fn save(&mut self) -> anyhow::Result<()> {
         self.state.rules = self
             .dp
-            .rules()?
+            .rule_slots()
             .into_iter()
-            .map(|r| SavedRule {
-                id: r.id,
-                slot: self.dp.rule_slot(r.id).unwrap_or(0),
-                rule: r.rule.to_string(),
-            })
+            .map(|(id, slot, rule)| SavedRule { id, slot, rule: rule.to_string() })
             .collect();
         self.state.save(&self.cfg.state_path)
     }

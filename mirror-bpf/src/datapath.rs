@@ -267,6 +267,12 @@ impl<'obj> Datapath<'obj> {
         self.rules.get(id).map(|e| e.slot)
     }
 
+    /// Every rule with its id and slot, without reading the hit counters (what a saved state
+    /// needs to restore them).
+    pub fn rule_slots(&self) -> Vec<(RuleId, u32, Rule)> {
+        self.rules.iter().map(|(id, e)| (id, e.slot, e.rule.clone())).collect()
+    }
+
     /// Removes a rule. Flows it already marked stay mirrored until their limits.
     pub fn remove_rule(&mut self, id: RuleId) -> Result<Rule> {
         let (entry, writes) = self.rules.remove(id).ok_or(Error::NoSuchRule(id))?;
