@@ -27,6 +27,8 @@ pub struct AttachRun {
     pub idle: Footprint,
     /// Once all are attached.
     pub attached: Footprint,
+    /// From deleting the links to the agent listing none.
+    pub all_gone_s: f64,
 }
 
 impl AttachRun {
@@ -51,25 +53,30 @@ pub fn measure(bins: &Binaries, veths: usize) -> Result<AttachRun> {
     std::thread::sleep(Duration::from_millis(500));
     let idle = Footprint::of(agent.pid())?;
 
-    let batch = node_batch(veths);
-    let file = env.dir().join("links.batch");
-    std::fs::write(&file, batch)?;
+    let batch = |name: &str, text: String| -> Result<()> {
+        let file = env.dir().join(name);
+        std::fs::write(&file, text)?;
+        let out = node.command("ip").arg("-batch").arg(&file).output()?;
+        ensure!(out.status.success(), "ip -batch {name}: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(())
+    };
+    // Polls the status until `done` holds for the number attached; returns it and the time.
+    let until = |done: &dyn Fn(usize) -> bool, since: Instant| -> Result<(serde_json::Value, f64)> {
+        loop {
+            let status = env.status();
+            let attached = attached_count(&status);
+            if done(attached) {
+                return Ok((status, since.elapsed().as_secs_f64()));
+            }
+            if since.elapsed() > ATTACH_TIMEOUT {
+                bail!("{attached} of {veths} veths attached after {ATTACH_TIMEOUT:?}: {}", agent.output());
+            }
+            std::thread::sleep(POLL);
+        }
+    };
     let start = Instant::now();
-    let out = node.command("ip").arg("-batch").arg(&file).output()?;
-    ensure!(out.status.success(), "creating {veths} veths: {}", String::from_utf8_lossy(&out.stderr));
-    let mut status;
-    loop {
-        status = env.status();
-        let attached = attached_count(&status);
-        if attached >= veths {
-            break;
-        }
-        if start.elapsed() > ATTACH_TIMEOUT {
-            bail!("{attached} of {veths} veths attached after {ATTACH_TIMEOUT:?}: {}", agent.output());
-        }
-        std::thread::sleep(POLL);
-    }
-    let all_attached_s = start.elapsed().as_secs_f64();
+    batch("add.batch", node_batch(veths))?;
+    let (status, all_attached_s) = until(&|n| n >= veths, start)?;
     let attached = Footprint::of(agent.pid())?;
     let lat = &status["attach_latency"];
     let ms = |k: &str| lat[k].as_f64().with_context(|| format!("no attach_latency.{k}: {lat}"));
@@ -83,9 +90,15 @@ pub fn measure(bins: &Binaries, veths: usize) -> Result<AttachRun> {
         max_ms: ms("max_ms")?,
         idle,
         attached,
+        all_gone_s: 0.0,
     };
+    // The links go before the agent: a SIGTERM would otherwise detach 1,000 links in turn,
+    // longer than the harness waits for an exit.
+    let start = Instant::now();
+    batch("del.batch", (0..veths).map(|i| format!("link del vethb{i}\n")).collect())?;
+    let (_, all_gone_s) = until(&|n| n == 0, start)?;
     agent.terminate();
-    Ok(run)
+    Ok(AttachRun { all_gone_s, ..run })
 }
 
 /// `ip -batch` lines creating `n` veth pairs `vethbI`/`pbI`, both ends up (a CNI brings the

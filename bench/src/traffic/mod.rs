@@ -126,6 +126,8 @@ pub struct Results {
     /// Per agent configuration: seconds from starting the agent to its veths attached, the
     /// first start (which adds the initial rules) and the later ones.
     pub agent_starts: Vec<(Config, Vec<f64>)>,
+    /// Stages after the traffic runs that failed (profile, attach): reported, the rest kept.
+    pub failures: Vec<String>,
     pub static_filter: &'static str,
     pub offloads: String,
 }
@@ -190,11 +192,14 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
         }
     }
     let mut profiles = Vec::new();
+    let mut failures = Vec::new();
     for (load, cfg) in &plan.profiles {
         check_stop()?;
-        let progs = profile(&ctx, *load, cfg, plan.secs)?;
-        eprintln!("  profile {} ({}): {progs:?}", load.name(), cfg.key);
-        profiles.push(Profile { load: *load, config: *cfg, progs });
+        let what = format!("profile of {} under ({})", load.name(), cfg.key);
+        if let Some(progs) = stage(&what, &mut failures, || profile(&ctx, *load, cfg, plan.secs)) {
+            eprintln!("  {what}: {progs:?}");
+            profiles.push(Profile { load: *load, config: *cfg, progs });
+        }
     }
     let offloads = bed.offloads();
     let agent_starts = start_times(&ctx.agents.start_times(), &plan.cells);
@@ -204,14 +209,17 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
     for rep in 0..plan.attach_reps {
         for &n in &plan.veth_counts {
             check_stop()?;
-            let run = attach::measure(bins, n).with_context(|| format!("attaching to {n} veths"))?;
-            eprintln!(
-                "  attach {n} veths (rep {}): all in {:.3} s, p50 {:.2} ms",
-                rep + 1,
-                run.all_attached_s,
-                run.p50_ms
-            );
-            attach.push(run);
+            let what = format!("attaching to {n} veths");
+            if let Some(run) = stage(&what, &mut failures, || attach::measure(bins, n)) {
+                eprintln!(
+                    "  attach {n} veths (rep {}): all in {:.3} s, p50 {:.2} ms, all forgotten in {:.3} s",
+                    rep + 1,
+                    run.all_attached_s,
+                    run.p50_ms,
+                    run.all_gone_s
+                );
+                attach.push(run);
+            }
         }
     }
     Ok(Results {
@@ -220,9 +228,30 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
         profiles,
         round_loads,
         agent_starts,
+        failures,
         static_filter: static_filter.describe(),
         offloads,
     })
+}
+
+/// Runs a stage after the traffic runs; an error or a panic of the harness (whose guards clean
+/// up while unwinding) is recorded in `failures` instead of losing the whole report.
+fn stage<T>(what: &str, failures: &mut Vec<String>, f: impl FnOnce() -> Result<T>) -> Option<T> {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    let error = match outcome {
+        Ok(Ok(v)) => return Some(v),
+        Ok(Err(e)) => format!("{e:#}"),
+        Err(panic) => panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "panicked".into()),
+    };
+    // The first line: agent logs can follow.
+    let first = error.lines().next().unwrap_or("").to_string();
+    eprintln!("  {what} FAILED: {error}");
+    failures.push(format!("{what}: {first}"));
+    None
 }
 
 /// Start times by configuration: the first configuration planned with each agent spec.

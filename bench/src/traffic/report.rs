@@ -243,6 +243,13 @@ pub fn render(meta: &Meta<'_>, r: &Results) -> String {
     starts_table(&mut s, &r.agent_starts);
     attach_table(&mut s, &r.attach);
     profile_table(&mut s, &r.profiles);
+    if !r.failures.is_empty() {
+        let _ = writeln!(s, "### Stages that failed\n");
+        for f in &r.failures {
+            let _ = writeln!(s, "- {f}");
+        }
+        let _ = writeln!(s);
+    }
     let bars = bars(r);
     let _ = writeln!(s, "\n## Bars\n");
     let _ =
@@ -471,8 +478,11 @@ fn attach_table(s: &mut String, runs: &[AttachRun]) {
          attached); RSS before the links appear → once all are attached; CPU: the agent's \
          utime+stime while attaching.\n"
     );
-    let _ = writeln!(s, "| veths | all attached (s) | attach p50 / p99 / max (ms) | RSS (MB) | peak RSS (MB) | CPU (s) | repetitions |");
-    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "| veths | all attached (s) | attach p50 / p99 / max (ms) | RSS (MB) | peak RSS (MB) | CPU (s) | all deleted links forgotten (s) | repetitions |"
+    );
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut counts: Vec<usize> = runs.iter().map(|r| r.veths).collect();
     counts.sort_unstable();
     counts.dedup();
@@ -482,7 +492,7 @@ fn attach_table(s: &mut String, runs: &[AttachRun]) {
         let m = |f: &dyn Fn(&AttachRun) -> f64| median(&rs.iter().map(|r| f(r)).collect::<Vec<_>>());
         let _ = writeln!(
             s,
-            "| {} | {:.3} | {:.2} / {:.2} / {:.2} | {:.1} → {:.1} | {:.1} | {:.3} | {} |",
+            "| {} | {:.3} | {:.2} / {:.2} / {:.2} | {:.1} → {:.1} | {:.1} | {:.3} | {:.3} | {} |",
             fmt_count(n as u32),
             m(&|r| r.all_attached_s),
             m(&|r| r.p50_ms),
@@ -492,6 +502,7 @@ fn attach_table(s: &mut String, runs: &[AttachRun]) {
             m(&|r| mb(r.attached.rss_kb)),
             m(&|r| mb(r.attached.peak_rss_kb)),
             m(&|r| r.cpu_s()),
+            m(&|r| r.all_gone_s),
             rs.len()
         );
     }
@@ -556,6 +567,7 @@ mod tests {
             profiles: vec![],
             round_loads: vec![[0.1, 0.2, 0.3]; 3],
             agent_starts: vec![(PASS_10K, vec![120.0, 3.0, 4.0, 3.5])],
+            failures: vec!["attaching to 1000 veths: timed out".into()],
             static_filter: "u32",
             offloads: "tso on".into(),
         }
@@ -606,5 +618,6 @@ mod tests {
         assert!(text.contains("| 10,000 | 90 |"), "{text}");
         assert!(text.contains("3 of 4 bars passed; MISSED"), "{text}");
         assert!(text.contains("| 120.00 | 3.50 (3.00-4.00), 3 starts |"), "{text}");
+        assert!(text.contains("### Stages that failed\n\n- attaching to 1000 veths: timed out"), "{text}");
     }
 }
