@@ -126,7 +126,14 @@ impl Load {
                 argv.extend(paths);
                 let out = run(bed.pinned_for(client, cpu, timeout, &argv), "wrk")?;
                 let w = parse_wrk(&String::from_utf8_lossy(&out.stdout))?;
-                ensure!(w.socket_errors == 0, "wrk had {} socket errors", w.socket_errors);
+                // nginx closes a keep-alive connection after its keepalive_requests, and wrk counts
+                // the close as a read error: a few are normal, many mean the run is broken.
+                ensure!(
+                    w.socket_errors * 100 <= w.requests.max(1),
+                    "wrk had {} socket errors in {} requests",
+                    w.socket_errors,
+                    w.requests
+                );
                 let expected = f64::from(errors_pct) / 100.0;
                 // Half the connections are not half the requests exactly: allow some skew.
                 ensure!(
