@@ -126,7 +126,8 @@ pub struct Results {
     /// Per agent configuration: seconds from starting the agent to its veths attached, the
     /// first start (which adds the initial rules) and the later ones.
     pub agent_starts: Vec<(Config, Vec<f64>)>,
-    /// Stages after the traffic runs that failed (profile, attach): reported, the rest kept.
+    /// Runs retried, and stages after the traffic runs that failed (profile, attach):
+    /// reported, the rest kept.
     pub failures: Vec<String>,
     pub static_filter: &'static str,
     pub offloads: String,
@@ -166,6 +167,7 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
         .flat_map(|(load, cfgs)| cfgs.iter().map(|c| Cell { load: *load, config: *c, runs: Vec::new() }))
         .collect();
     let mut round_loads = Vec::new();
+    let mut retries = Vec::new();
     for round in 0..plan.rounds {
         round_loads.push(loadavg());
         eprintln!("round {}/{} (load {})", round + 1, plan.rounds, fmt_loadavg(loadavg()));
@@ -176,8 +178,16 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
                 let cfg = cfgs[(i + round) % cfgs.len()];
                 check_stop()?;
                 let started = Instant::now();
-                let (sample, seen) = configs::run(&cfg, &ctx, *load, plan.secs)
-                    .with_context(|| format!("{} under ({}) {}", load.name(), cfg.key, cfg.label))?;
+                let what = || format!("{} under ({}) {}", load.name(), cfg.key, cfg.label);
+                // One retry: a stall of the shared machine should not end a half-hour benchmark.
+                let (sample, seen) = match configs::run(&cfg, &ctx, *load, plan.secs) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        eprintln!("  {} failed, retrying once: {e:#}", what());
+                        retries.push(format!("{} in round {}: {e:#}", what(), round + 1));
+                        configs::run(&cfg, &ctx, *load, plan.secs).with_context(what)?
+                    }
+                };
                 eprintln!(
                     "  {:<20} ({:>4}) {:<42} {} [{:.1} s]",
                     load.name(),
@@ -192,7 +202,8 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
         }
     }
     let mut profiles = Vec::new();
-    let mut failures = Vec::new();
+    // Retried runs are reported with the stages that failed.
+    let mut failures: Vec<String> = retries.into_iter().map(|r| format!("retried: {r}")).collect();
     for (load, cfg) in &plan.profiles {
         check_stop()?;
         let what = format!("profile of {} under ({})", load.name(), cfg.key);

@@ -244,7 +244,7 @@ pub fn render(meta: &Meta<'_>, r: &Results) -> String {
     attach_table(&mut s, &r.attach);
     profile_table(&mut s, &r.profiles);
     if !r.failures.is_empty() {
-        let _ = writeln!(s, "### Stages that failed\n");
+        let _ = writeln!(s, "### Runs retried and stages that failed\n");
         for f in &r.failures {
             let _ = writeln!(s, "- {f}");
         }
@@ -618,6 +618,9 @@ mod tests {
         assert!(text.contains("| 10,000 | 90 |"), "{text}");
         assert!(text.contains("3 of 4 bars passed; MISSED"), "{text}");
         assert!(text.contains("| 120.00 | 3.50 (3.00-4.00), 3 starts |"), "{text}");
-        assert!(text.contains("### Stages that failed\n\n- attaching to 1000 veths: timed out"), "{text}");
+        assert!(
+            text.contains("### Runs retried and stages that failed\n\n- attaching to 1000 veths: timed out"),
+            "{text}"
+        );
     }
 }
