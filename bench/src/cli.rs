@@ -5,6 +5,7 @@ use std::path::PathBuf;
 pub const USAGE: &str = "\
 usage: mirror-bench datapath [--quick] [--out FILE]
        mirror-bench traffic [--quick] [--out FILE] [--cpus CLIENT,SERVER] [--no-wait]
+                            [--only STAGE,...]
 
   datapath     ns/packet of the classifier per case, beside the empty tc program
                (BPF_PROG_TEST_RUN; needs root)
@@ -16,7 +17,8 @@ usage: mirror-bench datapath [--quick] [--out FILE]
   --out FILE   also write the markdown report to FILE
   --cpus C,S   traffic: pin clients to CPU C and servers to CPU S (default: both on the
                last CPU)
-  --no-wait    traffic: start at once instead of waiting for a quiet machine (full mode)";
+  --no-wait    traffic: start at once instead of waiting for a quiet machine (full mode)
+  --only S,..  traffic: run only these stages: loads (the alternating runs), attach, profile";
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +36,27 @@ pub struct TrafficArgs {
     /// (client CPU, server CPU).
     pub cpus: Option<(usize, usize)>,
     pub no_wait: bool,
+    /// Stages to run (all when empty).
+    pub only: Vec<Stage>,
+}
+
+/// A stage of the traffic benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Loads,
+    Attach,
+    Profile,
+}
+
+fn parse_stages(s: &str) -> Result<Vec<Stage>, String> {
+    s.split(',')
+        .map(|w| match w.trim() {
+            "loads" => Ok(Stage::Loads),
+            "attach" => Ok(Stage::Attach),
+            "profile" => Ok(Stage::Profile),
+            other => Err(format!("unknown stage '{other}' (loads, attach, profile)")),
+        })
+        .collect()
 }
 
 /// Parses the arguments after the program name.
@@ -53,6 +76,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
             "--out" => t.out = Some(args.next().ok_or("--out needs a file")?.into()),
             "--cpus" if traffic => t.cpus = Some(parse_cpus(&args.next().ok_or("--cpus needs C,S")?)?),
             "--no-wait" if traffic => t.no_wait = true,
+            "--only" if traffic => t.only = parse_stages(&args.next().ok_or("--only needs stages")?)?,
             "-h" | "--help" => return Ok(Command::Help),
             _ => return Err(format!("unknown argument '{arg}'")),
         }
@@ -88,12 +112,23 @@ mod tests {
     fn traffic_options() {
         assert_eq!(p(&["traffic"]), Ok(Command::Traffic(TrafficArgs::default())));
         assert_eq!(
-            p(&["traffic", "--quick", "--cpus", "0,1", "--no-wait", "--out", "bench/RESULTS.md"]),
+            p(&[
+                "traffic",
+                "--quick",
+                "--cpus",
+                "0,1",
+                "--no-wait",
+                "--out",
+                "bench/RESULTS.md",
+                "--only",
+                "loads,profile"
+            ]),
             Ok(Command::Traffic(TrafficArgs {
                 quick: true,
                 out: Some("bench/RESULTS.md".into()),
                 cpus: Some((0, 1)),
-                no_wait: true
+                no_wait: true,
+                only: vec![Stage::Loads, Stage::Profile],
             }))
         );
     }
@@ -107,5 +142,7 @@ mod tests {
         assert!(p(&["datapath", "--cpus", "0,1"]).is_err());
         assert!(p(&["traffic", "--cpus", "0"]).is_err());
         assert!(p(&["traffic", "--cpus", "a,1"]).is_err());
+        assert!(p(&["traffic", "--only", "loads,xdp"]).is_err());
+        assert!(p(&["datapath", "--only", "loads"]).is_err());
     }
 }

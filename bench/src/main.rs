@@ -117,14 +117,16 @@ fn run_traffic(args: &cli::TrafficArgs) -> Result<()> {
     if !mirror_bpf::testing::require_root() {
         anyhow::bail!("the traffic benchmark needs root (network namespaces, tc, BPF)");
     }
-    let plan = if args.quick { traffic::Plan::quick() } else { traffic::Plan::full() };
+    let mut plan = if args.quick { traffic::Plan::quick() } else { traffic::Plan::full() };
+    plan.keep_stages(&args.only);
     let cores = Host::probe().cores.max(1);
     // On this kind of VM a wakeup across CPUs costs tens of µs and iperf3 retransmits across
     // them, so by default client and server share the last CPU (the first takes most
     // interrupts) and the agent and tcpdump have the other.
     let (client, server) = args.cpus.unwrap_or((cores - 1, cores - 1));
     anyhow::ensure!(client < cores && server < cores, "--cpus: this machine has {cores} CPUs");
-    let pins = traffic::Pinning { client, server };
+    let agent = (0..cores).find(|c| *c != client && *c != server);
+    let pins = traffic::Pinning { client, server, agent };
     let bins = traffic::binaries()?;
     // Now, when the agent was built: others may commit while the benchmark runs.
     let source = source();
@@ -168,9 +170,15 @@ fn run_traffic(args: &cli::TrafficArgs) -> Result<()> {
             ("runs", format!("{} rounds of {} s per configuration and load", plan.rounds, plan.secs)),
             (
                 "CPU pinning",
-                format!(
-                    "clients on CPU {client}, servers on CPU {server} (taskset); the agent and tcpdump unpinned"
-                ),
+                match agent {
+                    Some(a) => format!(
+                        "clients on CPU {client}, servers on CPU {server}, the agent on CPU {a} (taskset, \
+                         all threads); tcpdump unpinned"
+                    ),
+                    None => format!(
+                        "clients on CPU {client}, servers on CPU {server} (taskset); the agent and tcpdump unpinned"
+                    ),
+                },
             ),
             (
                 "load average (1, 5, 15 min)",

@@ -33,6 +33,7 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
             flows_max: cfg.flows.max,
             marks_max: cfg.flows.marks_max,
             pin_path: Some(cfg.bpf.pin_path.clone()),
+            only: Some((cfg.attach.mode.into(), cfg.mirror.method.into())),
             ..Default::default()
         },
         mode: cfg.attach.mode.into(),

@@ -225,7 +225,15 @@ impl Worker {
                 dp.insert_rule(r.id, rule)?;
             }
         }
-        tracing::info!(rules = state.rules.len(), adopted = dp.adopted(), "data path loaded");
+        let path =
+            dp.loaded_programs().map_or("all", |(m, _)| if m == AttachMode::Tcx { "tcx" } else { "tc" });
+        tracing::info!(
+            rules = state.rules.len(),
+            adopted = dp.adopted(),
+            attach = path,
+            tcx_in_kernel = mirror_bpf::tcx_supported(),
+            "data path loaded"
+        );
         let (event_tx, event_rx) = mpsc::channel();
         let events = dp.events(move |e| {
             let _ = event_tx.send(e);

@@ -38,6 +38,25 @@ pub enum MirrorMethod {
     Mirred,
 }
 
+/// Whether this kernel has TCX (6.6+): a read-only query of the TCX programs on loopback,
+/// which older kernels refuse as an unknown attach type.
+pub fn tcx_supported() -> bool {
+    tcx_prog_ids(1, false).is_ok()
+}
+
+impl AttachMode {
+    /// The mode `attach` will use with `method` (never `Auto`): mirred needs a classic filter,
+    /// and auto is TCX where the kernel has it.
+    pub fn resolve(self, method: MirrorMethod) -> AttachMode {
+        match (self, method) {
+            (_, MirrorMethod::Mirred) => AttachMode::Tc,
+            (AttachMode::Auto, _) if tcx_supported() => AttachMode::Tcx,
+            (AttachMode::Auto, _) => AttachMode::Tc,
+            (m, _) => m,
+        }
+    }
+}
+
 /// Our filter handle on clsact hooks ("MR"): a filter with it is ours.
 pub const TC_HANDLE: u32 = 0x4d52;
 
@@ -76,6 +95,8 @@ fn attach_tcx(prog: &Program<'_>, ifindex: u32) -> io::Result<Link> {
     // Before every other program: we only observe and always pass packets on.
     opts.flags = libbpf_sys::BPF_F_BEFORE;
     // SAFETY: the program pointer is valid while `prog` is borrowed; opts outlives the call.
+    // (The kernel creates the link under the RTNL lock and waits for an RCU grace period
+    // there: about 15 ms in a VM, during which other link changes on the node wait too.)
     let link = unsafe {
         libbpf_sys::bpf_program__attach_tcx(prog.as_libbpf_object().as_ptr(), ifindex as i32, &opts)
     };
@@ -102,17 +123,35 @@ impl Datapath<'_> {
         }
     }
 
-    /// Attaches the classifier to `ifindex`, ingress and egress.
-    pub fn attach(&self, ifindex: u32, mode: AttachMode, method: MirrorMethod) -> Result<Attachment> {
+    /// The mode `attach` uses (`Auto` only when every program is loaded), or why it cannot.
+    fn effective_mode(
+        &self,
+        mode: AttachMode,
+        method: MirrorMethod,
+    ) -> std::result::Result<AttachMode, String> {
         let mode = match (mode, method) {
             (AttachMode::Tcx, MirrorMethod::Mirred) => {
-                return Err(Error::Unsupported(
-                    "the mirred method needs tc mode (a classic filter carries the action)".into(),
-                ))
+                return Err("the mirred method needs tc mode (a classic filter carries the action)".into())
             }
             (_, MirrorMethod::Mirred) => AttachMode::Tc,
             (m, _) => m,
         };
+        // With only some programs loaded, auto is what was resolved at load.
+        match self.loaded_programs() {
+            Some(loaded) if (mode == AttachMode::Auto || mode == loaded.0) && method == loaded.1 => {
+                Ok(loaded.0)
+            }
+            Some(loaded) => Err(format!(
+                "only the programs for {:?} mode with the {:?} method were loaded",
+                loaded.0, loaded.1
+            )),
+            None => Ok(mode),
+        }
+    }
+
+    /// Attaches the classifier to `ifindex`, ingress and egress.
+    pub fn attach(&self, ifindex: u32, mode: AttachMode, method: MirrorMethod) -> Result<Attachment> {
+        let mode = self.effective_mode(mode, method).map_err(Error::Unsupported)?;
         let mut att = Attachment { ifindex, mode, method, created_qdisc: false, hooks: Vec::new() };
         let result = match mode {
             AttachMode::Tcx => self.attach_tcx_both(&mut att),
@@ -276,7 +315,8 @@ impl Datapath<'_> {
             let empty = netlink::filters(ifindex, false).map(|f| f.is_empty()).unwrap_or(false)
                 && netlink::filters(ifindex, true).map(|f| f.is_empty()).unwrap_or(false);
             if empty {
-                let prog = &self.skel().progs.tc_ingress_mirror;
+                // Any loaded program: destroying the qdisc does not use it.
+                let [prog, _] = self.programs(AttachMode::Tc, att.method);
                 let mut hook =
                     TcHookBuilder::new(prog.as_fd()).ifindex(ifindex as i32).hook(TC_INGRESS | TC_EGRESS);
                 match hook.destroy() {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
 
+use crate::attach::{AttachMode, MirrorMethod};
 use crate::error::{Context, Error, Result};
 use crate::event::TriggerEvent;
 use crate::flow::{Flow, FlowKey, MirrorMark};
@@ -28,11 +29,14 @@ pub struct DatapathOptions {
     /// Directory on a bpffs where maps (and TCX links) are pinned. Maps already pinned there
     /// are reused, so flows, marks, rules and counters survive a restart.
     pub pin_path: Option<PathBuf>,
+    /// Load only the programs this attach mode and mirror method use (each costs the verifier
+    /// about half a second); `None` loads them all (tests, benchmarks switching modes).
+    pub only: Option<(AttachMode, MirrorMethod)>,
 }
 
 impl Default for DatapathOptions {
     fn default() -> Self {
-        Self { flows_max: 65_536, marks_max: 16_384, ringbuf_bytes: 256 * 1024, pin_path: None }
+        Self { flows_max: 65_536, marks_max: 16_384, ringbuf_bytes: 256 * 1024, pin_path: None, only: None }
     }
 }
 
@@ -88,6 +92,8 @@ pub struct Datapath<'obj> {
     pin_path: Option<PathBuf>,
     /// Whether the maps came from an earlier instance's pins.
     adopted: bool,
+    /// The mode (resolved) and method whose programs alone were loaded; `None`: all.
+    only: Option<(AttachMode, MirrorMethod)>,
 }
 
 const ZERO: [u8; 4] = 0u32.to_ne_bytes();
@@ -111,6 +117,18 @@ impl<'obj> Datapath<'obj> {
         route_libbpf_logs();
         let mut open =
             ClassifierSkelBuilder::default().open(storage).context(|| "opening the classifier".into())?;
+        let only = opts.only.map(|(mode, method)| (mode.resolve(method), method));
+        if let Some((mode, method)) = only {
+            let p = &mut open.progs;
+            let tcx = mode == AttachMode::Tcx;
+            let (clone, mirred) = (method == MirrorMethod::Clone, method == MirrorMethod::Mirred);
+            p.tcx_ingress_mirror.set_autoload(tcx);
+            p.tcx_egress_mirror.set_autoload(tcx);
+            p.tc_ingress_mirror.set_autoload(!tcx && clone);
+            p.tc_egress_mirror.set_autoload(!tcx && clone);
+            p.tc_ingress_mirred.set_autoload(!tcx && mirred);
+            p.tc_egress_mirred.set_autoload(!tcx && mirred);
+        }
         let maps = &mut open.maps;
         maps.flow_table.set_max_entries(opts.flows_max).context(|| "sizing flow_table".into())?;
         maps.flow_timing.set_max_entries(opts.flows_max).context(|| "sizing flow_timing".into())?;
@@ -141,7 +159,7 @@ impl<'obj> Datapath<'obj> {
                 }
             }
         }
-        let dp = Self { skel, rules: RuleSet::new(), pin_path: opts.pin_path.clone(), adopted };
+        let dp = Self { skel, rules: RuleSet::new(), pin_path: opts.pin_path.clone(), adopted, only };
         if !adopted {
             // Response and handshake times are on by default; adopted settings are kept.
             dp.write_settings(|s| s.timing = TimingGroup::Http.bit() | TimingGroup::Handshake.bit())?;
@@ -165,6 +183,11 @@ impl<'obj> Datapath<'obj> {
     /// Whether a timing group is on.
     pub fn timing(&self, group: TimingGroup) -> Result<bool> {
         Ok(self.settings()?.timing & group.bit() != 0)
+    }
+
+    /// The attach mode (never `Auto`) and method whose programs alone were loaded, if not all.
+    pub fn loaded_programs(&self) -> Option<(AttachMode, MirrorMethod)> {
+        self.only
     }
 
     /// Whether the maps were adopted from pins left by an earlier instance.

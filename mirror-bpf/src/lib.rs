@@ -22,7 +22,7 @@ pub mod stats;
 pub mod testing;
 pub mod tracing;
 
-pub use attach::{AttachMode, Attachment, MirrorMethod};
+pub use attach::{tcx_supported, AttachMode, Attachment, MirrorMethod};
 pub use datapath::{Datapath, DatapathOptions, TimingGroup};
 pub use error::{Error, Result};
 pub use event::TriggerEvent;

@@ -21,6 +21,9 @@ use crate::proc::{wait_until, Proc};
 const STARTUP: Duration = Duration::from_secs(10);
 /// How long mirrorctl may take.
 const CTL_TIMEOUT_S: &str = "10";
+/// Where test agents pin: `<PIN_ROOT>/<PIN_PREFIX><pid>-<n>`, so stale pins can be told apart.
+pub(crate) const PIN_ROOT: &str = "/sys/fs/bpf";
+pub(crate) const PIN_PREFIX: &str = "mirror-e2e-";
 
 /// The two binaries.
 #[derive(Debug, Clone)]
@@ -122,7 +125,7 @@ impl AgentEnv {
             bins: bins.clone(),
             node: (node.name().to_string(), node.path()),
             sink: cfg.sink.clone(),
-            pin_path: PathBuf::from(format!("/sys/fs/bpf/mirror-e2e-{unique}")),
+            pin_path: Path::new(PIN_ROOT).join(format!("{PIN_PREFIX}{unique}")),
             dir,
         };
         let yaml = format!(

@@ -9,8 +9,10 @@ use std::fs::File;
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Once;
 
 use mirror_bpf::testing::sh;
 
@@ -25,11 +27,35 @@ pub struct Netns {
 }
 
 static NEXT_NS: AtomicU32 = AtomicU32::new(0);
+static REAP: Once = Once::new();
+
+/// Deletes the namespaces and bpffs pins that test processes no longer alive left behind (a run
+/// killed before its drops ran): their names carry the pid of the process that made them.
+fn reap_stale() {
+    let dead = |name: &str, prefix: &str| {
+        name.strip_prefix(prefix)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .is_some_and(|pid| pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists())
+    };
+    let entries = |dir: &str| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+            .unwrap_or_default()
+    };
+    for name in entries("/run/netns").into_iter().filter(|n| dead(n, "me2e-")) {
+        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+    }
+    for name in entries(crate::agent::PIN_ROOT).into_iter().filter(|n| dead(n, crate::agent::PIN_PREFIX)) {
+        let _ = std::fs::remove_dir_all(Path::new(crate::agent::PIN_ROOT).join(name));
+    }
+}
 
 impl Netns {
     /// Creates a namespace named after the process, a counter and `role`, with loopback up and
     /// without IPv6 duplicate address detection (addresses are usable at once).
     pub fn new(role: &str) -> Netns {
+        REAP.call_once(reap_stale);
         let name = format!("me2e-{}-{}-{role}", std::process::id(), NEXT_NS.fetch_add(1, Ordering::Relaxed));
         sh(&format!("ip netns add {name}"));
         let ns = Netns { name };

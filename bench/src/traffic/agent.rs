@@ -40,6 +40,32 @@ pub enum Rules {
 pub struct AgentSpec {
     pub rules: Rules,
     pub method: Method,
+    pub timing: Timing,
+}
+
+/// Which measurement groups are on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timing {
+    /// The defaults: HTTP response and handshake times.
+    Default,
+    /// None: what the HTTP and handshake timing cost.
+    Off,
+    /// The defaults and the kernel stack latency group (tracing programs).
+    Stack,
+    /// The defaults and the network-stack CPU group (tracing programs).
+    Cpu,
+}
+
+impl Timing {
+    /// The `latency:` section of the agent's configuration.
+    fn yaml(self) -> &'static str {
+        match self {
+            Timing::Default => "latency:\n  http: true\n  handshake: true\n  stack: false\n  cpu: false\n",
+            Timing::Off => "latency:\n  http: false\n  handshake: false\n  stack: false\n  cpu: false\n",
+            Timing::Stack => "latency:\n  http: true\n  handshake: true\n  stack: true\n  cpu: false\n",
+            Timing::Cpu => "latency:\n  http: true\n  handshake: true\n  stack: false\n  cpu: true\n",
+        }
+    }
 }
 
 /// Mirrors a flow from its first 500 on, for as long as it lasts.
@@ -79,6 +105,11 @@ pub fn env(bins: &Binaries, node: &Netns, spec: AgentSpec, include: &[&str]) -> 
     if spec.method == Method::MirredTc {
         set_method(&env.config_path(), "mirred")?;
     }
+    // The harness's AgentConfig has no `latency:` section either: appended.
+    let config = env.config_path();
+    let yaml = std::fs::read_to_string(&config)?;
+    ensure!(!yaml.contains("\nlatency:"), "{} has a latency section already", config.display());
+    std::fs::write(&config, format!("{yaml}{}", spec.timing.yaml()))?;
     Ok(env)
 }
 
@@ -90,15 +121,15 @@ fn set_method(config: &Path, method: &str) -> Result<()> {
     Ok(std::fs::write(config, patched)?)
 }
 
-/// The agents of a benchmark: one set of files per spec, kept across runs. The agent saves
-/// its state file after each initial rule it adds, so a first start with 10,000 rules takes
-/// minutes; later starts restore the rules from that file at once. The data path they load
-/// is the same.
+/// The agents of a benchmark: one set of files per spec, kept across runs, so that the first
+/// start adds the initial rules and later ones restore them from the state file.
 pub struct Agents<'a> {
     bins: &'a Binaries,
     node: &'a Netns,
     envs: RefCell<Vec<(AgentSpec, Rc<AgentEnv>)>>,
     starts: RefCell<Vec<(AgentSpec, Vec<f64>)>>,
+    /// The CPU the agent's threads are pinned to, if any.
+    cpu: Option<usize>,
 }
 
 /// How long a first start may take (10,000 initial rules), and a later one.
@@ -106,8 +137,8 @@ const FIRST_START: Duration = Duration::from_secs(900);
 const RESTART: Duration = Duration::from_secs(120);
 
 impl<'a> Agents<'a> {
-    pub fn new(bins: &'a Binaries, node: &'a Netns) -> Self {
-        Agents { bins, node, envs: RefCell::default(), starts: RefCell::default() }
+    pub fn new(bins: &'a Binaries, node: &'a Netns, cpu: Option<usize>) -> Self {
+        Agents { bins, node, envs: RefCell::default(), starts: RefCell::default(), cpu }
     }
 
     /// Starts the agent for `spec` attached to `veths`, runs `body` with its pid, and returns
@@ -131,6 +162,11 @@ impl<'a> Agents<'a> {
         let started = Instant::now();
         let agent = env.start_within(&[], timeout);
         agent.wait_attached(veths, Duration::from_secs(20));
+        if let Some(cpu) = self.cpu {
+            let pid = agent.pid().to_string();
+            let out = Command::new("taskset").args(["-a", "-p", "-c", &cpu.to_string(), &pid]).output()?;
+            ensure!(out.status.success(), "pinning the agent: {}", String::from_utf8_lossy(&out.stderr));
+        }
         let start_s = started.elapsed().as_secs_f64();
         let mut starts = self.starts.borrow_mut();
         match starts.iter_mut().find(|(s, _)| *s == spec) {

@@ -10,13 +10,18 @@ use mirror_e2e::agent::Binaries;
 use mirror_e2e::netns::Netns;
 use serde_json::Value;
 
-use super::agent::{self, AgentSpec, Method, Rules};
+use super::agent::{self, AgentSpec, Method, Rules, Timing};
 use super::footprint::Footprint;
 
 /// One measurement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttachRun {
     pub veths: usize,
+    /// The attach mode: "tcx" or "tc".
+    pub mode: &'static str,
+    /// How long `ip -batch` took to create the links while the agent attached: TCX holds the
+    /// kernel's RTNL lock through an RCU grace period per hook, so other link changes wait.
+    pub create_s: f64,
     /// From the creation of the links to all of them reported attached.
     pub all_attached_s: f64,
     /// The agent's attach latency, ms.
@@ -44,9 +49,12 @@ const ATTACH_TIMEOUT: Duration = Duration::from_secs(180);
 const POLL: Duration = Duration::from_millis(100);
 
 /// Measures `veths` links appearing under a running agent, in a namespace of its own.
-pub fn measure(bins: &Binaries, veths: usize) -> Result<AttachRun> {
+/// The attach modes measured: the method whose spec selects each.
+pub const MODES: [(&str, Method); 2] = [("tcx", Method::Clone), ("tc", Method::CloneTc)];
+
+pub fn measure(bins: &Binaries, veths: usize, (mode, method): (&'static str, Method)) -> Result<AttachRun> {
     let node = Netns::new("attach");
-    let spec = AgentSpec { rules: Rules::Pass(1), method: Method::Clone };
+    let spec = AgentSpec { rules: Rules::Pass(1), method, timing: Timing::Default };
     let env = agent::env(bins, &node, spec, &["vethb*"])?;
     let agent = env.start(&[]);
     // Let the start settle (sink, rules) before the idle reading.
@@ -76,6 +84,7 @@ pub fn measure(bins: &Binaries, veths: usize) -> Result<AttachRun> {
     };
     let start = Instant::now();
     batch("add.batch", node_batch(veths))?;
+    let create_s = start.elapsed().as_secs_f64();
     let (status, all_attached_s) = until(&|n| n >= veths, start)?;
     let attached = Footprint::of(agent.pid())?;
     let lat = &status["attach_latency"];
@@ -84,6 +93,8 @@ pub fn measure(bins: &Binaries, veths: usize) -> Result<AttachRun> {
     ensure!(count >= veths as u64, "the agent timed {count} attachments of {veths}: {status}");
     let run = AttachRun {
         veths,
+        mode,
+        create_s,
         all_attached_s,
         p50_ms: ms("p50_ms")?,
         p99_ms: ms("p99_ms")?,

@@ -8,7 +8,7 @@ use anyhow::{ensure, Context, Result};
 use mirror_e2e::netns::{Netns, MIRROR_DEV};
 use mirror_e2e::proc::Proc;
 
-use super::agent::{AgentSpec, Agents, Method, Rules};
+use super::agent::{AgentSpec, Agents, Method, Rules, Timing};
 use super::loads::{Load, Sample};
 use super::topology::Bed;
 
@@ -37,7 +37,17 @@ pub struct Config {
 }
 
 const fn agent(key: &'static str, label: &'static str, rules: Rules, method: Method) -> Config {
-    Config { key, label, setup: Setup::Agent(AgentSpec { rules, method }) }
+    timed(key, label, rules, method, Timing::Default)
+}
+
+const fn timed(
+    key: &'static str,
+    label: &'static str,
+    rules: Rules,
+    method: Method,
+    timing: Timing,
+) -> Config {
+    Config { key, label, setup: Setup::Agent(AgentSpec { rules, method, timing }) }
 }
 
 pub const NO_AGENT: Config = Config { key: "a", label: "no agent (baseline)", setup: Setup::NoAgent };
@@ -55,6 +65,12 @@ pub const TCPDUMP: Config =
 pub const MIRRED: Config = agent("g", "agent mirroring, mirred method (tc)", Rules::Mirror, Method::MirredTc);
 pub const CLONE_TC: Config =
     agent("g'", "agent mirroring, clone method (tc)", Rules::Mirror, Method::CloneTc);
+pub const TIMING_OFF: Config =
+    timed("h0", "agent passing, HTTP and handshake timing off", Rules::Pass(1), Method::Clone, Timing::Off);
+pub const STACK: Config =
+    timed("hs", "agent passing, + kernel stack latency group", Rules::Pass(1), Method::Clone, Timing::Stack);
+pub const CPU: Config =
+    timed("hc", "agent passing, + network-stack CPU group", Rules::Pass(1), Method::Clone, Timing::Cpu);
 
 /// What a configuration did during a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -259,7 +275,10 @@ mod tests {
 
     #[test]
     fn keys_are_unique() {
-        let all = [NO_AGENT, QDISCS, PASS, PASS_100, PASS_10K, MIRROR, STATIC, TCPDUMP, MIRRED, CLONE_TC];
+        let all = [
+            NO_AGENT, QDISCS, PASS, PASS_100, PASS_10K, MIRROR, STATIC, TCPDUMP, MIRRED, CLONE_TC,
+            TIMING_OFF, STACK, CPU,
+        ];
         for (i, a) in all.iter().enumerate() {
             assert!(all[i + 1..].iter().all(|b| b.key != a.key), "{}", a.key);
         }

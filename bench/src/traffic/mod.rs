@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+
+use crate::cli::Stage;
 use mirror_e2e::agent::Binaries;
 
 pub use agent::binaries;
@@ -28,7 +30,8 @@ pub use quiet::{fmt_loadavg, loadavg, wait as wait_quiet};
 pub use topology::Pinning;
 
 use configs::{
-    Ctx, StaticFilter, CLONE_TC, MIRRED, MIRROR, NO_AGENT, PASS, PASS_100, PASS_10K, QDISCS, STATIC, TCPDUMP,
+    Ctx, StaticFilter, CLONE_TC, CPU, MIRRED, MIRROR, NO_AGENT, PASS, PASS_100, PASS_10K, QDISCS, STACK,
+    STATIC, TCPDUMP, TIMING_OFF,
 };
 use loads::Load::{Http, IperfNodeToPod, IperfPodToPod, Sockperf};
 
@@ -54,10 +57,16 @@ impl Plan {
             secs: 5,
             rounds: 5,
             cells: vec![
-                (IperfPodToPod, vec![NO_AGENT, QDISCS, PASS, STATIC, TCPDUMP, MIRRED]),
+                (
+                    IperfPodToPod,
+                    vec![NO_AGENT, QDISCS, PASS, STATIC, TCPDUMP, MIRRED, TIMING_OFF, STACK, CPU],
+                ),
                 (IperfNodeToPod, vec![NO_AGENT, QDISCS, PASS, STATIC, TCPDUMP]),
                 (Sockperf, vec![NO_AGENT, QDISCS, PASS, STATIC, TCPDUMP, MIRRED]),
-                (Http { errors_pct: 0 }, vec![NO_AGENT, QDISCS, PASS, PASS_100, PASS_10K, STATIC, TCPDUMP]),
+                (
+                    Http { errors_pct: 0 },
+                    vec![NO_AGENT, QDISCS, PASS, PASS_100, PASS_10K, STATIC, TCPDUMP, TIMING_OFF, STACK, CPU],
+                ),
                 (Http { errors_pct: 50 }, vec![NO_AGENT, MIRROR]),
                 (Http { errors_pct: 100 }, vec![NO_AGENT, MIRROR, MIRRED, CLONE_TC]),
             ],
@@ -77,13 +86,29 @@ impl Plan {
                 (IperfPodToPod, vec![NO_AGENT, QDISCS, PASS, STATIC, TCPDUMP]),
                 (IperfNodeToPod, vec![NO_AGENT, PASS]),
                 (Sockperf, vec![NO_AGENT, PASS]),
-                (Http { errors_pct: 0 }, vec![NO_AGENT, PASS, PASS_100]),
+                (Http { errors_pct: 0 }, vec![NO_AGENT, PASS, PASS_100, STACK]),
                 (Http { errors_pct: 50 }, vec![NO_AGENT, MIRROR]),
                 (Http { errors_pct: 100 }, vec![NO_AGENT, MIRROR, MIRRED]),
             ],
             veth_counts: vec![1, 10],
             attach_reps: 1,
-            profiles: vec![(Http { errors_pct: 100 }, MIRROR)],
+            profiles: vec![(Http { errors_pct: 100 }, MIRROR), (Http { errors_pct: 0 }, STACK)],
+        }
+    }
+
+    /// Drops the stages not in `only` (none dropped when it is empty).
+    pub fn keep_stages(&mut self, only: &[Stage]) {
+        if only.is_empty() {
+            return;
+        }
+        if !only.contains(&Stage::Loads) {
+            self.cells.clear();
+        }
+        if !only.contains(&Stage::Attach) {
+            self.veth_counts.clear();
+        }
+        if !only.contains(&Stage::Profile) {
+            self.profiles.clear();
         }
     }
 
@@ -92,6 +117,10 @@ impl Plan {
             (IperfPodToPod, PASS),
             (Sockperf, PASS),
             (Http { errors_pct: 0 }, PASS),
+            (Http { errors_pct: 0 }, TIMING_OFF),
+            (Http { errors_pct: 0 }, STACK),
+            (Http { errors_pct: 0 }, CPU),
+            (IperfPodToPod, STACK),
             (Http { errors_pct: 0 }, PASS_10K),
             (Http { errors_pct: 100 }, MIRROR),
             (Http { errors_pct: 100 }, MIRRED),
@@ -113,6 +142,8 @@ pub struct Profile {
     pub load: Load,
     pub config: Config,
     pub progs: Vec<ProgRun>,
+    /// Wall-clock seconds of the load.
+    pub secs: f64,
 }
 
 /// Everything measured.
@@ -160,7 +191,7 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
     stop_on_signals();
     let bed = topology::Bed::new(pins)?;
     let static_filter = StaticFilter::probe(bed.node());
-    let ctx = Ctx { bed: &bed, agents: agent::Agents::new(bins, bed.node()), static_filter };
+    let ctx = Ctx { bed: &bed, agents: agent::Agents::new(bins, bed.node(), pins.agent), static_filter };
     let mut cells: Vec<Cell> = plan
         .cells
         .iter()
@@ -207,9 +238,9 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
     for (load, cfg) in &plan.profiles {
         check_stop()?;
         let what = format!("profile of {} under ({})", load.name(), cfg.key);
-        if let Some(progs) = stage(&what, &mut failures, || profile(&ctx, *load, cfg, plan.secs)) {
+        if let Some((progs, secs)) = stage(&what, &mut failures, || profile(&ctx, *load, cfg, plan.secs)) {
             eprintln!("  {what}: {progs:?}");
-            profiles.push(Profile { load: *load, config: *cfg, progs });
+            profiles.push(Profile { load: *load, config: *cfg, progs, secs });
         }
     }
     let offloads = bed.offloads();
@@ -219,17 +250,22 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
     let mut attach = Vec::new();
     for rep in 0..plan.attach_reps {
         for &n in &plan.veth_counts {
-            check_stop()?;
-            let what = format!("attaching to {n} veths");
-            if let Some(run) = stage(&what, &mut failures, || attach::measure(bins, n)) {
-                eprintln!(
-                    "  attach {n} veths (rep {}): all in {:.3} s, p50 {:.2} ms, all forgotten in {:.3} s",
-                    rep + 1,
-                    run.all_attached_s,
-                    run.p50_ms,
-                    run.all_gone_s
-                );
-                attach.push(run);
+            for mode in attach::MODES {
+                check_stop()?;
+                let what = format!("attaching to {n} veths ({})", mode.0);
+                if let Some(run) = stage(&what, &mut failures, || attach::measure(bins, n, mode)) {
+                    eprintln!(
+                        "  attach {n} veths, {} (rep {}): created in {:.3} s, all attached in {:.3} s, \
+                         p50 {:.2} ms, all forgotten in {:.3} s",
+                        run.mode,
+                        rep + 1,
+                        run.create_s,
+                        run.all_attached_s,
+                        run.p50_ms,
+                        run.all_gone_s
+                    );
+                    attach.push(run);
+                }
             }
         }
     }
@@ -280,16 +316,19 @@ fn start_times(
 }
 
 /// One run of `load` under the agent of `cfg` with BPF run-time accounting on.
-fn profile(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<Vec<ProgRun>> {
+/// The agent's programs' runs and run time during one run of `load`, and its seconds.
+fn profile(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<(Vec<ProgRun>, f64)> {
     let configs::Setup::Agent(spec) = cfg.setup else { bail!("profiles are of agent configurations") };
     let _on = bpfstats::StatsOn::enable()?;
     let veths = ctx.bed.pod_veths();
-    let (progs, _) = ctx.agents.run(spec, &veths, |pid| {
+    let (out, _) = ctx.agents.run(spec, &veths, |pid| {
         let before = bpfstats::programs_of(pid)?;
+        let started = Instant::now();
         load.run(ctx.bed, secs)?;
-        Ok(bpfstats::delta(&before, &bpfstats::programs_of(pid)?))
+        let secs = started.elapsed().as_secs_f64();
+        Ok((bpfstats::delta(&before, &bpfstats::programs_of(pid)?), secs))
     })?;
-    Ok(progs)
+    Ok(out)
 }
 
 fn describe(s: &Sample, seen: &Observed) -> String {

@@ -24,6 +24,9 @@ pub const HTTP_PORT: u16 = 80;
 pub struct Pinning {
     pub client: usize,
     pub server: usize,
+    /// The agent's CPU: one the loads do not use, when there is one, so that the agent's own
+    /// threads never compete with the load (what is measured is the data path).
+    pub agent: Option<usize>,
 }
 
 /// The namespaces, servers and scratch directory every run shares.
