@@ -240,6 +240,13 @@ impl Worker {
         })?;
         let tracing = Tracing::load(&dp).map_err(|e| e.to_string());
         match &tracing {
+            Ok(t) if !t.socket_io_counted() => tracing::info!(
+                "cpu group: no sock_send_length/sock_recv_length tracepoints (kernel before 6.3): \
+                 read/write/sendfile on sockets are not counted, send and recv calls are"
+            ),
+            _ => {}
+        }
+        match &tracing {
             Ok(t) => match t.fexit() {
                 Ok(()) => {
                     tracing::info!("tracing programs: fexit available (clones inherit stamps) + tp_btf")

@@ -11,6 +11,8 @@ use std::os::fd::AsFd;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, ProgramMut};
 
+use libbpf_rs::libbpf_sys;
+
 use crate::error::{Context, Result};
 use crate::skel::tracing::{OpenTracingSkel, TracingSkel, TracingSkelBuilder};
 use crate::{read_plain, Datapath};
@@ -77,10 +79,24 @@ fn open(dp: &Datapath<'_>, with_fexit: bool) -> Result<OpenTracingSkel<'static>>
         map.reuse_fd(shared).context(|| format!("sharing {name} with the tracing programs"))?;
     }
     open.progs.stack_clone.set_autoload(with_fexit);
+    let sock_tps = sock_length_tracepoints();
+    open.progs.cpu_sock_send.set_autoload(sock_tps);
+    open.progs.cpu_sock_recv.set_autoload(sock_tps);
     if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
         rodata.node_netns = current_netns()?;
+        rodata.sock_length_tps = u32::from(sock_tps);
     }
     Ok(open)
+}
+
+/// Whether the kernel has the sock_send_length and sock_recv_length tracepoints (6.3+), which
+/// tell read/write calls on IP sockets from file I/O.
+fn sock_length_tracepoints() -> bool {
+    ["sock_send_length", "sock_recv_length"].iter().all(|name| {
+        let name = std::ffi::CString::new(*name).expect("no NUL");
+        // SAFETY: a NUL-terminated name; libbpf only reads the kernel's BTF.
+        unsafe { libbpf_sys::libbpf_find_vmlinux_btf_id(name.as_ptr(), libbpf_sys::BPF_TRACE_RAW_TP) > 0 }
+    })
 }
 
 /// The inode of the calling thread's network namespace (the node's: where the classifier is).
@@ -104,6 +120,12 @@ impl Tracing {
             }
         };
         Ok(Tracing { skel, fexit, stack: Vec::new(), cpu: Vec::new() })
+    }
+
+    /// Whether read/write/sendfile on IP sockets count in the cpu group (the kernel has the
+    /// sock_send_length and sock_recv_length tracepoints); send and recv calls always do.
+    pub fn socket_io_counted(&self) -> bool {
+        self.skel.maps.rodata_data.as_deref().is_some_and(|r| r.sock_length_tps != 0)
     }
 
     /// Whether fexit could be used; else why not.
@@ -144,13 +166,17 @@ impl Tracing {
                 v
             }
             TraceGroup::Cpu => {
-                vec![
+                let mut v = vec![
                     &p.cpu_sys_enter,
                     &p.cpu_sys_exit,
                     &p.cpu_softirq_entry,
                     &p.cpu_softirq_exit,
                     &p.cpu_sched_switch,
-                ]
+                ];
+                if self.socket_io_counted() {
+                    v.extend([&p.cpu_sock_send, &p.cpu_sock_recv]);
+                }
+                v
             }
         };
         let links = progs

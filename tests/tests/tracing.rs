@@ -81,3 +81,57 @@ fn network_cpu_time_is_counted_while_on() {
     // Far below the wall time of the exchange: nothing counted twice or while asleep.
     assert!(syscall + softirq < 2_000_000_000, "{times:?}");
 }
+
+/// Moves 1 GiB with read(2)/write(2) only, in the pod: over a TCP connection to its own
+/// address (`target` = "socket"), or into a file on tmpfs ("file").
+const MOVE_GIB: &str = r#"
+import os, socket, sys, threading
+CHUNK, N = 1 << 16, 1 << 14
+buf = b"x" * CHUNK
+if sys.argv[1] == "file":
+    fd = os.open("/dev/shm/mirror-e2e-%d" % os.getpid(), os.O_CREAT | os.O_WRONLY)
+    for i in range(N):
+        if i % 256 == 0:
+            os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, buf)
+    os.close(fd)
+    os.unlink("/dev/shm/mirror-e2e-%d" % os.getpid())
+else:
+    srv = socket.create_server((sys.argv[2], 0))
+    c = socket.create_connection(srv.getsockname())
+    s, _ = srv.accept()
+    def drain():
+        left = CHUNK * N
+        while left:
+            left -= len(os.read(s.fileno(), 1 << 20))
+    t = threading.Thread(target=drain)
+    t.start()
+    for _ in range(N):
+        view = memoryview(buf)
+        while view:
+            view = view[os.write(c.fileno(), view):]
+    t.join()
+"#;
+
+#[test]
+fn read_and_write_count_on_ip_sockets_and_not_on_files() {
+    if !require_root() {
+        return;
+    }
+    let (bed, tracing) = bed_with(TraceGroup::Cpu);
+    let syscall_ns = || tracing.cpu_times().unwrap().iter().map(|c| c.syscall_ns).sum::<u64>();
+    let pod = bed.pod("client");
+    let script = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(script.path(), MOVE_GIB).unwrap();
+    let run = |args: &str| {
+        let before = syscall_ns();
+        pod.ns.sh(&format!("python3 {} {args}", script.path().display()));
+        syscall_ns() - before
+    };
+    let file = run("file");
+    let socket = run(&format!("socket {}", pod.addr(false)));
+    // 1 GiB through TCP costs well over 100 ms of system time; the same written to a file
+    // must add next to nothing (other tests' few requests at most).
+    assert!(socket > 100_000_000, "socket {socket} ns, file {file} ns");
+    assert!(file * 10 < socket, "socket {socket} ns, file {file} ns");
+}

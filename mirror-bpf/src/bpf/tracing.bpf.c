@@ -134,9 +134,18 @@ struct {
     __type(value, struct net_cpu_time);
 } net_cpu_time SEC(".maps");
 
-/* A task inside a send/receive system call: when its clock (re)started, 0 while paused. */
+/*
+ * A task inside a system call that may be network work. Its CPU time accumulates while it
+ * runs (the clock pauses for softirqs and while switched out) and is charged at the exit if
+ * the call was on an IP socket: send and recv calls are known to be at entry; read/write and
+ * sendfile only once sock_sendmsg/sock_recvmsg report an IP socket (sock_send_length and
+ * sock_recv_length), so that file I/O is not counted.
+ */
 struct net_task {
-    __u64 start_ns;
+    __u64 start_ns; /* when the clock (re)started; 0 while paused */
+    __u64 ran_ns;   /* CPU time so far */
+    __u32 socket;   /* the call works on an IP socket */
+    __u32 _pad;
 };
 
 /* Key: thread id. Value: struct net_task. Only threads inside such a call have an entry. */
@@ -171,14 +180,13 @@ static __always_inline struct net_cpu_time *cpu_time(void)
     return bpf_map_lookup_elem(&net_cpu_time, &zero);
 }
 
-/* pause_task - stop the clock of thread @tid (if in a call), charging what ran. */
+/* pause_task - stop the clock of thread @tid (if in a call), keeping what ran. */
 static __always_inline void pause_task(__u32 tid, __u64 now)
 {
     struct net_task *t = bpf_map_lookup_elem(&net_tasks, &tid);
-    struct net_cpu_time *c = cpu_time();
 
-    if (t && t->start_ns && c && now >= t->start_ns) {
-        c->syscall_ns += now - t->start_ns;
+    if (t && t->start_ns && now >= t->start_ns) {
+        t->ran_ns += now - t->start_ns;
         t->start_ns = 0;
     }
 }
@@ -192,13 +200,23 @@ static __always_inline void resume_task(__u32 tid, __u64 now)
         t->start_ns = now;
 }
 
-/* The send/receive system calls, by architecture. */
+/*
+ * Set by user space before load: whether the kernel has the sock_send_length and
+ * sock_recv_length tracepoints (6.3+). Without them only the send and recv calls count.
+ */
+const volatile __u32 sock_length_tps = 0;
+
+/* The send/receive system calls (1), and read/write/readv/writev/sendfile (2), by architecture. */
 static __always_inline int net_syscall(long id)
 {
 #if defined(__TARGET_ARCH_x86)
-    return id == 44 || id == 45 || id == 46 || id == 47 || id == 299 || id == 307;
+    if (id == 44 || id == 45 || id == 46 || id == 47 || id == 299 || id == 307)
+        return 1;
+    return (id == 0 || id == 1 || id == 19 || id == 20 || id == 40) ? 2 : 0;
 #elif defined(__TARGET_ARCH_arm64)
-    return id == 206 || id == 207 || id == 211 || id == 212 || id == 243 || id == 269;
+    if (id == 206 || id == 207 || id == 211 || id == 212 || id == 243 || id == 269)
+        return 1;
+    return (id == 63 || id == 64 || id == 65 || id == 66 || id == 71) ? 2 : 0;
 #else
     return 0;
 #endif
@@ -207,10 +225,13 @@ static __always_inline int net_syscall(long id)
 SEC("raw_tp/sys_enter")
 int BPF_PROG(cpu_sys_enter, struct pt_regs *regs, long id)
 {
-    if (!net_syscall(id))
+    int kind = net_syscall(id);
+
+    if (!kind || (kind == 2 && !sock_length_tps))
         return 0;
     __u32 tid = (__u32)bpf_get_current_pid_tgid();
-    struct net_task t = {.start_ns = bpf_ktime_get_ns()};
+    /* With the tracepoints, every call waits for them: only IP sockets count. */
+    struct net_task t = {.start_ns = bpf_ktime_get_ns(), .socket = !sock_length_tps};
     bpf_map_update_elem(&net_tasks, &tid, &t, BPF_ANY);
     return 0;
 }
@@ -219,11 +240,43 @@ SEC("raw_tp/sys_exit")
 int BPF_PROG(cpu_sys_exit, struct pt_regs *regs, long ret)
 {
     __u32 tid = (__u32)bpf_get_current_pid_tgid();
+    struct net_task *t = bpf_map_lookup_elem(&net_tasks, &tid);
 
-    if (!bpf_map_lookup_elem(&net_tasks, &tid))
+    if (!t)
         return 0;
     pause_task(tid, bpf_ktime_get_ns());
+    struct net_cpu_time *c = cpu_time();
+    if (c && t->socket)
+        c->syscall_ns += t->ran_ns;
     bpf_map_delete_elem(&net_tasks, &tid);
+    return 0;
+}
+
+#define AF_INET 2
+#define AF_INET6 10
+
+/* The call in progress reached sock_sendmsg/sock_recvmsg: it counts if the socket is IP. */
+static __always_inline void confirm_socket(struct sock *sk)
+{
+    __u32 tid = (__u32)bpf_get_current_pid_tgid();
+    struct net_task *t = bpf_map_lookup_elem(&net_tasks, &tid);
+    __u16 family = sk ? sk->__sk_common.skc_family : 0;
+
+    if (t && (family == AF_INET || family == AF_INET6))
+        t->socket = 1;
+}
+
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(cpu_sock_send, struct sock *sk, int ret, int flags)
+{
+    confirm_socket(sk);
+    return 0;
+}
+
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(cpu_sock_recv, struct sock *sk, int ret, int flags)
+{
+    confirm_socket(sk);
     return 0;
 }
 
