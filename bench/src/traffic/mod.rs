@@ -71,7 +71,7 @@ impl Plan {
                 (Http { errors_pct: 100 }, vec![NO_AGENT, MIRROR, MIRRED, CLONE_TC]),
             ],
             veth_counts: vec![1, 100, 1000],
-            attach_reps: 3,
+            attach_reps: 2,
             profiles: Self::profiles(),
         }
     }
