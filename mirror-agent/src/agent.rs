@@ -41,6 +41,7 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
         state_path: cfg.state.path.clone(),
         initial_rules,
         groups: cfg.latency.groups(),
+        stack_sample: cfg.latency.stack_sample,
     })
     .await?;
 

@@ -219,11 +219,13 @@ pub struct Latency {
     pub stack: bool,
     /// Share of CPU time in the network stack (tracing programs).
     pub cpu: bool,
+    /// The stack group stamps 1 in this many packets (1: every packet).
+    pub stack_sample: u32,
 }
 
 impl Default for Latency {
     fn default() -> Self {
-        Self { http: true, handshake: true, stack: false, cpu: false }
+        Self { http: true, handshake: true, stack: false, cpu: false, stack_sample: 16 }
     }
 }
 
@@ -370,6 +372,9 @@ impl Config {
         }
         if self.flows.max < 64 || self.flows.marks_max < 64 {
             return Err(err("flows", "max and marks_max must be at least 64"));
+        }
+        if self.latency.stack_sample == 0 {
+            return Err(err("latency.stack_sample", "must be at least 1 (1: every packet)"));
         }
         for (i, r) in self.rules.iter().enumerate() {
             r.parse::<Rule>().map_err(|e| err(format!("rules[{i}]"), e.to_string()))?;

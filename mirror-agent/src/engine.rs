@@ -37,6 +37,8 @@ pub struct EngineConfig {
     pub initial_rules: Vec<Rule>,
     /// Measurement groups switched on or off at start (the others keep their defaults).
     pub groups: Vec<(Group, bool)>,
+    /// The stack group stamps 1 in this many packets.
+    pub stack_sample: u32,
 }
 
 /// What the engine reports about itself.
@@ -238,7 +240,10 @@ impl Worker {
         let events = dp.events(move |e| {
             let _ = event_tx.send(e);
         })?;
-        let tracing = Tracing::load(&dp).map_err(|e| e.to_string());
+        let mut tracing = Tracing::load(&dp).map_err(|e| e.to_string());
+        if let Ok(t) = &mut tracing {
+            t.set_stack_sampling(cfg.stack_sample);
+        }
         match &tracing {
             Ok(t) if !t.socket_io_counted() => tracing::info!(
                 "cpu group: no sock_send_length/sock_recv_length tracepoints (kernel before 6.3): \
@@ -616,10 +621,13 @@ impl Worker {
             mirror_ifindex: self.dp.settings()?.mirror_ifindex,
             net_cpu: self.net_cpu.clone(),
             tracing: match &self.tracing {
-                Ok(t) => match t.fexit() {
-                    Ok(()) => "fexit + tp_btf".into(),
-                    Err(why) => format!("tp_btf (fexit refused: {why})"),
-                },
+                Ok(t) => {
+                    let how = match t.fexit() {
+                        Ok(()) => "fexit + tp_btf".into(),
+                        Err(why) => format!("tp_btf (fexit refused: {why})"),
+                    };
+                    format!("{how}; stack group samples 1 in {} packets", t.stack_sampling())
+                }
                 Err(why) => format!("unavailable: {why}"),
             },
         })

@@ -122,6 +122,19 @@ impl Tracing {
         Ok(Tracing { skel, fexit, stack: Vec::new(), cpu: Vec::new() })
     }
 
+    /// Stamps 1 in `every` packets received in the node for the stack group (0 or 1: every
+    /// packet): the per-stage histograms then count that share of the packets.
+    pub fn set_stack_sampling(&mut self, every: u32) {
+        if let Some(data) = self.skel.maps.data_data.as_deref_mut() {
+            data.stack_sample_every = every.max(1);
+        }
+    }
+
+    /// The stack group's sampling: 1 in how many packets.
+    pub fn stack_sampling(&self) -> u32 {
+        self.skel.maps.data_data.as_deref().map_or(1, |d| d.stack_sample_every.max(1))
+    }
+
     /// Whether read/write/sendfile on IP sockets count in the cpu group (the kernel has the
     /// sock_send_length and sock_recv_length tracepoints); send and recv calls always do.
     pub fn socket_io_counted(&self) -> bool {

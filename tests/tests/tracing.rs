@@ -48,6 +48,17 @@ fn stack_stages_are_present_and_ordered_for_pod_to_pod_packets() {
     let sum = (a + b).as_nanos() as i128;
     assert!((sum - t.as_nanos() as i128).abs() * 10 <= t.as_nanos() as i128 + 1000, "{a:?} + {b:?} vs {t:?}");
 
+    // 1 in 4: the same exchange gives about a quarter of the samples.
+    tracing.set_stack_sampling(4);
+    assert!(client::get_keepalive(&bed.pod("client").ns, &urls).iter().all(|s| *s == 200));
+    let sampled = bed.histogram(HistKind::StackXmit, None).unwrap().count - total.count;
+    assert!(
+        sampled * 8 >= total.count && sampled * 2 <= total.count,
+        "{sampled} sampled of about {} packets",
+        total.count
+    );
+    let total = bed.histogram(HistKind::StackXmit, None).unwrap();
+
     // Off: no more samples.
     tracing.set(&mut bed.dp, TraceGroup::Stack, false).unwrap();
     client::get_keepalive(&bed.pod("client").ns, &urls[..5]);
