@@ -143,41 +143,29 @@ fn rules_growth(r: &Results, lo: &str, hi: &str) -> Option<f64> {
 /// Every bar whose cells were measured.
 pub fn bars(r: &Results) -> Vec<Bar> {
     let mut out = Vec::new();
-    let mut min_bar = |what: &str, v: Option<f64>, min: f64| {
-        if let Some(v) = v {
+    let throughput_bars: [(&str, Load, &str, f64); 6] = [
+        ("iperf3 pod→pod throughput, agent passing (c)/(a)", Load::IperfPodToPod, "c", PASS_MIN_THROUGHPUT),
+        ("iperf3 node→pod throughput, agent passing (c)/(a)", Load::IperfNodeToPod, "c", PASS_MIN_THROUGHPUT),
+        ("HTTP throughput at 0% errors, agent passing (c)/(a)", HTTP_0, "c", PASS_MIN_THROUGHPUT),
+        ("HTTP throughput at 100% errors, every flow mirrored (d)/(a)", HTTP_100, "d", MIRROR_MIN_THROUGHPUT),
+        (
+            "iperf3 pod→pod throughput, kernel stack latency group on (hs)/(a)",
+            Load::IperfPodToPod,
+            "hs",
+            STACK_MIN_THROUGHPUT,
+        ),
+        (
+            "HTTP throughput at 0% errors, kernel stack latency group on (hs)/(a)",
+            HTTP_0,
+            "hs",
+            STACK_MIN_THROUGHPUT,
+        ),
+    ];
+    for (what, load, key, min) in throughput_bars {
+        if let Some(v) = thr_ratio(r, load, key) {
             out.push(Bar { what: format!("{what}: {v:.3} (bar: at least {min})"), pass: v >= min });
         }
-    };
-    min_bar(
-        "iperf3 pod→pod throughput, agent passing (c)/(a)",
-        thr_ratio(r, Load::IperfPodToPod, "c"),
-        PASS_MIN_THROUGHPUT,
-    );
-    min_bar(
-        "iperf3 node→pod throughput, agent passing (c)/(a)",
-        thr_ratio(r, Load::IperfNodeToPod, "c"),
-        PASS_MIN_THROUGHPUT,
-    );
-    min_bar(
-        "HTTP throughput at 0% errors, agent passing (c)/(a)",
-        thr_ratio(r, HTTP_0, "c"),
-        PASS_MIN_THROUGHPUT,
-    );
-    min_bar(
-        "HTTP throughput at 100% errors, every flow mirrored (d)/(a)",
-        thr_ratio(r, HTTP_100, "d"),
-        MIRROR_MIN_THROUGHPUT,
-    );
-    min_bar(
-        "iperf3 pod→pod throughput, kernel stack latency group on (hs)/(a)",
-        thr_ratio(r, Load::IperfPodToPod, "hs"),
-        STACK_MIN_THROUGHPUT,
-    );
-    min_bar(
-        "HTTP throughput at 0% errors, kernel stack latency group on (hs)/(a)",
-        thr_ratio(r, HTTP_0, "hs"),
-        STACK_MIN_THROUGHPUT,
-    );
+    }
     let mut max_bar = |what: &str, v: Option<f64>, max: f64| {
         if let Some(v) = v {
             out.push(Bar { what: format!("{what}: {v:.3} (bar: at most {max})"), pass: v <= max });
