@@ -157,15 +157,28 @@ int tcx_egress_mirror(struct __sk_buff *skb)
 /*
  * Classic cls_bpf (not direct action) carrying "action mirred egress mirror": a match makes
  * the action copy the packet. The action's control is "continue", so later filters still run.
+ * The verdict is set in mirred_verdict by mirror_copy (see maps.h).
  */
+static __always_inline int mirred(struct __sk_buff *skb, enum hook_kind hook)
+{
+    __u32 zero = 0;
+    __u32 *verdict = bpf_map_lookup_elem(&mirred_verdict, &zero);
+
+    if (!verdict)
+        return CLS_NO_MATCH;
+    *verdict = 0;
+    classify(skb, hook, MIRROR_MIRRED);
+    return *verdict ? CLS_MATCH : CLS_NO_MATCH;
+}
+
 SEC("tc")
 int tc_ingress_mirred(struct __sk_buff *skb)
 {
-    return classify(skb, HOOK_INGRESS, MIRROR_MIRRED) ? CLS_MATCH : CLS_NO_MATCH;
+    return mirred(skb, HOOK_INGRESS);
 }
 
 SEC("tc")
 int tc_egress_mirred(struct __sk_buff *skb)
 {
-    return classify(skb, HOOK_EGRESS, MIRROR_MIRRED) ? CLS_MATCH : CLS_NO_MATCH;
+    return mirred(skb, HOOK_EGRESS);
 }

@@ -93,6 +93,19 @@ struct {
 } stats SEC(".maps");
 
 
+/*
+ * Key: 0. Value: 1 when this run's packet is to be copied by act_mirred (mirred method), per
+ * CPU: a tc run is never interrupted by another on its CPU. The verdict goes through memory
+ * rather than the return value so that the verifier need not keep apart every path by what
+ * it returns (that doubled the instructions it walks, to 850k of its 1M budget).
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, __u32);
+} mirred_verdict SEC(".maps");
+
 /* Key: 0. Value: struct settings. */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);

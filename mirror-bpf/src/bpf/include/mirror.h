@@ -113,6 +113,12 @@ static __always_inline int mirror_copy(struct __sk_buff *skb, enum mirror_method
             cnt->v[STAT_MIRROR_ERRORS]++;
             return 0;
         }
+    } else {
+        __u32 zero = 0;
+        __u32 *verdict = bpf_map_lookup_elem(&mirred_verdict, &zero);
+
+        if (verdict)
+            *verdict = 1;
     }
     cnt->v[STAT_MIRRORED_PACKETS]++;
     cnt->v[STAT_MIRRORED_BYTES] += len;
