@@ -138,7 +138,7 @@ impl Tracing {
     /// Whether read/write/sendfile on IP sockets count in the cpu group (the kernel has the
     /// sock_send_length and sock_recv_length tracepoints); send and recv calls always do.
     pub fn socket_io_counted(&self) -> bool {
-        self.skel.maps.rodata_data.as_deref().is_some_and(|r| r.sock_length_tps != 0)
+        self.skel.maps.rodata_data.is_some_and(|r| r.sock_length_tps != 0)
     }
 
     /// Whether fexit could be used; else why not.
