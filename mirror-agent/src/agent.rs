@@ -28,9 +28,23 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     let mut int = signal(SignalKind::interrupt())?;
     let initial_rules: Vec<Rule> = cfg.rules.iter().map(|r| r.parse()).collect::<Result<_, _>>()?;
     crate::bpffs::ensure(&cfg.bpf.pin_path)?;
+    // Flow values are per possible CPU: `auto` keeps the table's memory bounded on big nodes.
+    let cpus = mirror_bpf::possible_cpus()?;
+    let flow_bytes = std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32;
+    let flows_max = cfg.flows.max.resolve(cpus, flow_bytes);
+    tracing::info!(
+        flows = flows_max,
+        cpus,
+        mib = format!(
+            "{:.1}",
+            f64::from(flows_max) * f64::from(flow_bytes) * f64::from(cpus) / f64::from(1 << 20)
+        ),
+        auto = cfg.flows.max == crate::config::FlowsMax::Auto,
+        "flow table size (values per CPU)"
+    );
     let engine = Engine::start(EngineConfig {
         datapath: DatapathOptions {
-            flows_max: cfg.flows.max,
+            flows_max,
             marks_max: cfg.flows.marks_max,
             pin_path: Some(cfg.bpf.pin_path.clone()),
             only: Some((cfg.attach.mode.into(), cfg.mirror.method.into())),

@@ -190,19 +190,77 @@ impl Default for State {
     }
 }
 
+/// The size of the per-CPU flow table: a number of flows, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FlowsMax {
+    /// As many flows as fit in [`FlowsMax::AUTO_BUDGET`] on this node's CPUs, within
+    /// [`FlowsMax::AUTO_MIN`]..=[`FlowsMax::AUTO_MAX`], a power of two.
+    #[default]
+    Auto,
+    /// That many flows.
+    Fixed(u32),
+}
+
+impl FlowsMax {
+    /// Bytes the flow table may take with `auto` (its values are per CPU).
+    pub const AUTO_BUDGET: u64 = 64 << 20;
+    pub const AUTO_MIN: u32 = 4096;
+    pub const AUTO_MAX: u32 = 65_536;
+
+    /// The number of flows, for `cpus` possible CPUs and `value_bytes` per flow and CPU.
+    pub fn resolve(self, cpus: u32, value_bytes: u32) -> u32 {
+        match self {
+            FlowsMax::Fixed(n) => n,
+            FlowsMax::Auto => {
+                let fit = Self::AUTO_BUDGET / (u64::from(cpus.max(1)) * u64::from(value_bytes.max(1)));
+                let fit = fit.clamp(u64::from(Self::AUTO_MIN), u64::from(Self::AUTO_MAX)) as u32;
+                // The largest power of two not above it (both bounds are powers of two).
+                1 << (31 - fit.leading_zeros())
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FlowsMax {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = FlowsMax;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number of flows or `auto`")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<FlowsMax, E> {
+                u32::try_from(n).map(FlowsMax::Fixed).map_err(|_| E::custom(format!("{n} flows: too many")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<FlowsMax, E> {
+                u64::try_from(n)
+                    .map_err(|_| E::custom(format!("{n}: must be positive")))
+                    .and_then(|n| self.visit_u64(n))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<FlowsMax, E> {
+                match s {
+                    "auto" => Ok(FlowsMax::Auto),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(s), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// `flows:` section.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Flows {
     /// Flows in the flow table.
-    pub max: u32,
+    pub max: FlowsMax,
     /// Flows marked for mirroring at once.
     pub marks_max: u32,
 }
 
 impl Default for Flows {
     fn default() -> Self {
-        Self { max: 65_536, marks_max: 16_384 }
+        Self { max: FlowsMax::Auto, marks_max: 16_384 }
     }
 }
 
@@ -370,7 +428,7 @@ impl Config {
                 return Err(err(key, format!("'{}' must be an absolute path", p.display())));
             }
         }
-        if self.flows.max < 64 || self.flows.marks_max < 64 {
+        if matches!(self.flows.max, FlowsMax::Fixed(n) if n < 64) || self.flows.marks_max < 64 {
             return Err(err("flows", "max and marks_max must be at least 64"));
         }
         if self.latency.stack_sample == 0 {
@@ -396,6 +454,19 @@ mod tests {
     }
 
     #[test]
+    fn flows_max_auto_fits_the_budget() {
+        let parse = |t: &str| Config::parse(t).unwrap().flows.max;
+        assert_eq!(parse("flows:\n  max: auto\n"), FlowsMax::Auto);
+        assert_eq!(parse("flows:\n  max: 1000\n"), FlowsMax::Fixed(1000));
+        assert_eq!(FlowsMax::Fixed(1000).resolve(64, 112), 1000);
+        // 64 MiB / (112 B x CPUs), a power of two within 4096..=65536.
+        assert_eq!(FlowsMax::Auto.resolve(2, 112), 65_536);
+        assert_eq!(FlowsMax::Auto.resolve(16, 112), 32_768);
+        assert_eq!(FlowsMax::Auto.resolve(64, 112), 8192);
+        assert_eq!(FlowsMax::Auto.resolve(1024, 112), 4096);
+    }
+
+    #[test]
     fn empty_is_default() {
         assert_eq!(Config::parse("").unwrap(), Config::default());
         assert_eq!(Config::parse("{}").unwrap(), Config::default());
@@ -407,7 +478,9 @@ mod tests {
             ("mirror:\n  create: tun\n", "mirror.create", "unknown variant"),
             ("mirror:\n  interfce: m0\n", "mirror.interfce", "unknown field `interfce`"),
             ("colour: red\n", "colour", "unknown field `colour`"),
-            ("flows:\n  max: lots\n", "flows.max", "invalid"),
+            ("flows:\n  max: lots\n", "flows.max", "a number of flows or `auto`"),
+            ("flows:\n  max: -5\n", "flows.max", "must be positive"),
+            ("flows:\n  max: 10\n", "flows", "at least 64"),
             ("rules: [\"status=500\", \"status=999\"]\n", "rules[1]", "outside"),
             ("metrics:\n  listen: here\n", "metrics.listen", "here"),
             ("interfaces:\n  include: [\"veth[\"]\n", "interfaces.include[0]", "bad glob"),

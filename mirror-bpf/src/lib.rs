@@ -96,3 +96,8 @@ pub(crate) fn read_plain<T: plain::Plain + Default>(b: &[u8]) -> T {
     plain::copy_from_bytes(&mut v, b).expect("map value has the size of its BTF type");
     v
 }
+
+/// CPUs the kernel may bring up: per-CPU maps hold a value for each.
+pub fn possible_cpus() -> std::io::Result<u32> {
+    libbpf_rs::num_possible_cpus().map(|n| n as u32).map_err(|e| std::io::Error::other(e.to_string()))
+}
