@@ -6,10 +6,11 @@ set -euo pipefail
 
 PACKAGES=(
     build-essential pkg-config clang llvm libelf-dev zlib1g-dev   # libbpf + BPF C
+    ca-certificates                                                # https for rustup
     iproute2 ethtool bpftool                                       # links, tc, netns, BPF
     tcpdump tshark                                                 # captures on the mirror
     curl nginx-light python3 iperf3 wrk sockperf                   # servers, clients, load
-    procps psmisc                                                  # ps, sysctl, killall
+    procps psmisc util-linux coreutils git                         # sysctl, taskset, nsenter, timeout
 )
 
 missing=()
@@ -26,8 +27,8 @@ if ((${#missing[@]})); then
 fi
 
 if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
-    echo "Rust is missing: install it with rustup (https://rustup.rs), then run this again" >&2
-    exit 1
+    echo "installing Rust (rustup, stable, minimal profile)"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy
 fi
 
 # The kernel must expose BTF for CO-RE.

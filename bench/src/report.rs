@@ -142,6 +142,12 @@ pub fn render(h: &Header<'_>, rows: &[Row], checks: &[Check]) -> String {
             r.ratio
         );
     }
+    write_bars(&mut s, checks);
+    s
+}
+
+/// The "Bars" section of a report: each check, PASS or MISSED, and the tally.
+pub fn write_bars(s: &mut String, checks: &[Check]) {
     let _ = writeln!(s, "\n## Bars\n");
     let _ =
         writeln!(s, "Benchmark bars, not tests: a miss is reported here and the benchmark still succeeds.\n");
@@ -156,7 +162,6 @@ pub fn render(h: &Header<'_>, rows: &[Row], checks: &[Check]) -> String {
         checks.len(),
         if missed > 0 { "; MISSED bars above" } else { "" }
     );
-    s
 }
 
 /// "1 rule", "10,000 rules".

@@ -241,25 +241,25 @@ impl Worker {
             let _ = event_tx.send(e);
         })?;
         let mut tracing = Tracing::load(&dp).map_err(|e| e.to_string());
-        if let Ok(t) = &mut tracing {
-            t.set_stack_sampling(cfg.stack_sample);
-        }
-        match &tracing {
-            Ok(t) if !t.socket_io_counted() => tracing::info!(
-                "cpu group: no sock_send_length/sock_recv_length tracepoints (kernel before 6.3): \
-                 read/write/sendfile on sockets are not counted, send and recv calls are"
-            ),
-            _ => {}
-        }
-        match &tracing {
-            Ok(t) => match t.fexit() {
-                Ok(()) => {
-                    tracing::info!("tracing programs: fexit available (clones inherit stamps) + tp_btf")
+        match &mut tracing {
+            Ok(t) => {
+                t.set_stack_sampling(cfg.stack_sample);
+                match t.fexit() {
+                    Ok(()) => {
+                        tracing::info!("tracing programs: fexit available (clones inherit stamps) + tp_btf")
+                    }
+                    Err(why) => tracing::info!(
+                        fexit = %why,
+                        "tracing programs: fexit refused; tp_btf and raw tracepoints only"
+                    ),
                 }
-                Err(why) => {
-                    tracing::info!(fexit = %why, "tracing programs: fexit refused; tp_btf and raw tracepoints only")
+                if !t.socket_io_counted() {
+                    tracing::info!(
+                        "cpu group: no sock_send_length/sock_recv_length tracepoints (kernel before 6.3): \
+                         read/write/sendfile on sockets are not counted, send and recv calls are"
+                    );
                 }
-            },
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "tracing programs unavailable: the stack and cpu groups cannot be switched on")
             }

@@ -31,6 +31,9 @@ fn only_the_programs_of_the_resolved_mode_are_loaded_and_attach() {
         assert!(err.contains("only the programs for"), "{mode:?}/{method:?}: {err}");
     }
     assert!(!testing::sh("tc filter show dev ob ingress").contains("bpf"));
+    if tcx_supported() {
+        assert_eq!(mirror_bpf::attach::tcx_prog_ids(ob, false).unwrap(), Vec::<u32>::new());
+    }
     dp.detach(att).unwrap();
 
     // The mirred method always means tc mode (its action needs the mirror interface).

@@ -7,7 +7,7 @@ use std::fmt::Write;
 use super::loads::{Latency, Load};
 use super::{AttachRun, Cell, Plan, Profile, Results};
 use crate::host::Host;
-use crate::report::fmt_count;
+use crate::report::{fmt_count, write_bars, Check};
 use crate::stats::{median, Summary};
 
 /// Throughput of the agent passing traffic, relative to no agent.
@@ -92,13 +92,6 @@ impl Stats {
     }
 }
 
-/// A bar applied to a measured value.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Bar {
-    pub what: String,
-    pub pass: bool,
-}
-
 /// The cell of `load` under configuration `key`, with its load's baseline.
 fn find<'a>(r: &'a Results, load: Load, key: &str) -> Option<(&'a Cell, &'a Cell)> {
     let cell = r.cells.iter().find(|c| c.load == load && c.config.key == key)?;
@@ -141,7 +134,7 @@ fn rules_growth(r: &Results, lo: &str, hi: &str) -> Option<f64> {
 }
 
 /// Every bar whose cells were measured.
-pub fn bars(r: &Results) -> Vec<Bar> {
+pub fn bars(r: &Results) -> Vec<Check> {
     let mut out = Vec::new();
     let throughput_bars: [(&str, Load, &str, f64); 6] = [
         ("iperf3 pod→pod throughput, agent passing (c)/(a)", Load::IperfPodToPod, "c", PASS_MIN_THROUGHPUT),
@@ -163,12 +156,12 @@ pub fn bars(r: &Results) -> Vec<Bar> {
     ];
     for (what, load, key, min) in throughput_bars {
         if let Some(v) = thr_ratio(r, load, key) {
-            out.push(Bar { what: format!("{what}: {v:.3} (bar: at least {min})"), pass: v >= min });
+            out.push(Check { what: format!("{what}: {v:.3} (bar: at least {min})"), pass: v >= min });
         }
     }
     let mut max_bar = |what: &str, v: Option<f64>, max: f64| {
         if let Some(v) = v {
-            out.push(Bar { what: format!("{what}: {v:.3} (bar: at most {max})"), pass: v <= max });
+            out.push(Check { what: format!("{what}: {v:.3} (bar: at most {max})"), pass: v <= max });
         }
     };
     max_bar("sockperf p50 latency, agent passing (c)/(a)", p50_ratio(r, Load::Sockperf, "c"), PASS_MAX_P50);
@@ -177,7 +170,7 @@ pub fn bars(r: &Results) -> Vec<Bar> {
     if let (Some(lo), Some(hi)) = (rules.first(), rules.last()) {
         if lo.0 != hi.0 {
             if let Some(g) = rules_growth(r, lo.1, hi.1) {
-                out.push(Bar {
+                out.push(Check {
                     what: format!(
                         "HTTP cost per request with {} rules vs {}: {:+.1}% (paired per round; bar: within {:.0}%)",
                         fmt_count(hi.0),
@@ -250,21 +243,7 @@ pub fn render(meta: &Meta<'_>, r: &Results) -> String {
         }
         let _ = writeln!(s);
     }
-    let bars = bars(r);
-    let _ = writeln!(s, "\n## Bars\n");
-    let _ =
-        writeln!(s, "Benchmark bars, not tests: a miss is reported here and the benchmark still succeeds.\n");
-    for b in &bars {
-        let _ = writeln!(s, "- {}: {}", if b.pass { "PASS" } else { "MISSED" }, b.what);
-    }
-    let missed = bars.iter().filter(|b| !b.pass).count();
-    let _ = writeln!(
-        s,
-        "\n{} of {} bars passed{}",
-        bars.len() - missed,
-        bars.len(),
-        if missed > 0 { "; MISSED bars above" } else { "" }
-    );
+    write_bars(&mut s, &bars(r));
     s
 }
 
@@ -418,14 +397,34 @@ fn summary_table(s: &mut String, r: &Results) {
     }
 }
 
+/// Left- and right-aligned table columns.
+const L: &str = "---";
+const R: &str = "---:";
+
+/// Opens a table section: its heading, what it shows (skipped when empty), and the header row
+/// of (alignment, name) columns.
+fn table_head(s: &mut String, title: &str, intro: &str, columns: &[(&str, &str)]) {
+    let _ = writeln!(s, "### {title}\n");
+    if !intro.is_empty() {
+        let _ = writeln!(s, "{intro}\n");
+    }
+    let names: Vec<&str> = columns.iter().map(|c| c.1).collect();
+    let aligns: Vec<&str> = columns.iter().map(|c| c.0).collect();
+    let _ = writeln!(s, "| {} |", names.join(" | "));
+    let _ = writeln!(s, "|{}|", aligns.join("|"));
+}
+
 fn rules_table(s: &mut String, r: &Results) {
     let rules = rule_cells(r);
     if rules.len() < 2 {
         return;
     }
-    let _ = writeln!(s, "### Rules (HTTP at 0% errors: every response's status is looked up)\n");
-    let _ = writeln!(s, "| rules | requests/s | ratio to (a) | cost per request vs 1 rule (paired) |");
-    let _ = writeln!(s, "|---:|---:|---:|---:|");
+    table_head(
+        s,
+        "Rules (HTTP at 0% errors: every response's status is looked up)",
+        "",
+        &[(R, "rules"), (R, "requests/s"), (R, "ratio to (a)"), (R, "cost per request vs 1 rule (paired)")],
+    );
     for (n, key) in &rules {
         let Some(st) = stats(r, HTTP_0, key) else { continue };
         let g = rules_growth(r, rules[0].1, key).map_or("-".into(), |g| format!("{:+.1}%", g * 100.0));
@@ -445,15 +444,13 @@ fn starts_table(s: &mut String, starts: &[(super::Config, Vec<f64>)]) {
     if starts.is_empty() {
         return;
     }
-    let _ = writeln!(s, "### Agent start\n");
-    let _ = writeln!(
+    table_head(
         s,
+        "Agent start",
         "From starting `mirror-agent` to both pod veths attached. The first start of a \
-         configuration adds its initial rules (the agent rewrites its state file after each); \
-         later starts restore them from that file.\n"
+         configuration adds its initial rules; later starts restore them from its state file.",
+        &[(L, "config"), (R, "first start (s)"), (R, "later starts, median (min-max) (s)")],
     );
-    let _ = writeln!(s, "| config | first start (s) | later starts, median (min-max) (s) |");
-    let _ = writeln!(s, "|---|---:|---:|");
     for (cfg, times) in starts {
         let later = match times.get(1..) {
             Some(t) if !t.is_empty() => {
@@ -471,20 +468,27 @@ fn attach_table(s: &mut String, runs: &[AttachRun]) {
     if runs.is_empty() {
         return;
     }
-    let _ = writeln!(s, "### Attaching\n");
-    let _ = writeln!(
+    table_head(
         s,
+        "Attaching",
         "Medians over repetitions. Links created: how long `ip -batch` took to create the veths \
          while the agent attached (another tool's link changes wait for the kernel's RTNL lock, \
          which a TCX attach holds through an RCU grace period per hook). Attach latency is the \
          agent's own (link event to classifier attached); RSS before the links appear → once \
-         all are attached; CPU: the agent's utime+stime while attaching.\n"
+         all are attached; CPU: the agent's utime+stime while attaching.",
+        &[
+            (R, "veths"),
+            (L, "mode"),
+            (R, "links created (s)"),
+            (R, "all attached (s)"),
+            (R, "attach p50 / p99 / max (ms)"),
+            (R, "RSS (MB)"),
+            (R, "peak RSS (MB)"),
+            (R, "CPU (s)"),
+            (R, "all deleted links forgotten (s)"),
+            (R, "repetitions"),
+        ],
     );
-    let _ = writeln!(
-        s,
-        "| veths | mode | links created (s) | all attached (s) | attach p50 / p99 / max (ms) | RSS (MB) | peak RSS (MB) | CPU (s) | all deleted links forgotten (s) | repetitions |"
-    );
-    let _ = writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut keys: Vec<(usize, &str)> = runs.iter().map(|r| (r.veths, r.mode)).collect();
     keys.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(a.1)));
     keys.dedup();
@@ -516,16 +520,23 @@ fn profile_table(s: &mut String, profiles: &[Profile]) {
     if profiles.is_empty() {
         return;
     }
-    let _ = writeln!(s, "### The agent's programs' run time under load (kernel BPF accounting)\n");
-    let _ = writeln!(
+    table_head(
         s,
+        "The agent's programs' run time under load (kernel BPF accounting)",
         "ns/run includes the accounting itself (two clock reads per run). CPU: run time per second \
          of the load, in ms (1,000 = one CPU). Per packet: the program's run time divided by the \
          packets delivered to the pods (the classifier's egress runs): what each hook adds to a \
-         packet.\n"
+         packet.",
+        &[
+            (L, "load"),
+            (L, "config"),
+            (L, "program"),
+            (R, "runs"),
+            (R, "ns/run"),
+            (R, "CPU ms/s"),
+            (R, "ns per packet"),
+        ],
     );
-    let _ = writeln!(s, "| load | config | program | runs | ns/run | CPU ms/s | ns per packet |");
-    let _ = writeln!(s, "|---|---|---|---:|---:|---:|---:|");
     for p in profiles {
         let packets =
             p.progs.iter().filter(|r| r.name.contains("egress")).map(|r| r.run_cnt).max().unwrap_or(0);
