@@ -41,6 +41,12 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The command that ran this benchmark, for the report: every argument as given.
+fn command_line() -> String {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    format!("cargo run --release -p mirror-bench -- {}", args.join(" "))
+}
+
 fn run_datapath(quick: bool, out: Option<&Path>) -> Result<()> {
     if !mirror_bpf::testing::require_root() {
         anyhow::bail!("the data-path benchmark needs root (BPF_PROG_TEST_RUN, network namespaces)");
@@ -51,13 +57,7 @@ fn run_datapath(quick: bool, out: Option<&Path>) -> Result<()> {
     let cpu = host.cores.saturating_sub(1);
     let rows = datapath::run(plan, cpu)?;
     let checks = report::checks(&rows);
-    let mut command = String::from("cargo run --release -p mirror-bench -- datapath");
-    if quick {
-        command.push_str(" --quick");
-    }
-    if let Some(out) = out {
-        command.push_str(&format!(" --out {}", out.display()));
-    }
+    let command = command_line();
     let header = report::Header {
         title: "Data-path micro-benchmark",
         host: &host,
@@ -112,6 +112,7 @@ fn publish(text: &str, out: Option<&Path>) -> Result<()> {
 /// The full run waits for the 1-minute load average to stay below this for 30 s, at most
 /// 10 minutes: other builds on a shared machine would be measured too.
 const QUIET_LOAD: f64 = 0.7;
+const QUIET_HOLD: Duration = Duration::from_secs(30);
 
 fn run_traffic(args: &cli::TrafficArgs) -> Result<()> {
     if !mirror_bpf::testing::require_root() {
@@ -122,7 +123,7 @@ fn run_traffic(args: &cli::TrafficArgs) -> Result<()> {
     let cores = Host::probe().cores.max(1);
     // On this kind of VM a wakeup across CPUs costs tens of µs and iperf3 retransmits across
     // them, so by default client and server share the last CPU (the first takes most
-    // interrupts) and the agent and tcpdump have the other.
+    // interrupts); the agent gets the first CPU the loads do not use, tcpdump is unpinned.
     let (client, server) = args.cpus.unwrap_or((cores - 1, cores - 1));
     anyhow::ensure!(client < cores && server < cores, "--cpus: this machine has {cores} CPUs");
     let agent = (0..cores).find(|c| *c != client && *c != server);
@@ -131,32 +132,28 @@ fn run_traffic(args: &cli::TrafficArgs) -> Result<()> {
     // Now, when the agent was built: others may commit while the benchmark runs.
     let source = source();
     let quiet = (!args.quick && !args.no_wait)
-        .then(|| traffic::wait_quiet(QUIET_LOAD, Duration::from_secs(30), Duration::from_secs(600)));
+        .then(|| traffic::wait_quiet(QUIET_LOAD, QUIET_HOLD, Duration::from_secs(600)));
     let load_start = traffic::loadavg();
     let host = Host::probe();
     let results = traffic::run(&plan, &bins.bins, pins)?;
     let load_end = traffic::loadavg();
 
-    let mut command = String::from("cargo run --release -p mirror-bench -- traffic");
-    if args.quick {
-        command.push_str(" --quick");
-    }
-    if let Some((c, s)) = args.cpus {
-        command.push_str(&format!(" --cpus {c},{s}"));
-    }
-    if args.no_wait {
-        command.push_str(" --no-wait");
-    }
-    if let Some(out) = &args.out {
-        command.push_str(&format!(" --out {}", out.display()));
-    }
+    let command = command_line();
     let quiet_text = match quiet {
         None => "not waited for".to_string(),
         Some(q) if q.reached => {
-            format!("below {QUIET_LOAD} for 30 s after waiting {:.0} s", q.waited.as_secs_f64())
+            format!(
+                "below {QUIET_LOAD} for {} s after waiting {:.0} s",
+                QUIET_HOLD.as_secs(),
+                q.waited.as_secs_f64()
+            )
         }
         Some(q) => {
-            format!("not below {QUIET_LOAD} for 30 s within {:.0} s: started anyway", q.waited.as_secs_f64())
+            format!(
+                "not below {QUIET_LOAD} for {} s within {:.0} s: started anyway",
+                QUIET_HOLD.as_secs(),
+                q.waited.as_secs_f64()
+            )
         }
     };
     let meta = traffic::report::Meta {

@@ -58,25 +58,25 @@ pub enum Timing {
 
 impl Timing {
     /// The `latency:` section of the agent's configuration.
-    fn yaml(self) -> &'static str {
-        match self {
-            Timing::Default => "latency:\n  http: true\n  handshake: true\n  stack: false\n  cpu: false\n",
-            Timing::Off => "latency:\n  http: false\n  handshake: false\n  stack: false\n  cpu: false\n",
-            Timing::Stack => "latency:\n  http: true\n  handshake: true\n  stack: true\n  cpu: false\n",
-            Timing::Cpu => "latency:\n  http: true\n  handshake: true\n  stack: false\n  cpu: true\n",
-        }
+    fn yaml(self) -> String {
+        let timed = self != Timing::Off;
+        format!(
+            "latency:\n  http: {timed}\n  handshake: {timed}\n  stack: {}\n  cpu: {}\n",
+            self == Timing::Stack,
+            self == Timing::Cpu
+        )
     }
 }
 
 /// Mirrors a flow from its first 500 on, for as long as it lasts.
 pub const MIRROR_RULE: &str = "status=500 packets=0 bytes=0 duration=0";
-/// Rules beyond the first are scoped to ports from here on; the services use other ports.
+/// Rules beyond the first are scoped to the ports after this one, never the HTTP service's.
 pub const FIRST_RULE_PORT: u32 = 1000;
 
 impl Rules {
     /// The rule texts: for `Pass(n)`, the global `status=599` (no server here answers it) and
-    /// n-1 rules `port=P status=500` on ports no service uses, the same shape as the
-    /// data-path benchmark's.
+    /// n-1 rules `port=P status=500` on ports 1001.. (not the HTTP port: no response matches
+    /// them, but each response's status is looked up among them).
     pub fn texts(self) -> Vec<String> {
         match self {
             Rules::Mirror => vec![MIRROR_RULE.into()],

@@ -17,8 +17,8 @@ use super::footprint::Footprint;
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttachRun {
     pub veths: usize,
-    /// The attach mode: "tcx" or "tc".
-    pub mode: &'static str,
+    /// The attach mode the agent reported: "tcx" or "tc".
+    pub mode: String,
     /// How long `ip -batch` took to create the links while the agent attached: TCX holds the
     /// kernel's RTNL lock through an RCU grace period per hook, so other link changes wait.
     pub create_s: f64,
@@ -48,11 +48,11 @@ const ATTACH_TIMEOUT: Duration = Duration::from_secs(180);
 /// Status polls cost the agent a little CPU too: not more often than this.
 const POLL: Duration = Duration::from_millis(100);
 
-/// Measures `veths` links appearing under a running agent, in a namespace of its own.
-/// The attach modes measured: the method whose spec selects each.
-pub const MODES: [(&str, Method); 2] = [("tcx", Method::Clone), ("tc", Method::CloneTc)];
+/// The agents measured: attach mode auto (TCX where the kernel has it), and tc.
+pub const METHODS: [Method; 2] = [Method::Clone, Method::CloneTc];
 
-pub fn measure(bins: &Binaries, veths: usize, (mode, method): (&'static str, Method)) -> Result<AttachRun> {
+/// Measures `veths` links appearing under a running agent, in a namespace of its own.
+pub fn measure(bins: &Binaries, veths: usize, method: Method) -> Result<AttachRun> {
     let node = Netns::new("attach");
     let spec = AgentSpec { rules: Rules::Pass(1), method, timing: Timing::Default };
     let env = agent::env(bins, &node, spec, &["vethb*"])?;
@@ -91,6 +91,7 @@ pub fn measure(bins: &Binaries, veths: usize, (mode, method): (&'static str, Met
     let ms = |k: &str| lat[k].as_f64().with_context(|| format!("no attach_latency.{k}: {lat}"));
     let count = lat["count"].as_u64().unwrap_or(0);
     ensure!(count >= veths as u64, "the agent timed {count} attachments of {veths}: {status}");
+    let mode = status["interfaces"][0]["mode"].as_str().context("no attach mode in the status")?.to_string();
     let run = AttachRun {
         veths,
         mode,

@@ -275,10 +275,17 @@ mod tests {
 
     #[test]
     fn keys_are_unique() {
-        let all = [
-            NO_AGENT, QDISCS, PASS, PASS_100, PASS_10K, MIRROR, STATIC, TCPDUMP, MIRRED, CLONE_TC,
-            TIMING_OFF, STACK, CPU,
-        ];
+        // Every configuration a plan runs, under any load or as a profile.
+        let mut all: Vec<Config> = Vec::new();
+        for plan in [crate::traffic::Plan::full(), crate::traffic::Plan::quick()] {
+            let planned = plan.cells.iter().flat_map(|(_, c)| c.iter().copied());
+            for cfg in planned.chain(plan.profiles.iter().map(|(_, c)| *c)) {
+                if !all.contains(&cfg) {
+                    all.push(cfg);
+                }
+            }
+        }
+        assert_eq!(all.len(), 13, "{:?}", all.iter().map(|c| c.key).collect::<Vec<_>>());
         for (i, a) in all.iter().enumerate() {
             assert!(all[i + 1..].iter().all(|b| b.key != a.key), "{}", a.key);
         }

@@ -16,7 +16,7 @@ mod topology;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use crate::cli::Stage;
 use mirror_e2e::agent::Binaries;
@@ -210,13 +210,16 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
                 check_stop()?;
                 let started = Instant::now();
                 let what = || format!("{} under ({}) {}", load.name(), cfg.key, cfg.label);
-                // One retry: a stall of the shared machine should not end a half-hour benchmark.
-                let (sample, seen) = match configs::run(&cfg, &ctx, *load, plan.secs) {
+                // One retry: a stall of the shared machine (an error or a harness panic) should
+                // not end a half-hour benchmark; an interrupt does.
+                let (sample, seen) = match attempt(|| configs::run(&cfg, &ctx, *load, plan.secs)) {
                     Ok(r) => r,
                     Err(e) => {
-                        eprintln!("  {} failed, retrying once: {e:#}", what());
-                        retries.push(format!("{} in round {}: {e:#}", what(), round + 1));
-                        configs::run(&cfg, &ctx, *load, plan.secs).with_context(what)?
+                        check_stop()?;
+                        eprintln!("  {} failed, retrying once: {e}", what());
+                        retries.push(format!("{} in round {}: {e}", what(), round + 1));
+                        attempt(|| configs::run(&cfg, &ctx, *load, plan.secs))
+                            .map_err(|e| anyhow::anyhow!("{}: {e}", what()))?
                     }
                 };
                 eprintln!(
@@ -250,10 +253,10 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
     let mut attach = Vec::new();
     for rep in 0..plan.attach_reps {
         for &n in &plan.veth_counts {
-            for mode in attach::MODES {
+            for method in attach::METHODS {
                 check_stop()?;
-                let what = format!("attaching to {n} veths ({})", mode.0);
-                if let Some(run) = stage(&what, &mut failures, || attach::measure(bins, n, mode)) {
+                let what = format!("attaching to {n} veths ({method:?})");
+                if let Some(run) = stage(&what, &mut failures, || attach::measure(bins, n, method)) {
                     eprintln!(
                         "  attach {n} veths, {} (rep {}): created in {:.3} s, all attached in {:.3} s, \
                          p50 {:.2} ms, all forgotten in {:.3} s",
@@ -281,18 +284,26 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
     })
 }
 
-/// Runs a stage after the traffic runs; an error or a panic of the harness (whose guards clean
-/// up while unwinding) is recorded in `failures` instead of losing the whole report.
-fn stage<T>(what: &str, failures: &mut Vec<String>, f: impl FnOnce() -> Result<T>) -> Option<T> {
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    let error = match outcome {
-        Ok(Ok(v)) => return Some(v),
-        Ok(Err(e)) => format!("{e:#}"),
-        Err(panic) => panic
+/// Runs `f`, turning its error or panic (the harness panics on a failed command; its guards
+/// clean up while unwinding) into text.
+fn attempt<T>(f: impl FnOnce() -> Result<T>) -> std::result::Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("{e:#}")),
+        Err(panic) => Err(panic
             .downcast_ref::<String>()
             .cloned()
             .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "panicked".into()),
+            .unwrap_or_else(|| "panicked".into())),
+    }
+}
+
+/// Runs a stage after the traffic runs; its failure is recorded in `failures` instead of
+/// losing the whole report.
+fn stage<T>(what: &str, failures: &mut Vec<String>, f: impl FnOnce() -> Result<T>) -> Option<T> {
+    let error = match attempt(f) {
+        Ok(v) => return Some(v),
+        Err(e) => e,
     };
     // The first line: agent logs can follow.
     let first = error.lines().next().unwrap_or("").to_string();
@@ -315,8 +326,8 @@ fn start_times(
         .collect()
 }
 
-/// One run of `load` under the agent of `cfg` with BPF run-time accounting on.
-/// The agent's programs' runs and run time during one run of `load`, and its seconds.
+/// One run of `load` under the agent of `cfg` with BPF run-time accounting on: the agent's
+/// programs' runs and run time, and the run's seconds.
 fn profile(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<(Vec<ProgRun>, f64)> {
     let configs::Setup::Agent(spec) = cfg.setup else { bail!("profiles are of agent configurations") };
     let _on = bpfstats::StatsOn::enable()?;

@@ -7,7 +7,7 @@ use std::fmt::Write;
 use super::loads::{Latency, Load};
 use super::{AttachRun, Cell, Plan, Profile, Results};
 use crate::host::Host;
-use crate::report::{fmt_count, write_bars, Check};
+use crate::report::{fmt_count, write_bars, Check, RULES_MAX_GROWTH};
 use crate::stats::{median, Summary};
 
 /// Throughput of the agent passing traffic, relative to no agent.
@@ -18,8 +18,6 @@ pub const MIRROR_MIN_THROUGHPUT: f64 = 0.95;
 pub const PASS_MAX_P50: f64 = 1.03;
 /// Throughput with the kernel stack latency group on, relative to no agent.
 pub const STACK_MIN_THROUGHPUT: f64 = 0.90;
-/// Cost per request with 10,000 rules against 1 rule.
-pub const RULES_MAX_GROWTH: f64 = 0.05;
 
 /// Figures of the research monitor this project comes from, as published.
 const PUBLISHED_IPERF_MONITOR: f64 = 0.897;
@@ -489,7 +487,7 @@ fn attach_table(s: &mut String, runs: &[AttachRun]) {
             (R, "repetitions"),
         ],
     );
-    let mut keys: Vec<(usize, &str)> = runs.iter().map(|r| (r.veths, r.mode)).collect();
+    let mut keys: Vec<(usize, &str)> = runs.iter().map(|r| (r.veths, r.mode.as_str())).collect();
     keys.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(a.1)));
     keys.dedup();
     let mb = |kb: u64| kb as f64 / 1024.0;
