@@ -163,9 +163,7 @@ impl<'a> Agents<'a> {
         let agent = env.start_within(&[], timeout);
         agent.wait_attached(veths, Duration::from_secs(20));
         if let Some(cpu) = self.cpu {
-            let pid = agent.pid().to_string();
-            let out = Command::new("taskset").args(["-a", "-p", "-c", &cpu.to_string(), &pid]).output()?;
-            ensure!(out.status.success(), "pinning the agent: {}", String::from_utf8_lossy(&out.stderr));
+            super::cmd::pin_threads(&agent.pid().to_string(), cpu)?;
         }
         let start_s = started.elapsed().as_secs_f64();
         let mut starts = self.starts.borrow_mut();

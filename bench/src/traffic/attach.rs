@@ -64,9 +64,9 @@ pub fn measure(bins: &Binaries, veths: usize, method: Method) -> Result<AttachRu
     let batch = |name: &str, text: String| -> Result<()> {
         let file = env.dir().join(name);
         std::fs::write(&file, text)?;
-        let out = node.command("ip").arg("-batch").arg(&file).output()?;
-        ensure!(out.status.success(), "ip -batch {name}: {}", String::from_utf8_lossy(&out.stderr));
-        Ok(())
+        let mut cmd = node.command("ip");
+        cmd.arg("-batch").arg(&file);
+        super::cmd::run(cmd, &format!("ip -batch {name}")).map(drop)
     };
     // Polls the status until `done` holds for the number attached; returns it and the time.
     let until = |done: &dyn Fn(usize) -> bool, since: Instant| -> Result<(serde_json::Value, f64)> {

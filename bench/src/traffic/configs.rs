@@ -223,13 +223,9 @@ fn tx_packets(ns: &Netns, dev: &str) -> Result<u64> {
 
 /// A shell command in `ns`; its stdout, or an error with its output.
 fn sh(ns: &Netns, cmd: &str) -> Result<String> {
-    let out = ns.command("sh").arg("-c").arg(cmd).output().with_context(|| format!("running {cmd}"))?;
-    ensure!(
-        out.status.success(),
-        "{cmd}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut sh = ns.command("sh");
+    sh.arg("-c").arg(cmd);
+    let out = super::cmd::run(sh, cmd)?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 

@@ -2,12 +2,12 @@
 //! pod, node to pod), sockperf TCP ping-pong latency, and HTTP/1.1 with wrk against nginx over
 //! keep-alive connections; and the parsers of their outputs.
 
-use std::process::Output;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 
+use super::cmd::run;
 use super::topology::{Bed, HTTP_PORT, IPERF_PORT, SOCKPERF_PORT};
 
 /// What traffic a run sends.
@@ -155,18 +155,6 @@ fn http_paths(errors_pct: u8) -> Result<Vec<&'static str>> {
         100 => vec!["/bar"],
         _ => bail!("{errors_pct}% errors: only 0, 50 and 100 are split over wrk's threads"),
     })
-}
-
-fn run(mut cmd: std::process::Command, what: &str) -> Result<Output> {
-    let out = cmd.output().with_context(|| format!("running {what}"))?;
-    ensure!(
-        out.status.success(),
-        "{what} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(out)
 }
 
 /// Received throughput in Gbit/s from `iperf3 -J`.

@@ -6,6 +6,7 @@
 mod agent;
 mod attach;
 mod bpfstats;
+mod cmd;
 mod configs;
 mod footprint;
 mod loads;

@@ -61,10 +61,7 @@ impl Bed {
         bed.nginx = Some(Server::nginx(bed.server(), HTTP_PORT, bed.dir.path()));
         // nginx is started by the harness, unpinned: pin whatever runs in the server pod.
         for pid in server_ns_pids(&bed.server().ns)? {
-            let out = Command::new("taskset")
-                .args(["-a", "-p", "-c", &bed.pins.server.to_string(), &pid])
-                .output()?;
-            ensure!(out.status.success(), "pinning pid {pid}: {}", String::from_utf8_lossy(&out.stderr));
+            super::cmd::pin_threads(&pid, bed.pins.server)?;
         }
         for port in [IPERF_PORT, SOCKPERF_PORT] {
             let listening = wait_until(Duration::from_secs(10), || {
@@ -137,8 +134,9 @@ impl Drop for Bed {
 }
 
 fn server_ns_pids(ns: &Netns) -> Result<Vec<String>> {
-    let out = Command::new("ip").args(["netns", "pids", ns.name()]).output()?;
-    ensure!(out.status.success(), "ip netns pids: {}", String::from_utf8_lossy(&out.stderr));
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "pids", ns.name()]);
+    let out = super::cmd::run(cmd, "ip netns pids")?;
     Ok(String::from_utf8_lossy(&out.stdout).split_whitespace().map(String::from).collect())
 }
 
