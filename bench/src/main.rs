@@ -56,6 +56,7 @@ fn run_datapath(quick: bool, out: Option<&Path>) -> Result<()> {
     // The last CPU: the first one takes most of the interrupts.
     let cpu = host.cores.saturating_sub(1);
     let rows = datapath::run(plan, cpu)?;
+    let loads = datapath::loads::measure(if quick { 1 } else { 5 })?;
     let checks = report::checks(&rows);
     let command = command_line();
     let header = report::Header {
@@ -95,7 +96,8 @@ fn run_datapath(quick: bool, out: Option<&Path>) -> Result<()> {
             datapath::trigger_method(&plan),
         ],
     };
-    let text = report::render(&header, &rows, &checks);
+    let mut text = report::render(&header, &rows, &checks);
+    text.push_str(&datapath::loads::render(&loads));
     publish(&text, out)
 }
 

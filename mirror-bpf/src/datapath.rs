@@ -1,5 +1,6 @@
 //! Loading the classifier and driving it: settings, rules, flows, counters, events.
 
+use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,7 +11,7 @@ use libbpf_rs::{MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
 use crate::attach::{AttachMode, MirrorMethod};
 use crate::error::{Context, Error, Result};
 use crate::event::TriggerEvent;
-use crate::flow::{Flow, FlowKey, MirrorMark};
+use crate::flow::{Flow, FlowKey, MirrorMark, NatPair};
 use crate::rule::{Rule, RuleId};
 use crate::ruleset::{KeyWrite, RuleSet, ANY_PORT};
 use crate::skel::classifier::{ClassifierSkel, ClassifierSkelBuilder};
@@ -132,6 +133,7 @@ impl<'obj> Datapath<'obj> {
         let maps = &mut open.maps;
         maps.flow_table.set_max_entries(opts.flows_max).context(|| "sizing flow_table".into())?;
         maps.flow_timing.set_max_entries(opts.flows_max).context(|| "sizing flow_timing".into())?;
+        maps.flow_nat.set_max_entries(opts.flows_max).context(|| "sizing flow_nat".into())?;
         maps.mirror_marks.set_max_entries(opts.marks_max).context(|| "sizing mirror_marks".into())?;
         maps.events.set_max_entries(opts.ringbuf_bytes).context(|| "sizing events".into())?;
         // A fresh epoch: flow entries adopted from an earlier instance look their mark up again.
@@ -379,8 +381,41 @@ impl<'obj> Datapath<'obj> {
         Ok(v.map(|b| MirrorMark::from(&read_plain::<types::mirror_mark>(&b))))
     }
 
-    /// Every flow of the flow table, with traffic summed over CPUs and its mark.
+    /// Every flow of the flow table, with traffic summed over CPUs and its mark; the two tuples
+    /// of a connection translated by conntrack are one flow (see [`Flow::nat`]).
     pub fn flows(&self) -> Result<Vec<Flow>> {
+        let mut by_key: HashMap<FlowKey, Flow> = self.flow_entries()?.into_iter().map(|f| (f.key, f)).collect();
+        let keys: Vec<FlowKey> = by_key.keys().copied().collect();
+        let mut flows = Vec::new();
+        for key in keys {
+            if !by_key.contains_key(&key) {
+                continue; // merged already, with its other tuple
+            }
+            match self.nat_pair(&key)? {
+                Some(pair) => {
+                    let (orig, reply) = (by_key.remove(&pair.orig), by_key.remove(&pair.reply));
+                    flows.push(Flow::merge_nat(&pair, orig, reply));
+                }
+                None => flows.extend(by_key.remove(&key)),
+            }
+        }
+        Ok(flows)
+    }
+
+    /// The two tuples of `key`'s connection, when conntrack translated it.
+    pub fn nat_pair(&self, key: &FlowKey) -> Result<Option<NatPair>> {
+        let raw = key.to_raw();
+        let v = self
+            .skel
+            .maps
+            .flow_nat
+            .lookup(bytes_of(&raw), MapFlags::ANY)
+            .context(|| "reading flow_nat".into())?;
+        Ok(v.map(|b| NatPair::from_raw(&read_plain(&b), raw.family, raw.proto)))
+    }
+
+    /// Every entry of the flow table as it is, one per tuple.
+    fn flow_entries(&self) -> Result<Vec<Flow>> {
         let table = &self.skel.maps.flow_table;
         let mut flows = Vec::new();
         for k in table.keys() {

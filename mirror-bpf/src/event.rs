@@ -8,8 +8,11 @@ use crate::types;
 /// One trigger: a response matched a rule and its flow is now mirrored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TriggerEvent {
-    /// The flow.
+    /// The flow, as the tuple the response was seen under.
     pub key: FlowKey,
+    /// The connection's other tuple when the node's conntrack translated it (a Service):
+    /// the response was seen under one, its request under the other.
+    pub nat: Option<FlowKey>,
     /// When, monotonic ns.
     pub ts_ns: u64,
     /// The rule that matched.
@@ -44,6 +47,7 @@ impl TriggerEvent {
         let (method, target) = split_request(&ev.request_head[..head_len]);
         Some(TriggerEvent {
             key: FlowKey::from(&ev.key),
+            nat: (ev.nat.family != 0).then(|| FlowKey::from(&ev.nat)),
             ts_ns: ev.ts_ns,
             rule_id: ev.rule_id,
             status: ev.status,

@@ -105,6 +105,17 @@ impl DirStats {
         self.last_seen_ns = self.last_seen_ns.max(d.last_seen_ns);
         self.tcp_flags |= d.tcp_flags;
     }
+
+    fn merge(&mut self, d: &DirStats) {
+        self.add(&types::flow_dir_stats {
+            packets: d.packets,
+            bytes: d.bytes,
+            first_seen_ns: d.first_seen_ns,
+            last_seen_ns: d.last_seen_ns,
+            tcp_flags: d.tcp_flags,
+            _pad: [0; 7],
+        });
+    }
 }
 
 /// A flow marked for mirroring.
@@ -122,6 +133,8 @@ pub struct MirrorMark {
     pub bytes: u64,
     /// A limit was reached; nothing more is mirrored.
     pub ended: bool,
+    /// The mark of a translated connection's other tuple: its budget is the first mark's.
+    pub linked: bool,
 }
 
 impl From<&types::mirror_mark> for MirrorMark {
@@ -133,6 +146,7 @@ impl From<&types::mirror_mark> for MirrorMark {
             packets: m.packets,
             bytes: m.bytes,
             ended: m.ended != 0,
+            linked: m.linked != 0,
         }
     }
 }
@@ -140,8 +154,12 @@ impl From<&types::mirror_mark> for MirrorMark {
 /// A flow from the flow table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Flow {
-    /// Its endpoints.
+    /// Its endpoints: for a connection translated by the node's conntrack (a Service), the
+    /// client's tuple (before DNAT), e.g. `client:port <-> VIP:80`.
     pub key: FlowKey,
+    /// The server's tuple of a translated connection (after DNAT, and SNAT if any), e.g.
+    /// `client:port <-> pod:80`; traffic, timing and mark of both tuples are merged here.
+    pub nat: Option<FlowKey>,
     /// Traffic from `key.lo` to `key.hi`.
     pub forward: DirStats,
     /// Traffic from `key.hi` to `key.lo`.
@@ -176,6 +194,7 @@ impl Flow {
         }
         Flow {
             key,
+            nat: None,
             forward,
             reverse,
             mark,
@@ -186,9 +205,61 @@ impl Flow {
         }
     }
 
+    /// One flow of a translated connection from the entries of its two tuples (either may be
+    /// missing), oriented as the client's tuple.
+    pub(crate) fn merge_nat(pair: &NatPair, orig: Option<Flow>, reply: Option<Flow>) -> Flow {
+        let mut f = orig.unwrap_or_else(|| Flow::from_percpu(pair.orig, &[], None));
+        f.key = pair.orig;
+        f.nat = Some(pair.reply);
+        let Some(r) = reply else { return f };
+        let (r_up, r_down) = if pair.reply_client_is_lo { (r.forward, r.reverse) } else { (r.reverse, r.forward) };
+        let (up, down) =
+            if pair.orig_client_is_lo { (&mut f.forward, &mut f.reverse) } else { (&mut f.reverse, &mut f.forward) };
+        up.merge(&r_up);
+        down.merge(&r_down);
+        let sum = |fl: &Flow| fl.http_time_mean.map_or(0, |m| m.as_nanos() as u64 * fl.http_timed);
+        let timed = f.http_timed + r.http_timed;
+        let total = sum(&f) + sum(&r);
+        f.http_time_mean = (timed > 0).then(|| Duration::from_nanos(total / timed));
+        f.http_time_max = f.http_time_max.max(r.http_time_max);
+        f.http_timed = timed;
+        f.handshake = f.handshake.max(r.handshake);
+        // The first mark holds the budget; a linked one only points to it.
+        f.mark = match (f.mark, r.mark) {
+            (Some(a), Some(b)) => Some(if a.linked { b } else { a }),
+            (a, b) => a.or(b),
+        };
+        f
+    }
+
     /// Time since the last packet, against a monotonic `now_ns`.
     pub fn idle(&self, now_ns: u64) -> Duration {
         Duration::from_nanos(now_ns.saturating_sub(self.forward.last_seen_ns.max(self.reverse.last_seen_ns)))
+    }
+}
+
+/// The two tuples of a connection translated by conntrack, as the classifier recorded them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NatPair {
+    /// The client's tuple (before DNAT).
+    pub orig: FlowKey,
+    /// The server's tuple (after DNAT, and SNAT if any).
+    pub reply: FlowKey,
+    /// Client to server is `lo` to `hi` in `orig`.
+    orig_client_is_lo: bool,
+    /// Client to server is `lo` to `hi` in `reply`.
+    reply_client_is_lo: bool,
+}
+
+impl NatPair {
+    /// From a flow_nat value of a key of `family` (4 or 6) and protocol `proto`.
+    pub(crate) fn from_raw(v: &types::flow_nat, family: u8, proto: u8) -> Self {
+        let ep = |a: &[u32; 4], port: u16| SocketAddr::new(addr(a, family), port);
+        let (client, service) = (ep(&v.orig.src, v.orig.sport), ep(&v.orig.dst, v.orig.dport));
+        let (server, client_as_seen) = (ep(&v.reply.src, v.reply.sport), ep(&v.reply.dst, v.reply.dport));
+        let orig = FlowKey::new(client, service, proto);
+        let reply = FlowKey::new(server, client_as_seen, proto);
+        NatPair { orig, reply, orig_client_is_lo: orig.lo == client, reply_client_is_lo: reply.lo == client_as_seen }
     }
 }
 

@@ -26,7 +26,7 @@ pub use attach::{tcx_supported, AttachMode, Attachment, MirrorMethod};
 pub use datapath::{Datapath, DatapathOptions, TimingGroup};
 pub use error::{Error, Result};
 pub use event::TriggerEvent;
-pub use flow::{DirStats, Flow, FlowKey, MirrorMark};
+pub use flow::{DirStats, Flow, FlowKey, MirrorMark, NatPair};
 pub use latency::{HistKind, Histogram};
 /// The ring buffer of trigger events returned by [`Datapath::events`].
 pub use libbpf_rs::RingBuffer as EventRing;
@@ -70,12 +70,17 @@ plain_types! {
     rule_action = 40,
     rule_entry = 80,
     port_status_key = 4,
-    mirror_mark = 64,
-    flow_timing = 120,
+    mirror_mark = 104,
+    ct_tuple = 36,
+    flow_nat = 120,
+    http_stream = 24,
+    http_request = 104,
+    flow_timing = 496,
+    http_scratch = 856,
     skb_stamp = 24,
     hist_key = 8,
     latency_hist = 16 + 8 * types::mirror_limits::HIST_BUCKETS.0 as usize,
-    trigger_event = 160,
+    trigger_event = 200,
     settings = 8,
     counters = 8 * types::stat_idx::STAT_MAX.0 as usize,
 }

@@ -23,6 +23,9 @@ pub const COUNTER_NAMES: &[(stat_idx, &str)] = &[
     (stat_idx::STAT_TIMING_INSERT_FAILED, "timing_insert_failed"),
     (stat_idx::STAT_HIST_INSERT_FAILED, "hist_insert_failed"),
     (stat_idx::STAT_RINGBUF_DROPS, "ringbuf_drops"),
+    (stat_idx::STAT_HTTP_UNFRAMED, "http_unframed"),
+    (stat_idx::STAT_CT_LOOKUPS, "ct_lookups"),
+    (stat_idx::STAT_NAT_FLOWS, "nat_flows"),
 ];
 
 /// Counters summed over every CPU.

@@ -92,9 +92,10 @@ fn http_requests_and_responses_are_recognised() {
     let Some(dp) = load() else { return };
     let d = ingress(&dp, &fixtures::v4_request(40001, PORT_HTTP, REQ_GET_BAR));
     assert_eq!((d.get(S::STAT_HTTP_REQUESTS), d.get(S::STAT_HTTP_RESPONSES)), (1, 0));
-    for method in ["POST", "PUT", "HEAD", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"] {
+    // Each on a connection of its own: one connection's requests follow each other in its stream.
+    for (i, method) in ["POST", "PUT", "HEAD", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"].iter().enumerate() {
         let req = format!("{method} /x HTTP/1.1\r\n\r\n");
-        let d = ingress(&dp, &fixtures::v4_request(40002, PORT_HTTP, req.as_bytes()));
+        let d = ingress(&dp, &fixtures::v4_request(40002 + i as u16, PORT_HTTP, req.as_bytes()));
         assert_eq!(d.get(S::STAT_HTTP_REQUESTS), 1, "{method}");
     }
     let d = ingress(&dp, &fixtures::v4_response(PORT_HTTP, 40001, RESP_200));
@@ -330,7 +331,12 @@ fn mirred_programs_match_exactly_the_marked_flows() {
     let ok = fixtures::v4_response(PORT_HTTP, 48000, RESP_200);
     let (ret, _) = testing::run(&p.tc_ingress_mirred, &ok, SkbContext::default());
     assert_eq!(ret, 0, "no match: act_mirred does not run");
-    let trigger = fixtures::v4_response(PORT_HTTP, 48000, RESP_500);
+    // The next response of the stream: after the 200 (whose framing the classifier follows).
+    let trigger = PacketBuilder::ipv4(V4_SERVER, V4_CLIENT)
+        .tcp(PORT_HTTP, 48000, tcp_flags::ACK | tcp_flags::PSH)
+        .seq(1000 + RESP_200.len() as u32)
+        .payload(RESP_500)
+        .build();
     let (ret, _) = testing::run(&p.tc_ingress_mirred, &trigger, SkbContext::default());
     assert_eq!(ret, u32::MAX, "match (-1): act_mirred copies");
     let (ret, _) = testing::run(&p.tc_egress_mirred, &ok, SkbContext::default());

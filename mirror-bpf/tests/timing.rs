@@ -113,7 +113,8 @@ fn timing_groups_switch_at_run_time() {
     run(&dp, &fixtures::v4_response(PORT_HTTP, 54000, RESP_200));
     assert!(hist(&dp, HistKind::HttpResponse, 2).is_none(), "off: nothing timed");
     dp.set_timing(mirror_bpf::TimingGroup::Http, true).unwrap();
-    run(&dp, &fixtures::v4_request(54000, PORT_HTTP, REQ_GET_BAR));
-    run(&dp, &fixtures::v4_response(PORT_HTTP, 54000, RESP_200));
+    // Another connection: the same segments again would be retransmissions.
+    run(&dp, &fixtures::v4_request(54001, PORT_HTTP, REQ_GET_BAR));
+    run(&dp, &fixtures::v4_response(PORT_HTTP, 54001, RESP_200));
     assert_eq!(hist(&dp, HistKind::HttpResponse, 2).unwrap().count, 1);
 }

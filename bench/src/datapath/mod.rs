@@ -3,6 +3,7 @@
 
 mod cases;
 mod fixture;
+pub mod loads;
 mod measure;
 
 use anyhow::{Context, Result};

@@ -19,10 +19,11 @@
 #include "include/types.h"
 #include "include/maps.h"
 #include "include/parse.h"
-#include "include/http.h"
 #include "include/flow.h"
+#include "include/nat.h"
 #include "include/timing.h"
 #include "include/mirror.h"
+#include "include/http.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -53,20 +54,24 @@ enum hook_kind _hook_kind = 0;
 enum mirror_method _mirror_method = 0;
 enum flow_dir _flow_dir = 0;
 enum stat_idx _stat_idx = 0;
+enum nat_side _nat_side = 0;
+enum http_stream_state _http_stream_state = 0;
+struct flow_nat _flow_nat = {};
 
 /*
- * classify - everything the classifier does for one packet.
- * @hook: where the program is attached.
- * @method: whether the copy is made here (clone) or by an act_mirred action (mirred).
+ * classify - everything the classifier does for one packet. A global function: verified once
+ * for all six entry programs, each of its stages (parse, NAT, handshake, HTTP, trigger) a
+ * global function verified once too.
+ * @hook: enum hook_kind, where the program is attached.
+ * @method: enum mirror_method, whether the copy is made here (clone) or by act_mirred.
  * @return 1 when the packet is to be mirrored.
  */
-static __always_inline int classify(struct __sk_buff *skb, enum hook_kind hook,
-                                    enum mirror_method method)
+__noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
 {
     __u32 zero = 0;
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
 
-    if (!cnt)
+    if (!skb || !cnt)
         return 0;
     cnt->v[STAT_PACKETS]++;
     cnt->v[STAT_BYTES] += skb->len;
@@ -82,46 +87,32 @@ static __always_inline int classify(struct __sk_buff *skb, enum hook_kind hook,
         }
     }
 
-    /* Not zeroed: the parser writes every byte of what is used (the key's padding too). */
-    struct pkt_meta m;
+    struct pkt_meta m = {};
     int res = parse_packet(skb, &m);
     if (res != PARSE_TCP) {
         cnt->v[res == PARSE_OTHER ? STAT_NON_TCP : STAT_MALFORMED]++;
         return 0;
     }
 
-    /* The coarse clock (ticks) serves flow times and mark limits; HTTP timing reads the
-     * precise one (about 30 ns in a VM), only for requests and triggers. */
+    /* The coarse clock (ticks) serves flow times and mark limits; timing reads the precise
+     * one (about 30 ns in a VM) only for requests, responses and handshakes. */
     __u64 now = bpf_ktime_get_coarse_ns();
-    struct flow_traffic *fs = flow_account(&m, skb->len, now, cnt);
+    int created = 0;
+    struct flow_traffic *fs = flow_account(&m, skb->len, now, cnt, &created);
 
-    if (!m.payload_len) {
-        timing_handshake(skb, &m, fs, cnt);
-        struct mirror_mark *mk = mark_lookup(fs, &m.key);
-        return mk && mark_admit(mk, skb->len, now, cnt) && mirror_copy(skb, method, cnt);
-    }
+    /* A new flow: is it one side of a translated connection? Not on a SYN: conntrack has no
+     * entry before the SYN has passed the node. */
+    if (created && (m.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
+        nat_learn(skb, &m);
 
     /* HTTP is looked at even on marked flows: their response times count too. */
-    struct trigger_ctx tc = {};
-    int kind = http_classify(skb, &m, &tc.status);
-    if (kind == HTTP_REQUEST)
-        timing_request(skb, &m, cnt);
-    __u64 precise = 0;
-    if (kind == HTTP_RESPONSE) {
-        cnt->v[STAT_HTTP_RESPONSES]++;
-        tc.took = timing_response(skb, &m, fs, tc.status, &precise, &tc.t, cnt);
-    }
+    if (m.payload_len)
+        http_segment(skb, &m, fs, hook);
+    else
+        timing_handshake(skb, &m, fs);
 
     struct mirror_mark *mk = mark_lookup(fs, &m.key);
-    if (mk)
-        return mark_admit(mk, skb->len, now, cnt) && mirror_copy(skb, method, cnt);
-    if (kind != HTTP_RESPONSE)
-        return 0;
-    struct rule_action *ra = rule_lookup(m.src_port, tc.status, tc.took);
-    if (!ra)
-        return 0;
-    return mirror_trigger(skb, &m, ra, &tc, hook, now, precise ?: bpf_ktime_get_ns(), cnt) &&
-           mirror_copy(skb, method, cnt);
+    return mk && mark_admit(mk, skb->len, now, cnt) && mirror_copy(skb, method, cnt);
 }
 
 /* clsact + cls_bpf in direct-action mode. */
@@ -157,28 +148,15 @@ int tcx_egress_mirror(struct __sk_buff *skb)
 /*
  * Classic cls_bpf (not direct action) carrying "action mirred egress mirror": a match makes
  * the action copy the packet. The action's control is "continue", so later filters still run.
- * The verdict is set in mirred_verdict by mirror_copy (see maps.h).
  */
-static __always_inline int mirred(struct __sk_buff *skb, enum hook_kind hook)
-{
-    __u32 zero = 0;
-    __u32 *verdict = bpf_map_lookup_elem(&mirred_verdict, &zero);
-
-    if (!verdict)
-        return CLS_NO_MATCH;
-    *verdict = 0;
-    classify(skb, hook, MIRROR_MIRRED);
-    return *verdict ? CLS_MATCH : CLS_NO_MATCH;
-}
-
 SEC("tc")
 int tc_ingress_mirred(struct __sk_buff *skb)
 {
-    return mirred(skb, HOOK_INGRESS);
+    return classify(skb, HOOK_INGRESS, MIRROR_MIRRED) ? CLS_MATCH : CLS_NO_MATCH;
 }
 
 SEC("tc")
 int tc_egress_mirred(struct __sk_buff *skb)
 {
-    return mirred(skb, HOOK_EGRESS);
+    return classify(skb, HOOK_EGRESS, MIRROR_MIRRED) ? CLS_MATCH : CLS_NO_MATCH;
 }

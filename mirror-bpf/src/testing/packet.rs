@@ -36,6 +36,7 @@ pub struct PacketBuilder {
     l3: L3,
     l4: Option<L4>,
     payload: Vec<u8>,
+    seq: u32,
 }
 
 /// IPv6 extension header kinds.
@@ -67,7 +68,7 @@ impl PacketBuilder {
     }
 
     fn with(l3: L3) -> Self {
-        Self { vlans: Vec::new(), l3, l4: None, payload: Vec::new() }
+        Self { vlans: Vec::new(), l3, l4: None, payload: Vec::new(), seq: 1000 }
     }
 
     /// Adds a VLAN tag (0x8100 or 0x88a8), outermost first.
@@ -132,6 +133,13 @@ impl PacketBuilder {
         self
     }
 
+    /// The TCP sequence number (default 1000). The classifier follows each direction's byte
+    /// stream: a segment with the sequence number of one already seen is a retransmission.
+    pub fn seq(mut self, seq: u32) -> Self {
+        self.seq = seq;
+        self
+    }
+
     /// The L4 payload.
     pub fn payload(mut self, data: &[u8]) -> Self {
         self.payload = data.to_vec();
@@ -144,7 +152,7 @@ impl PacketBuilder {
             Some(L4::Tcp { sport, dport, flags, options }) => {
                 out.extend_from_slice(&sport.to_be_bytes());
                 out.extend_from_slice(&dport.to_be_bytes());
-                out.extend_from_slice(&1000u32.to_be_bytes()); // seq
+                out.extend_from_slice(&self.seq.to_be_bytes());
                 out.extend_from_slice(&2000u32.to_be_bytes()); // ack
                 out.push((((20 + options.len()) / 4) as u8) << 4);
                 out.push(*flags);

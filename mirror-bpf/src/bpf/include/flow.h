@@ -23,21 +23,27 @@ static __always_inline void flow_dir_add(struct flow_dir_stats *d, __u32 len, __
  * flow_account - count the packet in this CPU's slot of flow_table, creating the flow.
  * @now: a coarse clock is enough for first/last seen.
  * @cnt: this CPU's counters.
+ * @created: set when this packet created the flow (on any CPU).
  * @return this CPU's entry of the flow, or NULL when it could not be created.
  */
 static __always_inline struct flow_traffic *flow_account(const struct pkt_meta *m, __u32 len,
-                                                         __u64 now, struct counters *cnt)
+                                                         __u64 now, struct counters *cnt,
+                                                         int *created)
 {
     struct flow_traffic *fs = bpf_map_lookup_elem(&flow_table, &m->key);
 
     if (!fs) {
-        struct flow_traffic init = {};
-
-        long err = bpf_map_update_elem(&flow_table, &m->key, &init, BPF_NOEXIST);
+        __u32 zero = 0;
+        struct zero_values *init = bpf_map_lookup_elem(&zero_values, &zero);
+        if (!init)
+            return NULL;
+        long err = bpf_map_update_elem(&flow_table, &m->key, &init->traffic, BPF_NOEXIST);
 
         /* -EEXIST: another CPU created it meanwhile; our own slot is there, zeroed. */
-        if (!err)
+        if (!err) {
             cnt->v[STAT_FLOWS_CREATED]++;
+            *created = 1;
+        }
         else if (err != -EEXIST)
             cnt->v[STAT_FLOW_INSERT_FAILED]++;
         fs = bpf_map_lookup_elem(&flow_table, &m->key);

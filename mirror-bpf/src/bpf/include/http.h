@@ -1,27 +1,46 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * This file contains HTTP/1.x recognition at the start of a TCP payload: a status line
- * ("HTTP/1.0 " or "HTTP/1.1 " and three digits) or a request line (a known method token and
- * a space). Only the first bytes are read, with bpf_skb_load_bytes() so that a payload
- * outside the linear area is found too. A status line split across segments is not joined.
+ * This file contains HTTP/1.x in a TCP stream: where each message of a direction starts, and
+ * what it is. A message is a status line ("HTTP/1.0 " or "HTTP/1.1 " and three digits) or a
+ * request line (a known method token and a space). Its header block is searched (up to
+ * HTTP_SCAN_MAX bytes, within the segment) for its end, Content-Length and Transfer-Encoding:
+ * chunked; from these the TCP sequence number of the next message is known (after a body of
+ * Content-Length bytes, after the last chunk, at once after a 1xx, 204, 304 or an answer to
+ * HEAD; never for a body that runs until the connection closes). So a message is found
+ * wherever it starts: after another in the same segment (pipelining), after 1xx interim
+ * responses, or split across segments (its first bytes are kept); and body bytes are never
+ * taken for a message, whatever they contain. Where the framing cannot be followed (a header
+ * block longer than the scan or its segment, a gap), the direction falls back to looking at
+ * segment starts until a message is found there again (counted as STAT_HTTP_UNFRAMED).
+ * Payloads are read with bpf_skb_load_bytes(), so non-linear skbs work.
  */
 #ifndef MIRROR_HTTP_H
 #define MIRROR_HTTP_H
 
+#include "maps.h"
 #include "parse.h"
+#include "timing.h"
+#include "mirror.h"
 
-/* Bytes read to classify a payload; the shortest status line "HTTP/1.1 200" has 12. */
+/* Bytes read to classify the start of a message; the shortest status line "HTTP/1.1 200" has 12. */
 #define HTTP_PEEK_LEN 16
 #define HTTP_STATUS_LINE_MIN 12
+/* http_chunk(): the size line ended the body (bit set on the returned length). */
+#define HTTP_CHUNK_LAST 0x80000000U
 
 enum http_kind {
     HTTP_NONE = 0,
     HTTP_REQUEST,
     HTTP_RESPONSE,
+    HTTP_MAYBE, /* too short to tell, and could start a message: kept for the next segment */
 };
 
 /* Little-endian words of the ASCII prefixes we compare against. */
 #define HTTP_WORD(a, b, c, d) ((__u32)(a) | (__u32)(b) << 8 | (__u32)(c) << 16 | (__u32)(d) << 24)
+#define HTTP_WORD8(a, b, c, d, e, f, g, h) \
+    ((__u64)HTTP_WORD(a, b, c, d) | (__u64)HTTP_WORD(e, f, g, h) << 32)
+/* OR-ed into a word of ASCII: letters become lower case; '-', ':' and ' ' stay what they are. */
+#define HTTP_LOWER8 0x2020202020202020ULL
 
 static __always_inline int is_digit(__u8 ch)
 {
@@ -29,8 +48,8 @@ static __always_inline int is_digit(__u8 ch)
 }
 
 /*
- * http_status - parse a status line in @p (at least HTTP_STATUS_LINE_MIN bytes valid).
- * @len: valid bytes in @p.
+ * http_status - parse a status line in @p.
+ * @len: valid bytes in @p (at least HTTP_STATUS_LINE_MIN).
  * @return the status (100..599), or 0 when @p is not a status line.
  */
 static __always_inline __u16 http_status(const __u8 *p, __u32 len)
@@ -76,30 +95,418 @@ static __always_inline __u32 http_is_request(const __u8 *p)
 }
 
 /*
- * http_classify - read the start of the payload of @skb and classify it.
- * @status: set for HTTP_RESPONSE.
- * @return enum http_kind.
+ * http_prefix - could the @n bytes of @p (fewer than a status line needs) begin a status line
+ * ("HTTP/1.x NNN") or a request line (upper-case letters of a method)?
  */
-static __always_inline int http_classify(struct __sk_buff *skb, const struct pkt_meta *m,
-                                         __u16 *status)
+static __always_inline int http_prefix(const __u8 *p, __u32 n)
+{
+    int status = 1, method = 1;
+
+#pragma unroll
+    for (__u32 i = 0; i < HTTP_STATUS_LINE_MIN; i++) {
+        if (i >= n)
+            break;
+        __u8 c = p[i];
+        __u8 want = i < 7 ? "HTTP/1."[i] : 0;
+        if (i < 7 && c != want)
+            status = 0;
+        if (i == 7 && c != '0' && c != '1')
+            status = 0;
+        if (i == 8 && c != ' ')
+            status = 0;
+        if (i > 8 && !is_digit(c))
+            status = 0;
+        if (c < 'A' || c > 'Z')
+            method = 0;
+    }
+    return n && (status || method);
+}
+
+/* http_kind - what the @n bytes in @p begin; @status is set for a response. */
+static __always_inline int http_kind(const __u8 *p, __u32 n, __u16 *status)
+{
+    if (n >= HTTP_STATUS_LINE_MIN) {
+        *status = http_status(p, n);
+        if (*status)
+            return HTTP_RESPONSE;
+    }
+    __u32 l = http_is_request(p);
+    if (l && l < n)
+        return HTTP_REQUEST;
+    if (n <= HTTP_STATUS_LINE_MIN && http_prefix(p, n))
+        return HTTP_MAYBE;
+    return HTTP_NONE;
+}
+
+/* What the header block of a message says about its body. */
+struct http_framing {
+    __u32 hdr_len;        /* bytes to the end of the blank line (0: not within the scan) */
+    __u32 content_length; /* when has_length */
+    __u8 has_length;
+    __u8 chunked;
+    __u8 unframed; /* a length too large to follow */
+    __u8 _pad;
+};
+
+/*
+ * http_line - the header line at @ls of @s->buf (@n bytes valid): is it the blank line that
+ * ends the block? Else note Content-Length and Transfer-Encoding: chunked in @f.
+ * A global function: verified once.
+ * @return 1 at the blank line (f->hdr_len set).
+ */
+__noinline int http_line(struct http_scratch *s, __u32 ls, __u32 n, struct http_framing *f)
+{
+    if (!s || !f || ls >= HTTP_SCAN_MAX)
+        return 0;
+    __u8 *p = &s->buf[ls];
+
+    if (ls < n && p[0] == '\n') {
+        f->hdr_len = ls + 1;
+        return 1;
+    }
+    if (ls + 1 < n && p[0] == '\r' && p[1] == '\n') {
+        f->hdr_len = ls + 2;
+        return 1;
+    }
+    if (ls + 16 > n)
+        return 0;
+    __u64 w0 = *(__u64 *)p | HTTP_LOWER8;
+    __u64 w1 = *(__u64 *)(p + 8) | HTTP_LOWER8;
+    if (w0 == HTTP_WORD8('c', 'o', 'n', 't', 'e', 'n', 't', '-') &&
+        (w1 & 0x00FFFFFFFFFFFFFFULL) == HTTP_WORD8('l', 'e', 'n', 'g', 't', 'h', ':', 0)) {
+        __u32 v = 0, digits = 0;
+        for (__u32 i = 15; i < 40; i++) {
+            if (ls + i >= n)
+                break;
+            __u8 c = p[i];
+            if ((c == ' ' || c == '\t') && !digits)
+                continue;
+            if (!is_digit(c))
+                break;
+            if (++digits > 9) {
+                f->unframed = 1;
+                return 0;
+            }
+            v = v * 10 + (c - '0');
+        }
+        if (digits) {
+            f->has_length = 1;
+            f->content_length = v;
+        }
+        return 0;
+    }
+    if (w0 == HTTP_WORD8('t', 'r', 'a', 'n', 's', 'f', 'e', 'r') &&
+        w1 == HTTP_WORD8('-', 'e', 'n', 'c', 'o', 'd', 'i', 'n')) {
+        if (ls + 27 > n || (p[16] | 0x20) != 'g' || p[17] != ':')
+            return 0;
+        __u32 i = 18;
+        if (p[i] == ' ')
+            i++;
+        /* 7 bytes of "chunked", read as 8 with the byte after it masked off. */
+        __u64 v = *(__u64 *)(p + i) | HTTP_LOWER8;
+        if (ls + i + 7 <= n &&
+            (v & 0x00FFFFFFFFFFFFFFULL) == HTTP_WORD8('c', 'h', 'u', 'n', 'k', 'e', 'd', 0))
+            f->chunked = 1;
+    }
+    return 0;
+}
+
+/*
+ * http_headers - search the header block of a message whose bytes in this segment start at
+ * @at (frame offset), @avail of them, for its end and framing. A global function.
+ * @return 1 when the end of the block was found (f->hdr_len, from @at).
+ */
+__noinline int http_headers(struct __sk_buff *skb, struct http_scratch *s, __u32 at, __u32 avail,
+                            struct http_framing *f)
+{
+    if (!skb || !s || !f)
+        return 0;
+    __u32 n = avail > HTTP_SCAN_MAX ? HTTP_SCAN_MAX : avail;
+
+    if (n < 2 || bpf_skb_load_bytes(skb, at, s->buf, n))
+        return 0;
+    for (__u32 w = 0; w < HTTP_SCAN_MAX / 8; w++) {
+        __u32 base = w * 8;
+        if (base >= n)
+            break;
+        /* Any '\n' in these 8 bytes? (zero-byte test of the word XOR "\n\n\n\n\n\n\n\n") */
+        __u64 x = *(__u64 *)&s->buf[base] ^ 0x0a0a0a0a0a0a0a0aULL;
+        if (!((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL))
+            continue;
+        for (__u32 b = 0; b < 8; b++) {
+            __u32 pos = base + b;
+            if (pos >= n)
+                break;
+            if (s->buf[pos] == '\n' && http_line(s, pos + 1, n, f))
+                return 1;
+        }
+    }
+    return 0;
+}
+
+/*
+ * http_chunk - the chunk-size line of a chunked body at @at (frame offset), @avail bytes of
+ * the segment from there. A global function.
+ * @return the bytes from @at to the next chunk-size line, or (with HTTP_CHUNK_LAST) to the end
+ * of the message after the last chunk; 0 when it cannot tell (a line split across segments,
+ * trailers, a malformed line).
+ */
+__noinline __u32 http_chunk(struct __sk_buff *skb, __u32 at, __u32 avail)
 {
     __u8 p[HTTP_PEEK_LEN] = {};
-    __u32 len = HTTP_PEEK_LEN;
+    __u32 n = avail > HTTP_PEEK_LEN ? HTTP_PEEK_LEN : avail;
 
-    if (m->payload_len < HTTP_STATUS_LINE_MIN)
-        return HTTP_NONE;
-    if (m->payload_len < HTTP_PEEK_LEN) {
-        len = HTTP_STATUS_LINE_MIN;
-        if (bpf_skb_load_bytes(skb, m->payload_off, p, HTTP_STATUS_LINE_MIN))
-            return HTTP_NONE;
-    } else if (bpf_skb_load_bytes(skb, m->payload_off, p, HTTP_PEEK_LEN)) {
-        return HTTP_NONE;
+    if (!skb || n < 3 || bpf_skb_load_bytes(skb, at, p, n))
+        return 0;
+    __u32 size = 0, i = 0;
+    for (; i < 8; i++) {
+        __u8 c = p[i], d;
+        if (c >= '0' && c <= '9')
+            d = c - '0';
+        else if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f')
+            d = (c | 0x20) - 'a' + 10;
+        else
+            break;
+        size = size << 4 | d;
+    }
+    if (!i || size > 0x7fff0000)
+        return 0;
+    /* Chunk extensions (";name=value") up to the line's end. */
+    for (; i < HTTP_PEEK_LEN - 1; i++)
+        if (p[i] == '\r')
+            break;
+    if (i + 1 >= n || p[i] != '\r' || p[i + 1] != '\n')
+        return 0;
+    __u32 line = i + 2;
+    if (size)
+        return line + size + 2;
+    /* The last chunk: no trailers, the blank line, and the message ends. */
+    if (line + 1 >= n || line + 1 >= HTTP_PEEK_LEN || p[line] != '\r' || p[line + 1] != '\n')
+        return 0;
+    return (line + 2) | HTTP_CHUNK_LAST;
+}
+
+/*
+ * http_peek - the first bytes of a message whose bytes in this segment start at @at (@avail of
+ * them) into s->peek, after the bytes kept from earlier segments when @st is given.
+ * @return the valid bytes in s->peek.
+ */
+static __always_inline __u32 http_peek(struct __sk_buff *skb, struct http_scratch *s, __u32 at,
+                                       __u32 avail, struct http_stream *st)
+{
+    __u32 kept = 0;
+
+    if (st) {
+        kept = st->partial_len & (HTTP_PARTIAL_LEN - 1);
+        __builtin_memcpy(s->peek, st->partial, HTTP_PARTIAL_LEN);
+    }
+    __u32 n = avail > HTTP_PEEK_LEN ? HTTP_PEEK_LEN : avail;
+    if (n < 1 || bpf_skb_load_bytes(skb, at, s->peek + kept, n))
+        return kept;
+    return kept + n;
+}
+
+/* Answers with no body whatever their headers say. */
+static __always_inline int http_no_body(__u16 status, const struct http_request *req)
+{
+    return status < 200 || status == 204 || status == 304 ||
+           (req->head_len >= 5 && *(__u32 *)req->head == HTTP_WORD('H', 'E', 'A', 'D') &&
+            req->head[4] == ' ');
+}
+
+/* Where the HTTP stage stands in one segment (carried from one http_message() to the next). */
+struct http_pos {
+    __u32 off;       /* payload offset of the next message or chunk-size line */
+    __u32 state;     /* enum http_stream_state of the direction at off */
+    __u32 hook;      /* enum hook_kind, for events */
+    __u8 partial;    /* the message at off continues the bytes kept in the stream state */
+    __u8 triggered;  /* a response of this segment marked the flow */
+    __u8 unframed;   /* the framing was lost */
+    __u8 stop;       /* nothing more to look at in this segment */
+    __u8 kept;       /* the stream state was written here (kept bytes): leave it */
+    __u8 created;    /* the flow's shared entry was created here */
+    __u8 _pad[2];
+};
+
+/*
+ * http_message - the message (or chunk-size line) at pos->off of @m's segment: classify it,
+ * queue a request, time a response and match it against the rules, then move pos past it
+ * according to its framing. A global function: verified once.
+ * @t: the flow's shared entry (NULL: none yet; created for a message, see pos->created).
+ */
+__noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct flow_traffic *fs,
+                            struct flow_timing *t, struct http_pos *pos)
+{
+    __u32 zero = 0;
+    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+    struct http_scratch *s = bpf_map_lookup_elem(&http_scratch, &zero);
+
+    if (!skb || !m || !pos || !cnt || !s)
+        return 0;
+    __u32 len = m->payload_len, dir = m->dir & 1;
+    if (pos->off >= len) {
+        pos->stop = 1;
+        return 0;
+    }
+    __u32 at = m->payload_off + pos->off, avail = len - pos->off;
+    if (pos->state == HTTP_CHUNK) {
+        __u32 r = http_chunk(skb, at, avail);
+        if (!r) {
+            pos->unframed = 1;
+            pos->state = HTTP_SCAN;
+            pos->stop = 1;
+            return 0;
+        }
+        pos->off += r & ~HTTP_CHUNK_LAST;
+        if (r & HTTP_CHUNK_LAST)
+            pos->state = HTTP_AT;
+        return 0;
+    }
+    struct http_stream *kept = pos->partial && t ? &t->stream[dir] : NULL;
+    __u32 kept_len = kept ? kept->partial_len & (HTTP_PARTIAL_LEN - 1) : 0;
+    __u32 n = http_peek(skb, s, at, avail, kept);
+    __u16 status = 0;
+    int kind = http_kind(s->peek, n, &status);
+    pos->partial = 0;
+    pos->stop = 1;
+    if (kind == HTTP_MAYBE && n == kept_len + avail) {
+        /* The segment ends inside what could be the first line: keep its bytes. */
+        if (!t) {
+            t = timing_get(&m->key, 1, cnt);
+            pos->created = 1;
+        }
+        if (t) {
+            struct http_stream *st = &t->stream[dir];
+            __builtin_memcpy(st->partial, s->peek, HTTP_PARTIAL_LEN);
+            st->partial_len = n;
+            st->next_seq = m->seq + pos->off - kept_len;
+            st->state = HTTP_PARTIAL;
+            pos->kept = 1;
+        }
+        return 0;
+    }
+    if (kind != HTTP_REQUEST && kind != HTTP_RESPONSE) {
+        /* Not a message where one was due: the framing was lost. */
+        if (pos->state != HTTP_SCAN)
+            pos->unframed = 1;
+        pos->state = HTTP_SCAN;
+        return 0;
+    }
+    if (!t) {
+        t = timing_get(&m->key, 1, cnt);
+        pos->created = 1;
     }
 
-    *status = http_status(p, len);
-    if (*status)
-        return HTTP_RESPONSE;
-    return http_is_request(p) ? HTTP_REQUEST : HTTP_NONE;
+    struct http_framing f = {};
+    int found = http_headers(skb, s, at, avail, &f);
+    __u32 body = f.has_length ? f.content_length : 0;
+    int chunked = f.chunked, close = 0;
+    if (kind == HTTP_REQUEST) {
+        cnt->v[STAT_HTTP_REQUESTS]++;
+        if (t)
+            timing_request(skb, t, at, avail);
+    } else {
+        cnt->v[STAT_HTTP_RESPONSES]++;
+        __u64 took = 0;
+        s->req.head_len = 0;
+        /* A 1xx is interim: the request is still awaiting its final answer. */
+        if (status >= 200 && t)
+            took = timing_response(skb, m, fs, t, status);
+        if (!pos->triggered) {
+            struct rule_action *ra = rule_lookup(m->src_port, status, took);
+            struct trigger_info ti = {.took = took, .status = status, .hook = pos->hook};
+            if (ra)
+                pos->triggered = mirror_trigger(skb, m, ra, t, &ti);
+        }
+        if (http_no_body(status, &s->req)) {
+            body = 0;
+            chunked = 0;
+        } else if (!chunked && !f.has_length) {
+            close = 1; /* the body runs until the connection closes */
+        }
+    }
+    if (!found || f.unframed || !t) {
+        pos->unframed = 1;
+        pos->state = HTTP_SCAN;
+        return 0;
+    }
+    pos->off += f.hdr_len;
+    if (close) {
+        pos->state = HTTP_CLOSE;
+        return 0;
+    }
+    pos->stop = 0;
+    if (chunked) {
+        pos->state = HTTP_CHUNK;
+        return 0;
+    }
+    pos->off += body;
+    pos->state = HTTP_AT;
+    return 0;
+}
+
+/*
+ * http_segment - the HTTP stage: every message (or chunk-size line) that starts in this
+ * segment of @m's direction, in order (see http_message), then where the next one starts.
+ * Inlined into classify: every call frame counts against the 512 bytes of stack of the chain.
+ * @fs: this CPU's flow entry (may be NULL). @hook: enum hook_kind, for events.
+ * @return 1 when a response marked the flow.
+ */
+static __always_inline int http_segment(struct __sk_buff *skb, struct pkt_meta *m,
+                                        struct flow_traffic *fs, __u32 hook)
+{
+    __u32 zero = 0;
+    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+
+    if (!skb || !m || !cnt)
+        return 0;
+    __u32 len = m->payload_len, seq = m->seq, dir = m->dir & 1;
+    struct flow_timing *t = bpf_map_lookup_elem(&flow_timing, &m->key);
+    struct http_pos pos = {.hook = hook};
+    __u32 was = HTTP_SCAN;
+
+    if (t) {
+        struct http_stream *st = &t->stream[dir];
+        __s32 delta = (__s32)(st->next_seq - seq);
+        pos.state = was = st->state;
+        if (was == HTTP_CLOSE)
+            return 0;
+        if (was == HTTP_PARTIAL) {
+            /* The continuation starts right after the kept bytes; anything else: forget them. */
+            pos.partial = delta + (__s32)st->partial_len == 0;
+            pos.state = pos.partial ? HTTP_AT : HTTP_SCAN;
+        } else if (was != HTTP_SCAN) {
+            if (delta < 0) {
+                /* Past the next message without having seen it: a gap. */
+                pos.unframed = 1;
+                pos.state = HTTP_SCAN;
+            } else if ((__u32)delta >= len) {
+                return 0; /* body only (or a retransmission of it) */
+            } else {
+                pos.off = delta;
+            }
+        }
+    }
+
+    for (int i = 0; i < HTTP_SEGMENT_MSGS && !pos.stop; i++)
+        http_message(skb, m, fs, t, &pos);
+    /* Messages left unread in this segment: the framing is lost. */
+    if (!pos.stop && pos.off < len && pos.state != HTTP_SCAN) {
+        pos.unframed = 1;
+        pos.state = HTTP_SCAN;
+    }
+    if (pos.unframed)
+        cnt->v[STAT_HTTP_UNFRAMED]++;
+    if (pos.created)
+        t = bpf_map_lookup_elem(&flow_timing, &m->key);
+    /* Written only when there is something to say: a flow that is not HTTP never writes. */
+    if (t && !pos.kept && (pos.state != HTTP_SCAN || was != HTTP_SCAN)) {
+        struct http_stream *st = &t->stream[dir];
+        st->state = pos.state;
+        st->next_seq = seq + pos.off;
+        st->partial_len = 0;
+    }
+    return pos.triggered;
 }
 
 #endif /* MIRROR_HTTP_H */

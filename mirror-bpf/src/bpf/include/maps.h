@@ -35,8 +35,9 @@ struct {
 
 /*
  * Key: struct flow_key. Value: struct flow_timing.
- * Request and handshake times, written in place; read by the answer on any CPU. Only
- * packets that carry a request, a SYN or a status line (and early ACKs) touch it.
+ * Handshake times, each direction's HTTP framing (where the next message starts) and the
+ * requests awaiting answers, written in place and read on any CPU. Packets with a payload,
+ * SYNs and early ACKs look it up; it is created by the first HTTP message or SYN of a flow.
  */
 struct {
     __uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -45,6 +46,42 @@ struct {
     __type(value, struct flow_timing);
 } flow_timing SEC(".maps");
 
+/*
+ * Key: struct flow_key. Value: struct flow_nat.
+ * The two keys of a connection translated by conntrack, each pointing to the other. Written
+ * when a flow is created (or a response or trigger needs it), read by responses and triggers.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, struct flow_key);
+    __type(value, struct flow_nat);
+} flow_nat SEC(".maps");
+
+/* Key: 0. Value: struct zero_values, the initial values of new flow_table and flow_timing
+ * entries (too large for the stack). Never written. */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct zero_values);
+} zero_values SEC(".maps");
+
+/* Key: 0. Value: struct nat_scratch, per CPU: the conntrack lookup's buffers. */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct nat_scratch);
+} nat_scratch SEC(".maps");
+
+/* Key: 0. Value: struct http_scratch, per CPU: the HTTP stage's buffers. */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct http_scratch);
+} http_scratch SEC(".maps");
 
 /*
  * Key: HTTP status (0..599). Value: struct rule_entry of the rules covering it.
@@ -93,18 +130,6 @@ struct {
 } stats SEC(".maps");
 
 
-/*
- * Key: 0. Value: 1 when this run's packet is to be copied by act_mirred (mirred method), per
- * CPU: a tc run is never interrupted by another on its CPU. The verdict goes through memory
- * rather than the return value so that the verifier need not keep apart every path by what
- * it returns (that doubled the instructions it walks, to 850k of its 1M budget).
- */
-struct {
-    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-    __uint(max_entries, 1);
-    __type(key, __u32);
-    __type(value, __u32);
-} mirred_verdict SEC(".maps");
 
 /* Key: 0. Value: struct settings. */
 struct {

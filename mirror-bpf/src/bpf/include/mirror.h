@@ -9,7 +9,7 @@
 
 #include "maps.h"
 #include "parse.h"
-#include "timing.h"
+#include "nat.h"
 
 /* rule_pick - the rule of @e that matches a response that took @took ns (0: unknown). */
 static __always_inline struct rule_action *rule_pick(struct rule_entry *e, __u64 took)
@@ -72,6 +72,12 @@ static __always_inline struct mirror_mark *mark_lookup(struct flow_traffic *fs,
 static __always_inline int mark_admit(struct mirror_mark *mk, __u32 len, __u64 now,
                                       struct counters *cnt)
 {
+    /* The other tuple of a translated connection: one budget, kept in the first mark. */
+    if (mk->linked) {
+        mk = bpf_map_lookup_elem(&mirror_marks, &mk->peer);
+        if (!mk)
+            return 0;
+    }
     if (mk->ended)
         return 0;
     if (mk->deadline_ns && now > mk->deadline_ns)
@@ -93,7 +99,8 @@ end:
 
 /*
  * mirror_copy - copy the packet to the mirror interface.
- * With MIRROR_MIRRED the classic filter's act_mirred copies: we only count.
+ * With MIRROR_MIRRED the classic filter's act_mirred copies (on the program's match): we
+ * only count.
  * @return 1 when a copy was made (or handed to mirred).
  */
 static __always_inline int mirror_copy(struct __sk_buff *skb, enum mirror_method method,
@@ -113,30 +120,25 @@ static __always_inline int mirror_copy(struct __sk_buff *skb, enum mirror_method
             cnt->v[STAT_MIRROR_ERRORS]++;
             return 0;
         }
-    } else {
-        __u32 zero = 0;
-        __u32 *verdict = bpf_map_lookup_elem(&mirred_verdict, &zero);
-
-        if (verdict)
-            *verdict = 1;
     }
     cnt->v[STAT_MIRRORED_PACKETS]++;
     cnt->v[STAT_MIRRORED_BYTES] += len;
     return 1;
 }
 
-/* The HTTP exchange that triggered: its status, response time and request. */
-struct trigger_ctx {
-    __u16 status;
-    __u64 took;             /* request to status line, 0 if no request was seen */
-    struct flow_timing *t;  /* the flow's timing entry (request head), may be NULL */
+/* What a trigger reports besides the flow and rule. */
+struct trigger_info {
+    __u64 took;   /* the response time (0: unknown) */
+    __u32 status; /* the response's status */
+    __u32 hook;   /* enum hook_kind */
 };
 
 /* emit_trigger - one ring-buffer record for the trigger; counted when the buffer is full. */
 static __always_inline void emit_trigger(struct __sk_buff *skb, const struct pkt_meta *m,
                                          const struct rule_action *ra,
-                                         const struct trigger_ctx *tc, enum hook_kind hook,
-                                         __u64 now, struct counters *cnt)
+                                         const struct trigger_info *ti,
+                                         const struct http_request *req, const struct flow_key *peer,
+                                         struct counters *cnt)
 {
     struct trigger_event *ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
 
@@ -145,19 +147,21 @@ static __always_inline void emit_trigger(struct __sk_buff *skb, const struct pkt
         return;
     }
     ev->key = m->key;
-    ev->ts_ns = now;
+    if (peer)
+        ev->nat = *peer;
+    else
+        __builtin_memset(&ev->nat, 0, sizeof(ev->nat));
+    ev->ts_ns = bpf_ktime_get_ns();
     ev->rule_id = ra->rule_id;
     ev->ifindex = skb->ifindex;
-    ev->status = tc->status;
-    ev->hook = hook;
+    ev->status = ti->status;
+    ev->hook = ti->hook;
     ev->dir = m->dir;
-    ev->request_to_response_ns = tc->took;
+    ev->request_to_response_ns = ti->took;
     ev->request_head_len = 0;
-
-    struct flow_timing *t = tc->t;
-    if (tc->took && t) {
-        ev->request_head_len = t->head_len;
-        __builtin_memcpy(ev->request_head, t->head, HTTP_REQUEST_HEAD_LEN);
+    if (req->head_len) {
+        ev->request_head_len = req->head_len;
+        __builtin_memcpy(ev->request_head, req->head, HTTP_REQUEST_HEAD_LEN);
     } else {
         __builtin_memset(ev->request_head, 0, HTTP_REQUEST_HEAD_LEN);
     }
@@ -165,45 +169,59 @@ static __always_inline void emit_trigger(struct __sk_buff *skb, const struct pkt
 }
 
 /*
- * mirror_trigger - a response matched @ra: mark the flow, count, report, mirror this packet.
- * @now: the coarse clock of mark limits; @precise: the clock of the request timestamps.
- * @return 1 when the packet is to be mirrored.
+ * mirror_trigger - a response with @status matched @ra: mark the flow (and, across NAT, the
+ * connection's other key, sharing the budget), count, report. The packet itself is copied by
+ * the caller, like every packet of a marked flow. A global function: verified once.
+ * @t: the flow's shared entry (may be NULL); the request answered, if any, is in the HTTP
+ * stage's scratch area (see timing_response).
+ * @return 1 when this call marked the flow, 0 when it was marked already (or could not be).
  */
-static __always_inline int mirror_trigger(struct __sk_buff *skb, const struct pkt_meta *m,
-                                          const struct rule_action *ra,
-                                          const struct trigger_ctx *tc, enum hook_kind hook,
-                                          __u64 now, __u64 precise, struct counters *cnt)
+__noinline int mirror_trigger(struct __sk_buff *skb, struct pkt_meta *m, struct rule_action *ra,
+                              struct flow_timing *t, struct trigger_info *ti)
 {
-    struct mirror_mark init = {
-        .rule_id = ra->rule_id,
-        .slot = ra->slot,
-        .trigger_ns = now,
-        .deadline_ns = ra->max_duration_ns ? now + ra->max_duration_ns : 0,
-        .max_packets = ra->max_packets,
-        .max_bytes = ra->max_bytes,
-        .status = tc->status,
-    };
+    __u32 zero = 0;
+    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+    struct http_scratch *s = bpf_map_lookup_elem(&http_scratch, &zero);
 
-    if (bpf_map_update_elem(&mirror_marks, &m->key, &init, BPF_NOEXIST)) {
-        /* Another CPU marked it first: follow its mark. */
-        struct mirror_mark *mk = bpf_map_lookup_elem(&mirror_marks, &m->key);
-        if (!mk) {
+    if (!skb || !m || !ra || !ti || !cnt || !s)
+        return 0;
+    __u32 status = ti->status;
+    __u64 now = bpf_ktime_get_coarse_ns();
+    struct flow_key *peer = &s->peer;
+    int nat = nat_peer(skb, m, t, peer);
+    struct mirror_mark *init = &s->mark;
+    __builtin_memset(init, 0, sizeof(*init));
+    init->rule_id = ra->rule_id;
+    init->slot = ra->slot;
+    init->trigger_ns = now;
+    init->deadline_ns = ra->max_duration_ns ? now + ra->max_duration_ns : 0;
+    init->max_packets = ra->max_packets;
+    init->max_bytes = ra->max_bytes;
+    init->status = status;
+    if (nat)
+        init->peer = *peer;
+
+    if (bpf_map_update_elem(&mirror_marks, &m->key, init, BPF_NOEXIST)) {
+        /* Marked before (by another CPU, or an earlier response): nothing to do. */
+        if (!bpf_map_lookup_elem(&mirror_marks, &m->key))
             cnt->v[STAT_MARK_INSERT_FAILED]++;
-            return 1;
-        }
-        return mark_admit(mk, skb->len, now, cnt);
+        return 0;
     }
-
+    if (nat) {
+        init->linked = 1;
+        init->peer = m->key;
+        if (bpf_map_update_elem(&mirror_marks, peer, init, BPF_NOEXIST) &&
+            !bpf_map_lookup_elem(&mirror_marks, peer))
+            cnt->v[STAT_MARK_INSERT_FAILED]++;
+    }
     __sync_fetch_and_add(&mark_epoch, 1);
     __u32 slot = ra->slot;
     __u64 *hits = bpf_map_lookup_elem(&rule_hits, &slot);
     if (hits)
         (*hits)++;
     cnt->v[STAT_TRIGGERS]++;
-    emit_trigger(skb, m, ra, tc, hook, precise, cnt);
-
-    struct mirror_mark *mk = bpf_map_lookup_elem(&mirror_marks, &m->key);
-    return mk ? mark_admit(mk, skb->len, now, cnt) : 1;
+    emit_trigger(skb, m, ra, ti, &s->req, nat ? peer : NULL, cnt);
+    return 1;
 }
 
 #endif /* MIRROR_MIRROR_H */

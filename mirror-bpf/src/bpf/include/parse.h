@@ -28,9 +28,12 @@ struct pkt_meta {
     struct flow_key key;
     __u32 payload_off; /* from the start of the frame */
     __u32 payload_len; /* TCP payload length per the IP header */
+    __u32 seq;         /* TCP sequence number, host order */
     __u16 src_port;    /* host order */
+    __u16 dst_port;    /* host order */
     __u8 dir;          /* enum flow_dir */
     __u8 tcp_flags;
+    __u8 _pad[2];
 };
 
 struct cursor {
@@ -53,11 +56,12 @@ static __always_inline void *cursor_take(struct cursor *c, __u32 len)
 }
 
 /*
- * flow_key_set - fill @m->key in canonical order from source and destination endpoints.
- * @saddr/@daddr: four words each (IPv4 uses word 0). Sets @m->dir to the packet's direction.
+ * flow_key_make - fill @k in canonical order from source and destination endpoints.
+ * @saddr/@daddr: four words each (IPv4 uses word 0); ports in host order.
+ * @return the direction (enum flow_dir) of a packet from source to destination.
  */
-static __always_inline void flow_key_set(struct pkt_meta *m, const __u32 *saddr, const __u32 *daddr,
-                                         __u16 sport, __u16 dport)
+static __always_inline __u8 flow_key_make(struct flow_key *k, const __u32 *saddr, const __u32 *daddr,
+                                          __u16 sport, __u16 dport)
 {
     int src_is_lo = 0, decided = 0;
 
@@ -76,12 +80,12 @@ static __always_inline void flow_key_set(struct pkt_meta *m, const __u32 *saddr,
 
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        m->key.addr_lo[i] = lo[i];
-        m->key.addr_hi[i] = hi[i];
+        k->addr_lo[i] = lo[i];
+        k->addr_hi[i] = hi[i];
     }
-    m->key.port_lo = src_is_lo ? sport : dport;
-    m->key.port_hi = src_is_lo ? dport : sport;
-    m->dir = src_is_lo ? FLOW_DIR_FORWARD : FLOW_DIR_REVERSE;
+    k->port_lo = src_is_lo ? sport : dport;
+    k->port_hi = src_is_lo ? dport : sport;
+    return src_is_lo ? FLOW_DIR_FORWARD : FLOW_DIR_REVERSE;
 }
 
 /*
@@ -111,11 +115,13 @@ static __always_inline int parse_tcp(struct cursor *c, void *frame, struct pkt_m
         return PARSE_MALFORMED;
 
     __u16 sport = bpf_ntohs(tcp->source);
-    flow_key_set(m, saddr, daddr, sport, bpf_ntohs(tcp->dest));
+    m->dir = flow_key_make(&m->key, saddr, daddr, sport, bpf_ntohs(tcp->dest));
     m->key.proto = IPPROTO_TCP;
     m->key._pad[0] = 0;
     m->key._pad[1] = 0;
     m->src_port = sport;
+    m->dst_port = bpf_ntohs(tcp->dest);
+    m->seq = bpf_ntohl(tcp->seq);
     m->tcp_flags = ((__u8 *)tcp)[13];
     m->payload_off = (__u32)(c->pos - frame);
     m->payload_len = l4_len - doff;
@@ -216,11 +222,13 @@ static __always_inline int parse_ipv6(struct cursor *c, void *frame, struct pkt_
 }
 
 /*
- * parse_packet - parse the frame of @skb into @m.
+ * parse_packet - parse the frame of @skb into @m. A global function: verified once, on its own.
  * @return enum parse_result.
  */
-static __always_inline int parse_packet(struct __sk_buff *skb, struct pkt_meta *m)
+__noinline int parse_packet(struct __sk_buff *skb, struct pkt_meta *m)
 {
+    if (!skb || !m)
+        return PARSE_MALFORMED;
     void *frame = (void *)(long)skb->data;
     struct cursor c = {.pos = frame, .end = (void *)(long)skb->data_end};
     struct ethhdr *eth = cursor_take(&c, sizeof(*eth));

@@ -3,8 +3,8 @@
  * This file contains the timing of flows: HTTP request to response time and TCP handshake
  * time, kept per flow and aggregated in the kernel into per-interface latency histograms
  * (never one event per packet). The two ends of an interval may be seen on different CPUs,
- * so their timestamps meet in the shared flow_timing map; the clock is read only on the
- * packets that start or end an interval.
+ * and, across NAT, under the two keys of one connection: their timestamps meet in the shared
+ * flow_timing map; the precise clock is read only on the packets that start or end an interval.
  */
 #ifndef MIRROR_TIMING_H
 #define MIRROR_TIMING_H
@@ -12,6 +12,7 @@
 #include "maps.h"
 #include "parse.h"
 #include "hist.h"
+#include "nat.h"
 
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_ACK 0x10
@@ -25,7 +26,7 @@ static __always_inline int timing_on(__u32 group)
     return set && (set->timing & group);
 }
 
-/* timing_get - the flow's shared timing entry, created when @create. */
+/* timing_get - the flow's shared entry, created when @create. */
 static __always_inline struct flow_timing *timing_get(const struct flow_key *key, int create,
                                                       struct counters *cnt)
 {
@@ -33,8 +34,11 @@ static __always_inline struct flow_timing *timing_get(const struct flow_key *key
 
     if (t || !create)
         return t;
-    struct flow_timing init = {};
-    bpf_map_update_elem(&flow_timing, key, &init, BPF_NOEXIST);
+    /* Too large for the stack: new entries are copied from a zeroed one. */
+    __u32 zero = 0;
+    struct zero_values *init = bpf_map_lookup_elem(&zero_values, &zero);
+    if (init)
+        bpf_map_update_elem(&flow_timing, key, &init->timing, BPF_NOEXIST);
     t = bpf_map_lookup_elem(&flow_timing, key);
     if (!t)
         cnt->v[STAT_TIMING_INSERT_FAILED]++;
@@ -42,76 +46,104 @@ static __always_inline struct flow_timing *timing_get(const struct flow_key *key
 }
 
 /*
- * timing_request - an HTTP request starts: remember when, and its first bytes for events.
- * Written in place after the first request, so keep-alive flows never reinsert.
+ * timing_request - an HTTP request starts at @at (offset in the frame): queue it behind the
+ * requests still awaiting answers (pipelining), with its first bytes (for events, and to know
+ * a HEAD) and, when HTTP timing is on, the time. The oldest is dropped when the queue is full.
  */
-static __always_inline void timing_request(struct __sk_buff *skb, const struct pkt_meta *m,
-                                           struct counters *cnt)
+__noinline int timing_request(struct __sk_buff *skb, struct flow_timing *t, __u32 at, __u32 avail)
 {
-    cnt->v[STAT_HTTP_REQUESTS]++;
-    if (!timing_on(TIMING_HTTP))
-        return;
-    struct flow_timing *t = timing_get(&m->key, 1, cnt);
-    if (!t)
-        return;
-    __u32 n = m->payload_len;
+    if (!skb || !t)
+        return 0;
+    if (t->req_tail - t->req_head >= HTTP_PIPELINE)
+        t->req_head++;
+    struct http_request *r = &t->req[t->req_tail % HTTP_PIPELINE];
+    __u32 n = avail;
     if (n > HTTP_REQUEST_HEAD_LEN)
         n = HTTP_REQUEST_HEAD_LEN;
-    /* payload_len >= HTTP_STATUS_LINE_MIN here; the check keeps the verifier's bound. */
-    if (n < 1 || bpf_skb_load_bytes(skb, m->payload_off, t->head, n))
+    if (n < 1 || bpf_skb_load_bytes(skb, at, r->head, n))
         n = 0;
-    t->head_len = n;
-    t->request_ns = bpf_ktime_get_ns();
+    r->head_len = n;
+    r->ts_ns = timing_on(TIMING_HTTP) ? bpf_ktime_get_ns() : 0;
+    t->req_tail++;
+    return 0;
+}
+
+/* request_pop - the oldest request of @t awaiting an answer, copied to @out. @return 1 if any. */
+static __always_inline int request_pop(struct flow_timing *t, struct http_request *out)
+{
+    if (t->req_head == t->req_tail)
+        return 0;
+    __builtin_memcpy(out, &t->req[t->req_head % HTTP_PIPELINE], sizeof(*out));
+    t->req_head++;
+    return 1;
 }
 
 /*
- * timing_response - a status line: the time since the flow's pending request, if any, is
- * added to the flow and to the histogram of this interface and status class. The clock is
- * read only when a request is pending.
- * @now: set to the precise clock when it was read.
- * @return the response time (0: no request was pending); @t is set to the timing entry.
+ * timing_response - a final status line of @m's flow: the request it answers is the oldest
+ * pending one, under the flow's own key or, across NAT, under the connection's other key.
+ * Its time is added to the flow (@fs, may be NULL) and to the histogram of this interface and
+ * status class.
+ * @t: the flow's shared entry.
+ * The request answered is left in the HTTP stage's scratch area (zeroed when none).
+ * @return the response time in ns (0: no timed request was pending).
  */
-static __always_inline __u64 timing_response(struct __sk_buff *skb, const struct pkt_meta *m,
-                                             struct flow_traffic *fs, __u16 status, __u64 *now,
-                                             struct flow_timing **t, struct counters *cnt)
+__noinline __u64 timing_response(struct __sk_buff *skb, struct pkt_meta *m, struct flow_traffic *fs,
+                                 struct flow_timing *t, __u32 status)
 {
-    *t = timing_get(&m->key, 0, cnt);
-    if (!*t)
+    __u32 zero = 0;
+    struct http_scratch *s = bpf_map_lookup_elem(&http_scratch, &zero);
+
+    if (!skb || !m || !t || !s)
         return 0;
-    __u64 req = (*t)->request_ns;
-    if (!req)
+    struct http_request *req = &s->req;
+    __builtin_memset(req, 0, sizeof(*req));
+    if (!request_pop(t, req)) {
+        /* Across NAT the request was seen under the other key (on the client's veth). */
+        if (!nat_peer(skb, m, t, &s->peer))
+            return 0;
+        struct flow_timing *pt = bpf_map_lookup_elem(&flow_timing, &s->peer);
+        if (!pt || !request_pop(pt, req))
+            return 0;
+    }
+    if (!req->ts_ns)
         return 0;
-    *now = bpf_ktime_get_ns();
-    if (req > *now)
+    __u64 now = bpf_ktime_get_ns();
+    if (req->ts_ns > now)
         return 0;
-    /* Answered: a later status line of the same flow needs a new request. */
-    (*t)->request_ns = 0;
-    __u64 took = *now - req;
+    __u64 took = now - req->ts_ns;
     if (fs) {
         fs->http_time_sum_ns += took;
         fs->http_timed++;
         if (took > fs->http_time_max_ns)
             fs->http_time_max_ns = took;
     }
-    if (hist_add(skb->ifindex, HIST_HTTP_RESPONSE, status / 100, took))
-        cnt->v[STAT_HIST_INSERT_FAILED]++;
+    if (hist_add(skb->ifindex, HIST_HTTP_RESPONSE, status / 100, took)) {
+        __u32 zero = 0;
+        struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+        if (cnt)
+            cnt->v[STAT_HIST_INSERT_FAILED]++;
+    }
     return took;
 }
 
 /*
- * timing_handshake - SYN, SYN/ACK and the ACK that completes the handshake. Only SYNs and
- * the first two packets of a direction on this CPU look at the shared entry.
+ * timing_handshake - SYN, SYN/ACK and the ACK that completes the handshake. Across NAT the
+ * SYN/ACK is seen under the other key than the SYN and the ACK: it is stamped on theirs.
+ * A global function: verified once.
  */
-static __always_inline void timing_handshake(struct __sk_buff *skb, const struct pkt_meta *m,
-                                             struct flow_traffic *fs, struct counters *cnt)
+__noinline int timing_handshake(struct __sk_buff *skb, struct pkt_meta *m, struct flow_traffic *fs)
 {
-    __u8 f = m->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK);
+    __u32 zero = 0;
+    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
 
+    if (!skb || !m || !cnt)
+        return 0;
+    __u8 f = m->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK);
     /* Most packets leave here: neither a SYN nor one of the first ACKs of their direction. */
     if (!(f & TCP_FLAG_SYN) && (f != TCP_FLAG_ACK || !fs || fs->dir[m->dir & 1].packets > 2))
-        return;
+        return 0;
     if (!timing_on(TIMING_HANDSHAKE))
-        return;
+        return 0;
     if (f == TCP_FLAG_SYN) {
         struct flow_timing *t = timing_get(&m->key, 1, cnt);
         if (t) {
@@ -119,25 +151,32 @@ static __always_inline void timing_handshake(struct __sk_buff *skb, const struct
             t->synack_ns = 0;
             t->syn_dir = m->dir;
         }
-        return;
+        return 0;
     }
     if (f == (TCP_FLAG_SYN | TCP_FLAG_ACK)) {
         struct flow_timing *t = timing_get(&m->key, 0, cnt);
+        if (!t || !t->syn_ns) {
+            struct flow_key peer;
+            if (!nat_peer(skb, m, t, &peer))
+                return 0;
+            t = bpf_map_lookup_elem(&flow_timing, &peer);
+        }
         if (t && t->syn_ns)
             t->synack_ns = bpf_ktime_get_ns();
-        return;
+        return 0;
     }
     struct flow_timing *t = timing_get(&m->key, 0, cnt);
     if (!t || !fs || !t->synack_ns || !t->syn_ns || t->syn_dir != m->dir)
-        return;
+        return 0;
     __u64 now = bpf_ktime_get_ns();
     if (now < t->syn_ns)
-        return;
+        return 0;
     __u64 took = now - t->syn_ns;
     t->syn_ns = 0; /* measured once */
     fs->handshake_us = took / 1000 ?: 1;
     if (hist_add(skb->ifindex, HIST_TCP_HANDSHAKE, 0, took))
         cnt->v[STAT_HIST_INSERT_FAILED]++;
+    return 0;
 }
 
 #endif /* MIRROR_TIMING_H */

@@ -12,6 +12,14 @@
 enum mirror_limits {
     /* Raw start of an HTTP request kept for events: "OPTIONS " + 64 target bytes + slack. */
     HTTP_REQUEST_HEAD_LEN = 88,
+    /* Requests of one flow awaiting their responses (pipelining), oldest first. */
+    HTTP_PIPELINE = 4,
+    /* First bytes of a message kept when its segment ends before they can be classified. */
+    HTTP_PARTIAL_LEN = 16,
+    /* Bytes of a message searched for the end of its header block (a power of two). */
+    HTTP_SCAN_MAX = 512,
+    /* Messages (or chunk-size lines) looked at in one segment. */
+    HTTP_SEGMENT_MSGS = 8,
     /* status_rules is indexed by the status code itself: 0..599. */
     HTTP_STATUS_SLOTS = 600,
     /* Rule hit counters are indexed by rule slot; 0 is never used. */
@@ -76,6 +84,13 @@ enum stat_idx {
     STAT_TIMING_INSERT_FAILED, /* flow_timing insert failed (request or SYN not timed) */
     STAT_HIST_INSERT_FAILED,   /* latency_hists insert failed (a sample was lost) */
     STAT_RINGBUF_DROPS,       /* trigger events lost because the ring buffer was full */
+    STAT_HTTP_UNFRAMED,       /* a message's framing could not be followed (headers longer than
+                               * HTTP_SCAN_MAX or a segment, too many messages in a segment, a
+                               * gap): its direction is looked at on segment starts until the
+                               * next message found there */
+    STAT_CT_LOOKUPS,          /* conntrack lookups (new flows, and responses or triggers whose
+                               * other tuple was not known yet) */
+    STAT_NAT_FLOWS,           /* connections found translated by conntrack: one flow, two tuples */
     STAT_MAX,
 };
 
@@ -91,6 +106,32 @@ struct flow_key {
     __u8 proto;
     __u8 family; /* 4 or 6 */
     __u8 _pad[2];
+};
+
+/* One direction of a connection as conntrack records it (IPv4 uses word 0). */
+struct ct_tuple {
+    __u32 src[4];
+    __u32 dst[4];
+    __u16 sport; /* host order */
+    __u16 dport;
+};
+
+/* Which tuple of a translated connection a flow key is. */
+enum nat_side {
+    NAT_SIDE_ORIG = 0,  /* the client's view (before DNAT), e.g. client:port <-> VIP:80 */
+    NAT_SIDE_REPLY = 1, /* the server's view (after DNAT/SNAT), e.g. client:port <-> pod:80 */
+};
+
+/*
+ * flow_nat value: a connection that conntrack translated is seen under two flow keys, one
+ * per side of the translation. Each key maps to the other (peer) and both tuples.
+ */
+struct flow_nat {
+    struct flow_key peer;
+    struct ct_tuple orig;  /* client -> service, as sent */
+    struct ct_tuple reply; /* server -> client, as answered (after translation) */
+    __u8 side;             /* enum nat_side of the key this value is stored under */
+    __u8 _pad[7];
 };
 
 /* Traffic of one direction of a flow, on one CPU. */
@@ -153,18 +194,76 @@ struct mirror_mark {
     __u64 bytes;
     __u32 ended;  /* a limit was reached: nothing more is mirrored (32 bits for cmpxchg) */
     __u16 status; /* the status that triggered */
-    __u16 _pad;
+    __u8 linked;  /* this key is the other tuple of a translated connection: the budget is
+                   * the mark of `peer` */
+    __u8 _pad;
+    struct flow_key peer; /* the other tuple of a translated connection (zero: none) */
 };
 
-/* Timestamps of a flow that two CPUs may see halves of (shared by all CPUs). */
+/* Where one direction of a flow stands in its stream of HTTP/1.x messages. */
+enum http_stream_state {
+    HTTP_SCAN = 0,    /* framing unknown: a message is looked for at segment starts */
+    HTTP_AT = 1,      /* the next message starts at next_seq */
+    HTTP_CHUNK = 2,   /* a chunk-size line of a chunked body starts at next_seq */
+    HTTP_PARTIAL = 3, /* a message starts at next_seq; its first partial_len bytes are kept */
+    HTTP_CLOSE = 4,   /* the body runs until the connection closes: no further message */
+};
+
+/* One direction's stream state (in struct flow_timing, shared by all CPUs). */
+struct http_stream {
+    __u32 next_seq;   /* TCP sequence number of the next message (state != HTTP_SCAN) */
+    __u8 state;       /* enum http_stream_state */
+    __u8 partial_len; /* valid bytes in partial (HTTP_PARTIAL) */
+    __u8 _pad[2];
+    __u8 partial[HTTP_PARTIAL_LEN];
+};
+
+/* A request awaiting its response. */
+struct http_request {
+    __u64 ts_ns;     /* its first segment, bpf_ktime_get_ns() */
+    __u32 head_len;  /* valid bytes in head */
+    __u32 _pad;
+    __u8 head[HTTP_REQUEST_HEAD_LEN]; /* raw "METHOD target HTTP/1.x" prefix */
+};
+
+/*
+ * Per-flow state that two CPUs may see halves of (shared by all CPUs): the handshake's
+ * timestamps, the HTTP message framing of each direction, and the requests awaiting answers.
+ */
 struct flow_timing {
-    __u64 request_ns; /* latest request not yet answered (0: none) */
     __u64 syn_ns;     /* SYN, until the handshake completes */
     __u64 synack_ns;  /* SYN/ACK */
-    __u32 head_len;   /* valid bytes in head */
+    __u32 req_head;   /* requests popped (answered) so far; the oldest pending is req_head % HTTP_PIPELINE */
+    __u32 req_tail;   /* requests pushed so far */
     __u8 syn_dir;     /* enum flow_dir of the SYN */
-    __u8 _pad[3];
-    __u8 head[HTTP_REQUEST_HEAD_LEN]; /* raw "METHOD target HTTP/1.x" prefix of the request */
+    __u8 nat_checked; /* conntrack was asked whether this connection is translated */
+    __u8 _pad[6];
+    struct http_stream stream[FLOW_DIRS];
+    struct http_request req[HTTP_PIPELINE];
+};
+
+/* Zeroed initial values of new map entries (too large for the stack). Never written. */
+struct zero_values {
+    struct flow_timing timing;
+    struct flow_traffic traffic;
+};
+
+/* Per-CPU scratch space of a conntrack lookup (too large for the stack). */
+struct nat_scratch {
+    struct flow_nat nat;
+    struct flow_key orig;  /* the key of the client's tuple */
+    struct flow_key reply; /* the key of the server's tuple */
+    __u8 tuple[40];        /* struct bpf_sock_tuple (36 bytes) */
+    __u8 opts[16];         /* struct bpf_ct_opts */
+};
+
+/* Per-CPU scratch space of the HTTP stage (too large for the stack). */
+struct http_scratch {
+    __u8 buf[HTTP_SCAN_MAX + 64];    /* a message's header block (slack for 8-byte reads) */
+    __u8 peek[2 * HTTP_PARTIAL_LEN]; /* kept partial bytes followed by the segment's first */
+    struct http_request req;         /* the request a response answers */
+    struct mirror_mark mark;         /* a new mark, before its insert */
+    struct flow_key peer;            /* the other key of a translated connection */
 };
 
 /* When a packet entered the node and reached the classifier (kernel stack latency). */
@@ -200,6 +299,7 @@ struct latency_hist {
 /* Ring-buffer record, one per trigger. */
 struct trigger_event {
     struct flow_key key;
+    struct flow_key nat; /* the connection's other tuple when conntrack translated it (zero: none) */
     __u64 ts_ns;
     __u64 request_to_response_ns; /* 0 when no request was seen */
     __u32 rule_id;
