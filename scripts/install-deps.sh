@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs what building, testing and the demo need on Debian/Ubuntu: the BPF toolchain, the
-# network tools the tests and benchmarks drive (iproute2, tcpdump, tshark, curl, nginx, python3,
-# iperf3, wrk, sockperf) and Rust. Idempotent: only what is missing is installed. Run as root.
+# network tools the tests and benchmarks drive (iproute2, iptables, nftables, conntrack, tcpdump,
+# tshark, curl, nginx, python3, iperf3, wrk, sockperf) and Rust. Idempotent: only what is
+# missing is installed. Run as root.
 set -euo pipefail
 
 PACKAGES=(
     build-essential pkg-config clang llvm libelf-dev zlib1g-dev   # libbpf + BPF C
     ca-certificates                                                # https for rustup
     iproute2 ethtool bpftool                                       # links, tc, netns, BPF
+    iptables nftables conntrack                                    # kube-proxy-like Service NAT
     tcpdump tshark                                                 # captures on the mirror
     curl nginx-light python3 iperf3 wrk sockperf                   # servers, clients, load
     procps psmisc util-linux coreutils git                         # sysctl, taskset, nsenter, timeout
