@@ -16,16 +16,40 @@ pub struct Capture {
     file: PathBuf,
 }
 
+/// Which packets of an interface a capture keeps (tcpdump's `-Q`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Received by the interface.
+    In,
+    /// Sent by it.
+    Out,
+    /// Both.
+    Both,
+}
+
 impl Capture {
     /// Captures on `dev` in `ns` into `file`, keeping frames that match `filter` (a pcap filter
     /// expression, "" for all). Returns once tcpdump is capturing.
     pub fn start(ns: &Netns, dev: &str, filter: &str, file: &Path) -> Capture {
+        Capture::start_directed(ns, dev, Direction::Both, filter, file)
+    }
+
+    /// Like [`Capture::start`], keeping only the frames that go `direction`.
+    pub fn start_directed(ns: &Netns, dev: &str, direction: Direction, filter: &str, file: &Path) -> Capture {
         let mut cmd = ns.command("tcpdump");
         // -U with --immediate-mode: each packet reaches the file at once, so SIGINT loses none.
         // -Z root: tcpdump would otherwise drop to a user that cannot write our temp dir.
         // -B: 8 MiB of kernel buffer, so that bursts of short connections are not dropped.
-        cmd.args(["-i", dev, "-nn", "-s", "0", "-B", "8192", "-U", "--immediate-mode", "-Z", "root", "-w"])
-            .arg(file);
+        // Nanosecond time stamps: captures on several interfaces of one namespace share a clock
+        // and are merged in time order.
+        cmd.args(["-i", dev, "-nn", "-s", "0", "-B", "8192", "-U", "--immediate-mode", "-Z", "root"]);
+        cmd.args(["--time-stamp-precision", "nano"]);
+        match direction {
+            Direction::In => cmd.args(["-Q", "in"]),
+            Direction::Out => cmd.args(["-Q", "out"]),
+            Direction::Both => &mut cmd,
+        };
+        cmd.arg("-w").arg(file);
         if !filter.is_empty() {
             cmd.arg(filter);
         }
@@ -54,7 +78,7 @@ impl Capture {
 }
 
 /// Time for the last packets (the connection's close) to pass every capture point.
-const SETTLE: Duration = Duration::from_millis(300);
+pub const SETTLE: Duration = Duration::from_millis(300);
 
 /// Packets seen at an endpoint and on the mirror during the same traffic.
 pub struct Recording {

@@ -10,6 +10,8 @@ use mirror_bpf::FlowKey;
 /// One captured TCP segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet {
+    /// When it was captured, ns since the epoch (µs precision unless the capture asked for ns).
+    pub ts_ns: u64,
     /// Sender.
     pub src: SocketAddr,
     /// Receiver.
@@ -93,9 +95,11 @@ pub fn read(path: &Path) -> Trace {
     let data = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     assert!(data.len() >= 24, "{}: no pcap header", path.display());
     let magic = u32::from_le_bytes(data[..4].try_into().unwrap());
-    let le = match magic {
-        0xa1b2_c3d4 | 0xa1b2_3c4d => true,
-        0xd4c3_b2a1 | 0x4d3c_b2a1 => false,
+    let (le, nano) = match magic {
+        0xa1b2_c3d4 => (true, false),
+        0xa1b2_3c4d => (true, true),
+        0xd4c3_b2a1 => (false, false),
+        0x4d3c_b2a1 => (false, true),
         _ => panic!("{}: not a pcap file (magic {magic:#x})", path.display()),
     };
     let u32_at = |off: usize| {
@@ -116,7 +120,9 @@ pub fn read(path: &Path) -> Trace {
         if start + caplen > data.len() {
             break;
         }
-        match parse_frame(&data[start..start + caplen]) {
+        let frac = u64::from(u32_at(off + 4));
+        let ts_ns = u64::from(u32_at(off)) * 1_000_000_000 + if nano { frac } else { frac * 1_000 };
+        match parse_frame(&data[start..start + caplen], ts_ns) {
             Some(p) => trace.packets.push(p),
             None => trace.other += 1,
         }
@@ -133,7 +139,7 @@ fn be32(b: &[u8], off: usize) -> Option<u32> {
     Some(u32::from_be_bytes(b.get(off..off + 4)?.try_into().ok()?))
 }
 
-fn parse_frame(frame: &[u8]) -> Option<Packet> {
+fn parse_frame(frame: &[u8], ts_ns: u64) -> Option<Packet> {
     let mut off = 12;
     let mut ethertype = be16(frame, off)?;
     while ethertype == 0x8100 || ethertype == 0x88a8 {
@@ -169,6 +175,7 @@ fn parse_frame(frame: &[u8]) -> Option<Packet> {
     let len = l4_len.checked_sub(doff)?;
     let payload = l4.get(doff..)?;
     Some(Packet {
+        ts_ns,
         src: SocketAddr::new(src, be16(l4, 0)?),
         dst: SocketAddr::new(dst, be16(l4, 2)?),
         seq: be32(l4, 4)?,
