@@ -63,7 +63,17 @@ impl Expected {
     /// Asserts that `mirror` holds exactly the expected packets, each as often as the reference.
     #[track_caller]
     pub fn assert_mirror(&self, mirror: &Trace) {
-        assert_eq!(mirror.other, 0, "the mirror carried frames that are not TCP");
+        if let Err(diff) = self.compare_mirror(mirror) {
+            panic!("{diff}");
+        }
+    }
+
+    /// What differs between `mirror` and the expected packets; `Ok` when it holds exactly them,
+    /// each as often as the reference.
+    pub fn compare_mirror(&self, mirror: &Trace) -> Result<(), String> {
+        if mirror.other != 0 {
+            return Err(format!("the mirror carried {} frames that are not TCP", mirror.other));
+        }
         let count = |ids: &mut dyn Iterator<Item = PacketId>| {
             let mut m: BTreeMap<PacketId, i64> = BTreeMap::new();
             ids.for_each(|id| *m.entry(id).or_default() += 1);
@@ -79,13 +89,15 @@ impl Expected {
                 (w != g).then(|| format!("  expected {w}, mirrored {g}: {id}"))
             })
             .collect();
-        assert!(
-            diff.is_empty(),
+        if diff.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
             "the mirror differs from the reference ({} expected, {} mirrored):\n{}\nexpected:\n{}",
             self.packets.len(),
             mirror.packets.len(),
             diff.join("\n"),
             self.packets.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"),
-        );
+        ))
     }
 }
