@@ -1,7 +1,8 @@
 //! Harness of the end-to-end tests: a node network namespace routing between pod namespaces
 //! over veth pairs, real HTTP servers and clients in them, packet captures on a pod and on the
 //! mirror sink, the oracle that says which captured packets the mirror must carry, and
-//! mirror-agent with mirrorctl run as an operator runs them.
+//! mirror-agent with mirrorctl run as an operator runs them; kube-proxy's Service NAT in the
+//! node.
 //!
 //! Everything runs in namespaces created here (198.18.0.0/15 and 2001:2::/48 only) and is
 //! removed on drop, panics included.
@@ -9,6 +10,7 @@
 pub mod agent;
 pub mod capture;
 pub mod client;
+pub mod kubeproxy;
 pub mod netns;
 pub mod oracle;
 pub mod pcap;
