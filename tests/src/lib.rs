@@ -2,7 +2,7 @@
 //! over veth pairs, real HTTP servers and clients in them, packet captures on a pod and on the
 //! mirror sink, the oracle that says which captured packets the mirror must carry, and
 //! mirror-agent with mirrorctl run as an operator runs them; kube-proxy's Service NAT in the
-//! node.
+//! node and the oracle of a mirror across it.
 //!
 //! Everything runs in namespaces created here (198.18.0.0/15 and 2001:2::/48 only) and is
 //! removed on drop, panics included.
@@ -11,6 +11,7 @@ pub mod agent;
 pub mod capture;
 pub mod client;
 pub mod kubeproxy;
+pub mod nat_oracle;
 pub mod netns;
 pub mod oracle;
 pub mod pcap;
