@@ -103,6 +103,8 @@ fn check(failures: &mut Vec<String>, ok: bool, msg: impl FnOnce() -> String) {
     }
 }
 
+/// The scenario of this file (see the top) along `path`, with `flavour` rules, in one family;
+/// every check runs and the test fails with all that differ.
 fn run(path: Path, flavour: Flavour, v6: bool) {
     let mut bed = Testbed::new(&PODS);
     bed.nginx("server", HTTP);
