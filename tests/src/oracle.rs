@@ -1,11 +1,15 @@
 //! What the mirror must carry, derived from a reference capture taken at an endpoint: for each
-//! connection whose server sent a triggering status line, that packet and every later packet
-//! of the connection, both directions, each exactly once; nothing of any other connection.
+//! connection whose server sent a triggering response, the packet that completed its status
+//! code and every later packet of the connection, both directions, each exactly once; nothing
+//! of any other connection. Responses are found by reading each connection as HTTP/1.x with
+//! its framing ([`crate::http_stream`]): wherever one begins in a segment, across segments,
+//! and never in a body.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use mirror_bpf::FlowKey;
 
+use crate::http_stream;
 use crate::pcap::{PacketId, Trace};
 
 /// A connection that must be mirrored.
@@ -17,6 +21,10 @@ pub struct TriggeredFlow {
     pub status: u16,
     /// Its packets from the trigger on.
     pub packets: u64,
+    /// Method of the request the triggering response answers, when seen.
+    pub method: Option<String>,
+    /// Its target.
+    pub target: Option<String>,
 }
 
 /// The expected mirror of a reference capture.
@@ -33,24 +41,39 @@ pub struct Expected {
 impl Expected {
     /// Computes it; `trigger(status, server_port)` says whether a response triggers.
     pub fn from_reference(reference: &Trace, trigger: impl Fn(u16, u16) -> bool) -> Expected {
+        // Per flow, the first triggering response: the index of the packet completing its code.
+        let mut first: BTreeMap<FlowKey, (usize, TriggeredFlow)> = BTreeMap::new();
+        for c in http_stream::conversations(reference) {
+            for r in c.responses.iter().filter(|r| trigger(r.status, c.server.port())) {
+                if first.get(&c.flow).is_some_and(|(at, _)| *at <= r.packet) {
+                    continue;
+                }
+                let request = c.request_of(r);
+                let t = TriggeredFlow {
+                    flow: c.flow,
+                    status: r.status,
+                    packets: 0,
+                    method: request.map(|q| q.method.clone()),
+                    target: request.map(|q| q.target.clone()),
+                };
+                first.insert(c.flow, (r.packet, t));
+            }
+        }
         let mut e = Expected::default();
-        let mut mirrored: BTreeMap<FlowKey, usize> = BTreeMap::new();
-        for p in &reference.packets {
+        let mut order: Vec<(usize, TriggeredFlow)> = first.values().cloned().collect();
+        order.sort_by_key(|(at, _)| *at);
+        let index: BTreeMap<FlowKey, (usize, usize)> =
+            order.iter().enumerate().map(|(i, (at, t))| (t.flow, (*at, i))).collect();
+        e.triggered = order.into_iter().map(|(_, t)| t).collect();
+        for (i, p) in reference.packets.iter().enumerate() {
             let flow = p.flow();
             e.flows.insert(flow);
-            let index = match mirrored.get(&flow) {
-                Some(&i) => i,
-                None => match p.http_status().filter(|s| trigger(*s, p.src.port())) {
-                    Some(status) => {
-                        e.triggered.push(TriggeredFlow { flow, status, packets: 0 });
-                        mirrored.insert(flow, e.triggered.len() - 1);
-                        e.triggered.len() - 1
-                    }
-                    None => continue,
-                },
-            };
-            e.triggered[index].packets += 1;
-            e.packets.push(p.id());
+            if let Some(&(at, t)) = index.get(&flow) {
+                if i >= at {
+                    e.triggered[t].packets += 1;
+                    e.packets.push(p.id());
+                }
+            }
         }
         e
     }
