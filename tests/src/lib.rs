@@ -17,6 +17,7 @@ pub mod netns;
 pub mod oracle;
 pub mod pcap;
 pub mod proc;
+pub mod raw;
 pub mod scenario;
 pub mod servers;
 pub mod tc;

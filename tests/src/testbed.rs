@@ -103,6 +103,17 @@ impl Testbed {
         self.servers.push(server);
     }
 
+    /// Starts the raw HTTP server (scripted byte layouts) in a pod.
+    pub fn raw_server(&mut self, role: &str, port: u16) {
+        let server = Server::raw(&self.topo.pod(role).ns, port, self.dir.path());
+        self.servers.push(server);
+    }
+
+    /// Keeps a server started elsewhere running as long as the testbed.
+    pub fn keep_server(&mut self, server: Server) {
+        self.servers.push(server);
+    }
+
     /// Starts python's http.server in the node namespace (a host-network server).
     pub fn python_in_node(&mut self, port: u16) {
         let server = Server::python(&self.topo.node, port, self.dir.path());
