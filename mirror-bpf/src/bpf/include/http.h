@@ -247,9 +247,8 @@ __noinline int http_headers(struct __sk_buff *skb, struct http_scratch *s, __u32
 /*
  * http_chunk - the chunk-size line of a chunked body at @at (frame offset), @avail bytes of
  * the segment from there. A global function.
- * @return the bytes from @at to the next chunk-size line, or (with HTTP_CHUNK_LAST) to the end
- * of the message after the last chunk; 0 when it cannot tell (a line split across segments,
- * trailers, a malformed line).
+ * @return the bytes from @at to the next chunk-size line, HTTP_CHUNK_LAST at the last chunk
+ * (size 0), 0 when it cannot tell (a line split across segments, a malformed line).
  */
 __noinline __u32 http_chunk(struct __sk_buff *skb, __u32 at, __u32 avail)
 {
@@ -278,12 +277,8 @@ __noinline __u32 http_chunk(struct __sk_buff *skb, __u32 at, __u32 avail)
     if (i + 1 >= n || p[i] != '\r' || p[i + 1] != '\n')
         return 0;
     __u32 line = i + 2;
-    if (size)
-        return line + size + 2;
-    /* The last chunk: no trailers, the blank line, and the message ends. */
-    if (line + 1 >= n || line + 1 >= HTTP_PEEK_LEN || p[line] != '\r' || p[line + 1] != '\n')
-        return 0;
-    return (line + 2) | HTTP_CHUNK_LAST;
+    /* The last chunk: trailers, if any, and the blank line follow (see http_message). */
+    return size ? line + size + 2 : HTTP_CHUNK_LAST;
 }
 
 /*
@@ -351,15 +346,20 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
     __u32 at = m->payload_off + pos->off, avail = len - pos->off;
     if (pos->state == HTTP_CHUNK) {
         __u32 r = http_chunk(skb, at, avail);
-        if (!r) {
+        struct http_framing trailers = {};
+        /* After the last chunk, its trailers end like a header block: at a blank line. */
+        if (r == HTTP_CHUNK_LAST && http_headers(skb, s, at, avail, &trailers)) {
+            pos->off += trailers.hdr_len;
+            pos->state = HTTP_AT;
+            return 0;
+        }
+        if (!r || r == HTTP_CHUNK_LAST) {
             pos->unframed = 1;
             pos->state = HTTP_SCAN;
             pos->stop = 1;
             return 0;
         }
-        pos->off += r & ~HTTP_CHUNK_LAST;
-        if (r & HTTP_CHUNK_LAST)
-            pos->state = HTTP_AT;
+        pos->off += r;
         return 0;
     }
     struct http_stream *kept = pos->partial && t ? &t->stream[dir] : NULL;
