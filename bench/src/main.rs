@@ -93,7 +93,7 @@ fn run_datapath(quick: bool, out: Option<&Path>) -> Result<()> {
              port 80, so they miss every port-scoped rule. Mirror copies go to one end of a \
              veth pair whose peer is up, in a private network namespace."
                 .into(),
-            datapath::trigger_method(&plan),
+            datapath::shots_method(&plan),
         ],
     };
     let mut text = report::render(&header, &rows, &checks);

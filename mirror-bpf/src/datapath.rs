@@ -384,7 +384,8 @@ impl<'obj> Datapath<'obj> {
     /// Every flow of the flow table, with traffic summed over CPUs and its mark; the two tuples
     /// of a connection translated by conntrack are one flow (see [`Flow::nat`]).
     pub fn flows(&self) -> Result<Vec<Flow>> {
-        let mut by_key: HashMap<FlowKey, Flow> = self.flow_entries()?.into_iter().map(|f| (f.key, f)).collect();
+        let mut by_key: HashMap<FlowKey, Flow> =
+            self.flow_entries()?.into_iter().map(|f| (f.key, f)).collect();
         let keys: Vec<FlowKey> = by_key.keys().copied().collect();
         let mut flows = Vec::new();
         for key in keys {

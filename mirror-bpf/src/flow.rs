@@ -212,9 +212,13 @@ impl Flow {
         f.key = pair.orig;
         f.nat = Some(pair.reply);
         let Some(r) = reply else { return f };
-        let (r_up, r_down) = if pair.reply_client_is_lo { (r.forward, r.reverse) } else { (r.reverse, r.forward) };
-        let (up, down) =
-            if pair.orig_client_is_lo { (&mut f.forward, &mut f.reverse) } else { (&mut f.reverse, &mut f.forward) };
+        let (r_up, r_down) =
+            if pair.reply_client_is_lo { (r.forward, r.reverse) } else { (r.reverse, r.forward) };
+        let (up, down) = if pair.orig_client_is_lo {
+            (&mut f.forward, &mut f.reverse)
+        } else {
+            (&mut f.reverse, &mut f.forward)
+        };
         up.merge(&r_up);
         down.merge(&r_down);
         let sum = |fl: &Flow| fl.http_time_mean.map_or(0, |m| m.as_nanos() as u64 * fl.http_timed);
@@ -259,7 +263,12 @@ impl NatPair {
         let (server, client_as_seen) = (ep(&v.reply.src, v.reply.sport), ep(&v.reply.dst, v.reply.dport));
         let orig = FlowKey::new(client, service, proto);
         let reply = FlowKey::new(server, client_as_seen, proto);
-        NatPair { orig, reply, orig_client_is_lo: orig.lo == client, reply_client_is_lo: reply.lo == client_as_seen }
+        NatPair {
+            orig,
+            reply,
+            orig_client_is_lo: orig.lo == client,
+            reply_client_is_lo: reply.lo == client_as_seen,
+        }
     }
 }
 

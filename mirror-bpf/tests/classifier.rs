@@ -93,7 +93,9 @@ fn http_requests_and_responses_are_recognised() {
     let d = ingress(&dp, &fixtures::v4_request(40001, PORT_HTTP, REQ_GET_BAR));
     assert_eq!((d.get(S::STAT_HTTP_REQUESTS), d.get(S::STAT_HTTP_RESPONSES)), (1, 0));
     // Each on a connection of its own: one connection's requests follow each other in its stream.
-    for (i, method) in ["POST", "PUT", "HEAD", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"].iter().enumerate() {
+    for (i, method) in
+        ["POST", "PUT", "HEAD", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"].iter().enumerate()
+    {
         let req = format!("{method} /x HTTP/1.1\r\n\r\n");
         let d = ingress(&dp, &fixtures::v4_request(40002 + i as u16, PORT_HTTP, req.as_bytes()));
         assert_eq!(d.get(S::STAT_HTTP_REQUESTS), 1, "{method}");

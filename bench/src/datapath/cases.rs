@@ -19,9 +19,11 @@ pub const RULE_COUNTS: [u32; 3] = [1, 100, 10_000];
 pub enum Timing {
     /// One test_run repeating the packet: every iteration takes the same path.
     Repeated,
-    /// The trigger: a repeated packet would find its flow marked after the first iteration,
-    /// so each sample is one test_run of one packet, with the mark deleted after it.
-    Trigger(FlowKey),
+    /// A packet that starts an HTTP message: repeated, it would be a retransmission of what the
+    /// classifier already read (and a trigger would find its flow marked), so each sample is one
+    /// test_run of one packet, its flow's stream state rewound before it (and, with `unmark`,
+    /// its mark deleted after it).
+    Shots { key: FlowKey, unmark: bool },
 }
 
 /// Counters that must grow, and counters that must not, while the case runs.
@@ -125,7 +127,7 @@ pub fn all() -> Vec<Case> {
             quiet: true,
             prime: vec![Flow(2).get()],
             frame: Flow(2).get(),
-            timing: Timing::Repeated,
+            timing: Timing::Shots { key: Flow(2).key(), unmark: false },
             expect: Expect {
                 grows: &[stat_idx::STAT_HTTP_REQUESTS],
                 stays: &[stat_idx::STAT_FLOWS_CREATED, stat_idx::STAT_TIMING_INSERT_FAILED],
@@ -140,7 +142,7 @@ pub fn all() -> Vec<Case> {
             quiet: true,
             prime: vec![flow.get()],
             frame: flow.to_client(RESP_200),
-            timing: Timing::Repeated,
+            timing: Timing::Shots { key: flow.key(), unmark: false },
             expect: Expect {
                 grows: &[stat_idx::STAT_HTTP_RESPONSES],
                 stays: &[stat_idx::STAT_FLOWS_CREATED, stat_idx::STAT_TRIGGERS],
@@ -155,7 +157,7 @@ pub fn all() -> Vec<Case> {
             quiet: false,
             prime: vec![flow.get()],
             frame: flow.to_client(RESP_500),
-            timing: Timing::Trigger(flow.key()),
+            timing: Timing::Shots { key: flow.key(), unmark: true },
             expect: Expect {
                 grows: &[stat_idx::STAT_TRIGGERS, stat_idx::STAT_MIRRORED_PACKETS],
                 stays: &[stat_idx::STAT_FLOWS_CREATED, stat_idx::STAT_MARK_INSERT_FAILED],

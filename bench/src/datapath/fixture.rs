@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 
 use anyhow::{ensure, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapCore, OpenObject, ProgramMut, RingBuffer};
+use libbpf_rs::{MapCore, MapFlags, OpenObject, ProgramMut, RingBuffer};
 use mirror_bpf::skel::baseline::{BaselineSkel, BaselineSkelBuilder};
 use mirror_bpf::testing::{self, SkbContext};
 use mirror_bpf::{Counters, Datapath, DatapathOptions, FlowKey, Rule};
@@ -59,6 +59,29 @@ impl Instance {
         // SAFETY: flow_key is plain old data with explicit padding.
         let bytes = unsafe { plain::as_bytes(&raw) };
         self.dp.skel().maps.mirror_marks.delete(bytes).with_context(|| format!("deleting the mark of {key}"))
+    }
+
+    /// Puts both directions of `key`'s HTTP stream back to "look at segment starts", so that
+    /// the next packet is read as the start of a message, not as a retransmission.
+    pub fn rewind(&self, key: &FlowKey) -> Result<()> {
+        let raw = key.to_raw();
+        // SAFETY: flow_key is plain old data with explicit padding.
+        let k = unsafe { plain::as_bytes(&raw) };
+        let map = &self.dp.skel().maps.flow_timing;
+        let Some(mut v) =
+            map.lookup(k, MapFlags::ANY).with_context(|| format!("reading the stream of {key}"))?
+        else {
+            return Ok(());
+        };
+        let mut t = mirror_bpf::types::flow_timing::default();
+        plain::copy_from_bytes(&mut t, &v).map_err(|e| anyhow::anyhow!("flow_timing value: {e:?}"))?;
+        for st in &mut t.stream {
+            st.state = 0;
+            st.partial_len = 0;
+        }
+        // SAFETY: flow_timing is plain old data with explicit padding.
+        v.copy_from_slice(unsafe { plain::as_bytes(&t) });
+        map.update(k, &v, MapFlags::ANY).with_context(|| format!("rewinding the stream of {key}"))
     }
 
     pub fn drain_events(&self) -> Result<()> {

@@ -58,7 +58,11 @@ fn verified_insns(fd: std::os::fd::BorrowedFd<'_>) -> Result<u32> {
     let mut len = std::mem::size_of_val(&info) as u32;
     // SAFETY: `info` is a bpf_prog_info of `len` bytes that outlives the call.
     let rc = unsafe {
-        libbpf_sys::bpf_obj_get_info_by_fd(fd.as_raw_fd(), (&mut info as *mut libbpf_sys::bpf_prog_info).cast(), &mut len)
+        libbpf_sys::bpf_obj_get_info_by_fd(
+            fd.as_raw_fd(),
+            (&mut info as *mut libbpf_sys::bpf_prog_info).cast(),
+            &mut len,
+        )
     };
     anyhow::ensure!(rc == 0, "reading program info: {}", std::io::Error::from_raw_os_error(-rc));
     Ok(info.verified_insns)
@@ -75,4 +79,3 @@ pub fn render(loads: &[Load]) -> String {
     }
     s
 }
-

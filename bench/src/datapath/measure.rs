@@ -17,7 +17,7 @@ pub struct Plan {
     pub repeat: u32,
     /// Runs per case; the report gives their median.
     pub runs: usize,
-    /// Single-packet test_runs per run of the trigger case.
+    /// Single-packet test_runs per run of the cases timed in shots.
     pub shots: u32,
 }
 
@@ -51,12 +51,15 @@ pub fn run(fx: &Fixture, case: &Case, plan: &Plan) -> Result<RunSample> {
     let before = inst.counters()?;
     let sample = match case.timing {
         Timing::Repeated => repeated(fx, inst, case, plan.repeat)?,
-        Timing::Trigger(key) => {
+        Timing::Shots { key, unmark } => {
             let mut case_ns = Vec::with_capacity(plan.shots as usize);
             let mut empty_ns = Vec::with_capacity(plan.shots as usize);
             for shot in 0..plan.shots {
+                inst.rewind(&key)?;
                 let s = repeated(fx, inst, case, 1)?;
-                inst.unmark(&key)?;
+                if unmark {
+                    inst.unmark(&key)?;
+                }
                 if shot % DRAIN_EVERY == 0 {
                     inst.drain_events()?;
                 }

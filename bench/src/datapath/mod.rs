@@ -17,15 +17,17 @@ use cases::Case;
 use fixture::Fixture;
 use measure::RunSample;
 
-/// How the trigger case is timed, for the report.
-pub fn trigger_method(plan: &Plan) -> String {
+/// How the cases timed in shots are timed, for the report.
+pub fn shots_method(plan: &Plan) -> String {
     format!(
-        "A repeated 500 response would find its flow already marked after the first iteration, \
-         so the trigger is timed as {} single-packet test_runs per run (each preceded by the empty \
-         program, also run alone, and followed by deleting the flow's mark from user space); a \
-         run's value is the median of its samples. Single-packet timings include the kernel's \
-         clock reads around the program, so this row's ratio is lower than the same work \
-         repeated would show.",
+        "The classifier follows each direction's byte stream, so a repeated request or response \
+         would be a retransmission of what it already read, and a repeated 500 would find its \
+         flow already marked: the HTTP cases are timed as {} single-packet test_runs per run \
+         (each preceded by the empty program, also run alone, and by rewinding the flow's \
+         stream state from user space; the trigger's mark is deleted after it); a run's value is \
+         the median of its samples. Single-packet timings include the kernel's clock reads \
+         around the program, so these rows' ratios are lower than the same work repeated would \
+         show.",
         plan.shots
     )
 }
