@@ -17,7 +17,7 @@ use mirror_bpf::{
 };
 
 use crate::api::types::{
-    CpuShareView, DirView, FlowView, GroupView, HistogramView, InterfaceView, LatencyView, RuleView,
+    CpuShareView, DirView, FlowView, GroupView, HistogramView, InterfaceView, LatencyView, NatView, RuleView,
 };
 use crate::groups::Group;
 use crate::state::{SavedRule, SavedState};
@@ -365,6 +365,7 @@ impl Worker {
                 target = e.target.as_deref().unwrap_or("-"),
                 response_ms = e.request_to_response.map(|d| d.as_secs_f64() * 1e3),
                 ifindex = e.ifindex,
+                nat = e.nat.map(|k| k.to_string()),
                 "trigger: flow mirrored"
             );
         }
@@ -495,6 +496,7 @@ impl Worker {
             .map(|f| FlowView {
                 lo: f.key.lo.to_string(),
                 hi: f.key.hi.to_string(),
+                nat: f.nat.map(|k| NatView { lo: k.lo.to_string(), hi: k.hi.to_string() }),
                 forward: dir(&f.forward),
                 reverse: dir(&f.reverse),
                 rule_id: f.mark.map(|m| m.rule_id),

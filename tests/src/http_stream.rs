@@ -599,6 +599,7 @@ mod tests {
                 flags,
                 len: payload.len() as u32,
                 payload: payload.to_vec(),
+                ts_ns: self.trace.packets.len() as u64,
             });
             self.trace.packets.len() - 1
         }

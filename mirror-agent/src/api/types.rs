@@ -31,13 +31,26 @@ pub struct DirView {
     pub bytes: u64,
 }
 
-/// A flow.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FlowView {
-    /// Lower endpoint (`addr:port`).
+/// The other tuple of a connection translated by the node's conntrack (a Service).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NatView {
+    /// Lower endpoint of the server's tuple (after DNAT/SNAT).
     pub lo: String,
     /// Higher endpoint.
     pub hi: String,
+}
+
+/// A flow: one per connection, also across NAT.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowView {
+    /// Lower endpoint (`addr:port`); across NAT, of the client's tuple (before DNAT).
+    pub lo: String,
+    /// Higher endpoint.
+    pub hi: String,
+    /// The server's tuple when conntrack translated the connection; traffic and marks of both
+    /// tuples are counted here.
+    #[serde(default)]
+    pub nat: Option<NatView>,
     /// From `lo` to `hi`.
     pub forward: DirView,
     /// From `hi` to `lo`.
