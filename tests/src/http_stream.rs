@@ -367,6 +367,11 @@ impl Stream {
         }
     }
 
+    /// Whether byte `offset` is the first one its packet brought.
+    fn starts_run(&self, offset: usize) -> bool {
+        self.owners.binary_search_by_key(&offset, |(start, _)| *start).is_ok()
+    }
+
     /// The packet that carried byte `offset`.
     fn packet_at(&self, offset: usize) -> usize {
         let i = self.owners.partition_point(|(start, _)| *start <= offset);
@@ -392,6 +397,11 @@ pub struct ResponseSeen {
     pub status: u16,
     /// Index in the trace of the packet that carried the last digit of the status code.
     pub packet: usize,
+    /// Index of the packet that carried the first byte of the status line (another than
+    /// `packet` when the code is split across segments).
+    pub first_packet: usize,
+    /// The status line begins its segment (else it follows other bytes in it).
+    pub starts_segment: bool,
     /// Where its status line starts in the server's byte stream.
     pub offset: usize,
     /// Index in `requests` of the request it answers, when that request was seen.
@@ -521,6 +531,8 @@ fn read(mut c: Connection) -> Conversation {
             Parsed::Done(status, code_end) => conv.responses.push(ResponseSeen {
                 status,
                 packet: to_client.packet_at(off + code_end - 1),
+                first_packet: to_client.packet_at(off),
+                starts_segment: to_client.starts_run(off),
                 offset: off,
                 request: (answering < conv.requests.len()).then_some(answering),
             }),
@@ -661,6 +673,8 @@ mod tests {
             assert_eq!(c.client, addr(CLIENT, v6));
             assert_eq!(statuses(&c), [(200, all), (500, all), (200, all)]);
             assert_eq!(c.responses[1].offset, OK.len());
+            let starts: Vec<bool> = c.responses.iter().map(|r| r.starts_segment).collect();
+            assert_eq!(starts, [true, false, false]);
             assert_eq!(c.request_of(&c.responses[1]).unwrap().target, "/b");
             assert!(c.requests.iter().all(|r| r.packet == req));
             assert_eq!(c.stopped, None);
@@ -692,8 +706,9 @@ mod tests {
         b.client(&get("/split"));
         let first = b.server(b"HTTP/1.1 5");
         let second = b.server(&ERR[10..]);
-        assert_eq!(statuses(&b.one()), [(500, second)]);
-        assert_ne!(first, second);
+        let c = b.one();
+        assert_eq!(statuses(&c), [(500, second)]);
+        assert_eq!((c.responses[0].first_packet, c.responses[0].starts_segment), (first, true));
         // Split after the code: the first segment completes it.
         let mut b = Builder::new(false);
         b.client(&get("/split"));
