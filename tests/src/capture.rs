@@ -31,18 +31,36 @@ impl Capture {
     /// Captures on `dev` in `ns` into `file`, keeping frames that match `filter` (a pcap filter
     /// expression, "" for all). Returns once tcpdump is capturing.
     pub fn start(ns: &Netns, dev: &str, filter: &str, file: &Path) -> Capture {
-        Capture::start_directed(ns, dev, Direction::Both, filter, file)
+        Capture::start_with(ns, dev, Direction::Both, filter, file, BUFFER_KIB)
     }
 
     /// Like [`Capture::start`], keeping only the frames that go `direction`.
     pub fn start_directed(ns: &Netns, dev: &str, direction: Direction, filter: &str, file: &Path) -> Capture {
+        Capture::start_with(ns, dev, direction, filter, file, BUFFER_KIB)
+    }
+
+    /// Like [`Capture::start`] with `buffer_kib` KiB of kernel buffer.
+    pub fn start_with_buffer(ns: &Netns, dev: &str, filter: &str, file: &Path, buffer_kib: u32) -> Capture {
+        Capture::start_with(ns, dev, Direction::Both, filter, file, buffer_kib)
+    }
+
+    fn start_with(
+        ns: &Netns,
+        dev: &str,
+        direction: Direction,
+        filter: &str,
+        file: &Path,
+        buffer_kib: u32,
+    ) -> Capture {
         let mut cmd = ns.command("tcpdump");
         // -U with --immediate-mode: each packet reaches the file at once, so SIGINT loses none.
         // -Z root: tcpdump would otherwise drop to a user that cannot write our temp dir.
-        // -B: 8 MiB of kernel buffer, so that bursts of short connections are not dropped.
+        // -B: kernel buffer, so that bursts of short connections are not dropped. In immediate
+        // mode its slots are as large as the biggest (GSO) packet, so it holds few of them.
         // Nanosecond time stamps: captures on several interfaces of one namespace share a clock
         // and are merged in time order.
-        cmd.args(["-i", dev, "-nn", "-s", "0", "-B", "8192", "-U", "--immediate-mode", "-Z", "root"]);
+        let buffer = buffer_kib.to_string();
+        cmd.args(["-i", dev, "-nn", "-s", "0", "-B", &buffer, "-U", "--immediate-mode", "-Z", "root"]);
         cmd.args(["--time-stamp-precision", "nano"]);
         match direction {
             Direction::In => cmd.args(["-Q", "in"]),
@@ -77,6 +95,9 @@ impl Capture {
     }
 }
 
+/// Default kernel buffer of a capture: 8 MiB.
+pub const BUFFER_KIB: u32 = 8192;
+
 /// Time for the last packets (the connection's close) to pass every capture point.
 pub const SETTLE: Duration = Duration::from_millis(300);
 
@@ -92,12 +113,18 @@ pub struct Recording {
 pub struct Recorder {
     dir: PathBuf,
     taken: Cell<u32>,
+    buffer_kib: Cell<u32>,
 }
 
 impl Recorder {
     /// Files go to `dir`.
     pub fn new(dir: &Path) -> Recorder {
-        Recorder { dir: dir.to_path_buf(), taken: Cell::new(0) }
+        Recorder { dir: dir.to_path_buf(), taken: Cell::new(0), buffer_kib: Cell::new(BUFFER_KIB) }
+    }
+
+    /// Gives the captures of later recordings `kib` KiB of kernel buffer each.
+    pub fn set_buffer_kib(&self, kib: u32) {
+        self.buffer_kib.set(kib);
     }
 
     /// Runs `traffic` while capturing TCP at the `eth0` of `reference` (a pod's namespace)
@@ -109,9 +136,12 @@ impl Recorder {
         traffic: impl FnOnce(),
     ) -> Recording {
         let n = self.taken.replace(self.taken.get() + 1);
-        let at_pod = Capture::start(reference, "eth0", "tcp", &self.dir.join(format!("reference-{n}.pcap")));
-        let at_sink =
-            mirror.map(|(ns, dev)| Capture::start(ns, dev, "", &self.dir.join(format!("mirror-{n}.pcap"))));
+        let start = |ns, dev, filter, name: &str| {
+            let file = self.dir.join(format!("{name}-{n}.pcap"));
+            Capture::start_with_buffer(ns, dev, filter, &file, self.buffer_kib.get())
+        };
+        let at_pod = start(reference, "eth0", "tcp", "reference");
+        let at_sink = mirror.map(|(ns, dev)| start(ns, dev, "", "mirror"));
         traffic();
         thread::sleep(SETTLE);
         let reference = at_pod.stop();

@@ -184,6 +184,12 @@ impl Testbed {
         self.capture(reference, true, traffic)
     }
 
+    /// Gives the captures of later recordings `kib` KiB of kernel buffer each (for heavy
+    /// traffic: tcpdump must lose nothing).
+    pub fn capture_buffer_kib(&self, kib: u32) {
+        self.recorder.set_buffer_kib(kib);
+    }
+
     /// Like [`Testbed::record`] when the mirror sink is gone: the mirror trace is empty.
     pub fn record_without_sink(&self, reference: &str, traffic: impl FnOnce()) -> Recording {
         self.capture(reference, false, traffic)
