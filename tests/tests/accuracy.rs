@@ -129,7 +129,7 @@ fn missing(stack: &str, what: &str) -> bool {
 }
 
 #[test]
-fn triggers_are_exact_under_concurrency_on_four_server_stacks() {
+fn triggers_are_exact_under_concurrency_on_five_server_stacks() {
     if !require_root() {
         return;
     }
