@@ -31,27 +31,27 @@ struct Run {
 }
 
 impl Run {
-    /// Payloads the server sent, in order.
-    fn server_segments(&self) -> Vec<&[u8]> {
+    /// Payloads one side sent (`from_server`, else the client), in order.
+    fn segments(&self, from_server: bool) -> Vec<&[u8]> {
+        let side = |p: &&Packet| if from_server { p.src == self.server } else { p.dst == self.server };
         self.rec
             .reference
             .packets
             .iter()
-            .filter(|p| p.src == self.server && !p.payload.is_empty())
+            .filter(side)
+            .filter(|p| !p.payload.is_empty())
             .map(|p| &p.payload[..])
             .collect()
     }
 
+    /// Payloads the server sent, in order.
+    fn server_segments(&self) -> Vec<&[u8]> {
+        self.segments(true)
+    }
+
     /// Payloads the client sent, in order.
     fn client_segments(&self) -> Vec<&[u8]> {
-        let client: Vec<&Packet> = self
-            .rec
-            .reference
-            .packets
-            .iter()
-            .filter(|p| p.dst == self.server && !p.payload.is_empty())
-            .collect();
-        client.into_iter().map(|p| &p.payload[..]).collect()
+        self.segments(false)
     }
 
     /// Asserts that exactly one connection triggered, on a 500 answering `method target`, and
