@@ -14,7 +14,7 @@ use libbpf_rs::{AsRawLibbpf, Link, MapCore, MapFlags, Program, TcHookBuilder, TC
 use crate::datapath::Datapath;
 use crate::error::{Context, Error, Result};
 use crate::netlink;
-use crate::types::hook_kind;
+use crate::shared::types::hook_kind;
 
 /// How to attach.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

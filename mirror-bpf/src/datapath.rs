@@ -13,9 +13,9 @@ use crate::event::TriggerEvent;
 use crate::flow::{Flow, FlowKey, MirrorMark};
 use crate::rule::{Rule, RuleId};
 use crate::ruleset::{KeyWrite, RuleSet, ANY_PORT};
+use crate::shared::{bytes_of, read_plain, types, ZERO};
 use crate::skel::classifier::{ClassifierSkel, ClassifierSkelBuilder};
 use crate::stats::Counters;
-use crate::{bytes_of, read_plain, types};
 
 /// Map sizes, set before load.
 #[derive(Debug, Clone)]
@@ -95,8 +95,6 @@ pub struct Datapath<'obj> {
     /// The mode (resolved) and method whose programs alone were loaded; `None`: all.
     only: Option<(AttachMode, MirrorMethod)>,
 }
-
-const ZERO: [u8; 4] = 0u32.to_ne_bytes();
 
 /// libbpf's own messages go to `tracing` (target "libbpf") at debug level instead of stderr:
 /// its warnings include expected cases (such as a clsact qdisc that already exists), and

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::flow::FlowKey;
-use crate::types;
+use crate::shared::{read_plain, types};
 
 /// One trigger: a response matched a rule and its flow is now mirrored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +39,7 @@ impl TriggerEvent {
         if data.len() < std::mem::size_of::<types::trigger_event>() {
             return None;
         }
-        let ev: types::trigger_event = crate::read_plain(data);
+        let ev: types::trigger_event = read_plain(data);
         let head_len = (ev.request_head_len as usize).min(ev.request_head.len());
         let (method, target) = split_request(&ev.request_head[..head_len]);
         Some(TriggerEvent {

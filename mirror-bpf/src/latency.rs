@@ -4,9 +4,10 @@ use std::time::Duration;
 
 use libbpf_rs::{MapCore, MapFlags};
 
+use crate::datapath::Datapath;
 use crate::error::{Context, Result};
-use crate::types::{self, hist_kind, mirror_limits};
-use crate::{read_plain, Datapath};
+use crate::shared::read_plain;
+use crate::shared::types::{self, hist_kind, mirror_limits};
 
 /// What a histogram measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

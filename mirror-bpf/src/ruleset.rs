@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::rule::{Rule, RuleId};
-use crate::types;
+use crate::shared::types;
 
 /// Port 0 stands for "any port" (the global status_rules array).
 pub(crate) const ANY_PORT: u16 = 0;

@@ -1,6 +1,6 @@
 //! The classifier's per-CPU counters, summed.
 
-use crate::types::stat_idx;
+use crate::shared::types::stat_idx;
 
 /// Name of each counter, in the order of `enum stat_idx` (checked by a test against the enum).
 pub const COUNTER_NAMES: &[(stat_idx, &str)] = &[
