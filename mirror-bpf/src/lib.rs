@@ -14,6 +14,7 @@ pub mod event;
 pub mod flow;
 pub mod latency;
 mod netlink;
+pub mod probes;
 pub mod rule;
 mod ruleset;
 mod shared;
@@ -21,7 +22,6 @@ pub mod skel;
 pub mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod tracing;
 
 pub use attach::{tcx_supported, AttachMode, Attachment, MirrorMethod};
 pub use datapath::{Datapath, DatapathOptions, TimingGroup};
@@ -31,7 +31,7 @@ pub use flow::{DirStats, Flow, FlowKey, MirrorMark};
 pub use latency::{HistKind, Histogram};
 /// The ring buffer of trigger events returned by [`Datapath::events`].
 pub use libbpf_rs::RingBuffer as EventRing;
+pub use probes::{NetCpuTime, TraceGroup, Tracing};
 pub use rule::{Limits, Rule, RuleError, RuleId, StatusMatch};
 pub use shared::{possible_cpus, types};
 pub use stats::Counters;
-pub use tracing::{NetCpuTime, TraceGroup, Tracing};
