@@ -7,12 +7,13 @@ use std::time::Duration;
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
 
-use crate::attach::{AttachMode, MirrorMethod};
+use crate::attach::{AttachMode, Attacher, Attachment, MirrorMethod, LINKS_DIR};
 use crate::error::{Context, Error, Result};
 use crate::event::TriggerEvent;
 use crate::flow::{Flow, FlowKey, MirrorMark};
 use crate::rule::{Rule, RuleId};
 use crate::ruleset::{KeyWrite, RuleSet, ANY_PORT};
+use crate::settings::{self, TimingGroup};
 use crate::shared::{bytes_of, read_plain, types, ZERO};
 use crate::skel::classifier::{ClassifierSkel, ClassifierSkelBuilder};
 use crate::stats::Counters;
@@ -37,40 +38,6 @@ pub struct DatapathOptions {
 impl Default for DatapathOptions {
     fn default() -> Self {
         Self { flows_max: 65_536, marks_max: 16_384, ringbuf_bytes: 256 * 1024, pin_path: None, only: None }
-    }
-}
-
-/// Groups of timing measurements that can be switched at run time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TimingGroup {
-    /// HTTP response times (the `latency>` rules need them).
-    Http,
-    /// TCP handshake times.
-    Handshake,
-}
-
-impl TimingGroup {
-    /// Every group.
-    pub const ALL: [TimingGroup; 2] = [TimingGroup::Http, TimingGroup::Handshake];
-
-    fn bit(self) -> u32 {
-        match self {
-            TimingGroup::Http => types::timing_group::TIMING_HTTP.0,
-            TimingGroup::Handshake => types::timing_group::TIMING_HANDSHAKE.0,
-        }
-    }
-
-    /// Its name: `http`, `handshake`.
-    pub fn name(self) -> &'static str {
-        match self {
-            TimingGroup::Http => "http",
-            TimingGroup::Handshake => "handshake",
-        }
-    }
-
-    /// The group of that name.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|g| g.name() == name)
     }
 }
 
@@ -160,7 +127,9 @@ impl<'obj> Datapath<'obj> {
         let dp = Self { skel, rules: RuleSet::new(), pin_path: opts.pin_path.clone(), adopted, only };
         if !adopted {
             // Response and handshake times are on by default; adopted settings are kept.
-            dp.write_settings(|s| s.timing = TimingGroup::Http.bit() | TimingGroup::Handshake.bit())?;
+            settings::update(&dp.skel.maps.settings, |s| {
+                s.timing = TimingGroup::Http.bit() | TimingGroup::Handshake.bit()
+            })?;
         }
         Ok(dp)
     }
@@ -175,12 +144,12 @@ impl<'obj> Datapath<'obj> {
 
     /// Switches a timing group on or off at run time.
     pub fn set_timing(&self, group: TimingGroup, on: bool) -> Result<()> {
-        self.write_settings(|s| if on { s.timing |= group.bit() } else { s.timing &= !group.bit() })
+        settings::set_timing(&self.skel.maps.settings, group, on)
     }
 
     /// Whether a timing group is on.
     pub fn timing(&self, group: TimingGroup) -> Result<bool> {
-        Ok(self.settings()?.timing & group.bit() != 0)
+        settings::timing(&self.skel.maps.settings, group)
     }
 
     /// The attach mode (never `Auto`) and method whose programs alone were loaded, if not all.
@@ -209,7 +178,7 @@ impl<'obj> Datapath<'obj> {
                 std::fs::remove_file(&path).context(|| format!("unpinning {}", path.display()))?;
             }
         }
-        let links = dir.join(crate::attach::LINKS_DIR);
+        let links = dir.join(LINKS_DIR);
         if links.exists() {
             std::fs::remove_dir_all(&links).context(|| format!("removing {}", links.display()))?;
         }
@@ -225,24 +194,43 @@ impl<'obj> Datapath<'obj> {
 
     /// The runtime settings.
     pub fn settings(&self) -> Result<types::settings> {
-        let v = self.skel.maps.settings.lookup(&ZERO, MapFlags::ANY).context(|| "reading settings".into())?;
-        Ok(v.map(|b| read_plain(&b)).unwrap_or_default())
-    }
-
-    fn write_settings(&self, f: impl FnOnce(&mut types::settings)) -> Result<()> {
-        let mut s = self.settings()?;
-        f(&mut s);
-        self.skel
-            .maps
-            .settings
-            .update(&ZERO, bytes_of(&s), MapFlags::ANY)
-            .context(|| "writing settings".into())
+        settings::read(&self.skel.maps.settings)
     }
 
     /// Sets the interface that mirrored packets are copied to (0: none, packets are only counted).
     pub fn set_mirror_ifindex(&self, ifindex: u32) -> Result<()> {
-        self.write_settings(|s| s.mirror_ifindex = ifindex)
+        settings::update(&self.skel.maps.settings, |s| s.mirror_ifindex = ifindex)
     }
+
+    // Attaching.
+
+    fn attacher(&self) -> Attacher<'_, 'obj> {
+        Attacher { skel: &self.skel, pin_path: self.pin_path.as_deref(), loaded: self.only }
+    }
+
+    /// Attaches the classifier to `ifindex`, ingress and egress.
+    pub fn attach(&self, ifindex: u32, mode: AttachMode, method: MirrorMethod) -> Result<Attachment> {
+        self.attacher().attach(ifindex, mode, method)
+    }
+
+    /// Leaves the classifier attached after this instance exits (TCX links stay through their
+    /// pins, filters stay on their qdisc); the next instance adopts them on attach.
+    pub fn release(&self, att: Attachment) {
+        drop(att);
+    }
+
+    /// Detaches from the interface: our filters or links, and our clsact if nobody else uses it.
+    pub fn detach(&self, att: Attachment) -> Result<()> {
+        self.attacher().detach(att)
+    }
+
+    /// Detaches and unpins the TCX links pinned for interfaces `keep` rejects (left by an
+    /// earlier instance for interfaces that vanished or no longer match). Returns how many.
+    pub fn drop_stale_links(&self, keep: impl Fn(u32) -> bool) -> Result<usize> {
+        self.attacher().drop_stale_links(keep)
+    }
+
+    // Rules.
 
     /// Adds a rule with the next free id.
     pub fn add_rule(&mut self, rule: Rule) -> Result<RuleId> {
