@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+use libbpf_rs::{MapMut, RingBuffer, RingBufferBuilder};
+
+use crate::error::{Context, Result};
 use crate::flow::FlowKey;
 use crate::shared::{read_plain, types};
 
@@ -56,6 +59,27 @@ impl TriggerEvent {
                 .then(|| Duration::from_nanos(ev.request_to_response_ns)),
         })
     }
+}
+
+/// A ring buffer over the `events` map that calls `f` for each trigger event.
+pub(crate) fn ring<F>(events: &MapMut<'_>, mut f: F) -> Result<RingBuffer<'static>>
+where
+    F: FnMut(TriggerEvent) + 'static,
+{
+    let mut b = RingBufferBuilder::new();
+    b.add(events, move |data: &[u8]| {
+        if let Some(ev) = TriggerEvent::parse(data) {
+            f(ev);
+        }
+        0
+    })
+    .context(|| "opening the events ring buffer".into())?;
+    b.build().context(|| "opening the events ring buffer".into())
+}
+
+/// Polls `rb` once for at most `timeout`.
+pub(crate) fn poll(rb: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
+    rb.poll(timeout).context(|| "polling events".into())
 }
 
 /// "GET /path HTTP/1.1..." -> ("GET", "/path"), the target cut at a space, CR or 64 bytes.

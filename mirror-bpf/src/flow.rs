@@ -4,7 +4,10 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use crate::shared::types;
+use libbpf_rs::{MapCore, MapFlags, MapMut};
+
+use crate::error::{Context, Result};
+use crate::shared::{bytes_of, read_plain, types};
 
 /// A direction-independent flow: `lo` is the endpoint that compares lower.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -190,6 +193,29 @@ impl Flow {
     pub fn idle(&self, now_ns: u64) -> Duration {
         Duration::from_nanos(now_ns.saturating_sub(self.forward.last_seen_ns.max(self.reverse.last_seen_ns)))
     }
+}
+
+/// The mark of one flow, from the `mirror_marks` map.
+pub(crate) fn read_mark(marks: &MapMut<'_>, key: &FlowKey) -> Result<Option<MirrorMark>> {
+    let raw = key.to_raw();
+    let v = marks.lookup(bytes_of(&raw), MapFlags::ANY).context(|| "reading mirror_marks".into())?;
+    Ok(v.map(|b| MirrorMark::from(&read_plain::<types::mirror_mark>(&b))))
+}
+
+/// Every flow of the `flow_table` map, with traffic summed over CPUs and its mark.
+pub(crate) fn read_flows(table: &MapMut<'_>, marks: &MapMut<'_>) -> Result<Vec<Flow>> {
+    let mut flows = Vec::new();
+    for k in table.keys() {
+        // A flow evicted between keys() and the lookup is simply skipped.
+        let Some(per_cpu) = table.lookup_percpu(&k, MapFlags::ANY).context(|| "reading flow_table".into())?
+        else {
+            continue;
+        };
+        let values: Vec<types::flow_traffic> = per_cpu.iter().map(|b| read_plain(b)).collect();
+        let key = FlowKey::from(&read_plain::<types::flow_key>(&k));
+        flows.push(Flow::from_percpu(key, &values, read_mark(marks, &key)?));
+    }
+    Ok(flows)
 }
 
 /// The monotonic clock the classifier stamps with (`bpf_ktime_get_ns`).

@@ -4,7 +4,7 @@
 //! the lowest id, and the slowness rule (`latency>`) with the lowest threshold (then id). The
 //! classifier takes the first when present, else the second if the response was slow enough.
 //! Port-scoped keys are looked up first. This module is pure logic: it says which map entries
-//! change, [`crate::Datapath`] writes them.
+//! change, [`crate::rule_maps`] writes them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
