@@ -11,10 +11,11 @@ use std::ptr::NonNull;
 
 use libbpf_rs::{AsRawLibbpf, Link, MapCore, MapFlags, Program, TcHookBuilder, TC_EGRESS, TC_INGRESS};
 
-use crate::datapath::Datapath;
 use crate::error::{Context, Error, Result};
 use crate::netlink;
-use crate::types::hook_kind;
+use crate::settings;
+use crate::shared::types::hook_kind;
+use crate::skel::classifier::ClassifierSkel;
 
 /// How to attach.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -69,7 +70,7 @@ enum Hook {
     Tc { egress: bool, prio: u16 },
 }
 
-/// The classifier attached to one interface; give it back to [`Datapath::detach`].
+/// The classifier attached to one interface; give it back to [`crate::datapath::Datapath::detach`].
 #[derive(Debug)]
 pub struct Attachment {
     /// The interface.
@@ -113,9 +114,20 @@ fn free_prio(used: &[netlink::FilterId]) -> u16 {
     (1..u16::MAX).find(|p| !used.iter().any(|f| f.prio == *p)).unwrap_or(u16::MAX)
 }
 
-impl Datapath<'_> {
+/// What attaching needs from the loaded classifier: its programs and maps, where links are
+/// pinned, and which programs were loaded.
+pub(crate) struct Attacher<'a, 'obj> {
+    /// The loaded classifier.
+    pub skel: &'a ClassifierSkel<'obj>,
+    /// The pin directory, if any (TCX links go under [`LINKS_DIR`] in it).
+    pub pin_path: Option<&'a Path>,
+    /// The mode (resolved) and method whose programs alone were loaded; `None`: all.
+    pub loaded: Option<(AttachMode, MirrorMethod)>,
+}
+
+impl Attacher<'_, '_> {
     fn programs(&self, mode: AttachMode, method: MirrorMethod) -> [&Program<'_>; 2] {
-        let p = &self.skel().progs;
+        let p = &self.skel.progs;
         match (mode, method) {
             (AttachMode::Tcx, _) => [&p.tcx_ingress_mirror, &p.tcx_egress_mirror],
             (_, MirrorMethod::Clone) => [&p.tc_ingress_mirror, &p.tc_egress_mirror],
@@ -137,7 +149,7 @@ impl Datapath<'_> {
             (m, _) => m,
         };
         // With only some programs loaded, auto is what was resolved at load.
-        match self.loaded_programs() {
+        match self.loaded {
             Some(loaded) if (mode == AttachMode::Auto || mode == loaded.0) && method == loaded.1 => {
                 Ok(loaded.0)
             }
@@ -150,7 +162,7 @@ impl Datapath<'_> {
     }
 
     /// Attaches the classifier to `ifindex`, ingress and egress.
-    pub fn attach(&self, ifindex: u32, mode: AttachMode, method: MirrorMethod) -> Result<Attachment> {
+    pub(crate) fn attach(&self, ifindex: u32, mode: AttachMode, method: MirrorMethod) -> Result<Attachment> {
         let mode = self.effective_mode(mode, method).map_err(Error::Unsupported)?;
         let mut att = Attachment { ifindex, mode, method, created_qdisc: false, hooks: Vec::new() };
         let result = match mode {
@@ -171,7 +183,7 @@ impl Datapath<'_> {
             return Err(e);
         }
         let bits = (1u32 << hook_kind::HOOK_INGRESS.0) | (1u32 << hook_kind::HOOK_EGRESS.0);
-        self.skel()
+        self.skel
             .maps
             .attached_ifaces
             .update(&ifindex.to_ne_bytes(), &bits.to_ne_bytes(), MapFlags::ANY)
@@ -181,7 +193,7 @@ impl Datapath<'_> {
 
     fn link_pin(&self, ifindex: u32, egress: bool) -> Option<PathBuf> {
         let hook = if egress { "egress" } else { "ingress" };
-        self.pin_path().map(|d| d.join(LINKS_DIR).join(format!("{ifindex}-{hook}")))
+        self.pin_path.map(|d| d.join(LINKS_DIR).join(format!("{ifindex}-{hook}")))
     }
 
     /// A TCX link pinned by an earlier instance now runs our program: no moment unclassified.
@@ -234,7 +246,7 @@ impl Datapath<'_> {
                     .context(|| format!("creating clsact on ifindex {ifindex}"))
             }
         }
-        let mirror_ifindex = self.settings()?.mirror_ifindex;
+        let mirror_ifindex = settings::read(&self.skel.maps.settings)?.mirror_ifindex;
         for (egress_hook, prog) in [(false, ingress), (true, egress)] {
             let filters = netlink::filters(ifindex, egress_hook)
                 .context(|| format!("listing filters of ifindex {ifindex}"))?;
@@ -337,16 +349,31 @@ impl Datapath<'_> {
         first_err.map_or(Ok(()), Err)
     }
 
-    /// Leaves the classifier attached after this instance exits (TCX links stay through their
-    /// pins, filters stay on their qdisc); the next instance adopts them on attach.
-    pub fn release(&self, att: Attachment) {
-        drop(att);
+    /// Detaches from the interface: our filters or links, and our clsact if nobody else uses it.
+    pub(crate) fn detach(&self, mut att: Attachment) -> Result<()> {
+        let _ = self.skel.maps.attached_ifaces.delete(&att.ifindex.to_ne_bytes());
+        self.detach_hooks(&mut att)
     }
 
-    /// Detaches from the interface: our filters or links, and our clsact if nobody else uses it.
-    pub fn detach(&self, mut att: Attachment) -> Result<()> {
-        let _ = self.skel().maps.attached_ifaces.delete(&att.ifindex.to_ne_bytes());
-        self.detach_hooks(&mut att)
+    /// Detaches and unpins the TCX links pinned for interfaces `keep` rejects. Returns how many.
+    pub(crate) fn drop_stale_links(&self, keep: impl Fn(u32) -> bool) -> Result<usize> {
+        let Some(dir) = self.pin_path.map(|p| p.join(LINKS_DIR)) else { return Ok(0) };
+        let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(0) };
+        let mut dropped = 0;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(ifindex) = name.split('-').next().and_then(|i| i.parse().ok()) else { continue };
+            if keep(ifindex) {
+                continue;
+            }
+            if let Ok(link) = Link::open(e.path()) {
+                // Already gone with its interface, or detached now.
+                let _ = link.detach();
+            }
+            std::fs::remove_file(e.path()).context(|| format!("removing {}", e.path().display()))?;
+            dropped += 1;
+        }
+        Ok(dropped)
     }
 }
 
@@ -367,28 +394,4 @@ pub fn tcx_prog_ids(ifindex: u32, egress: bool) -> io::Result<Vec<u32>> {
     // SAFETY: the kernel set `count` (the union's only member we use).
     let n = unsafe { opts.__bindgen_anon_1.count } as usize;
     Ok(ids[..n.min(ids.len())].to_vec())
-}
-
-impl Datapath<'_> {
-    /// Detaches and unpins the TCX links pinned for interfaces `keep` rejects (left by an
-    /// earlier instance for interfaces that vanished or no longer match). Returns how many.
-    pub fn drop_stale_links(&self, keep: impl Fn(u32) -> bool) -> Result<usize> {
-        let Some(dir) = self.pin_path().map(|p| p.join(LINKS_DIR)) else { return Ok(0) };
-        let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(0) };
-        let mut dropped = 0;
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(ifindex) = name.split('-').next().and_then(|i| i.parse().ok()) else { continue };
-            if keep(ifindex) {
-                continue;
-            }
-            if let Ok(link) = Link::open(e.path()) {
-                // Already gone with its interface, or detached now.
-                let _ = link.detach();
-            }
-            std::fs::remove_file(e.path()).context(|| format!("removing {}", e.path().display()))?;
-            dropped += 1;
-        }
-        Ok(dropped)
-    }
 }

@@ -1,22 +1,27 @@
-//! Loading the classifier and driving it: settings, rules, flows, counters, events.
+//! The loaded classifier: loading (map sizes, pins, which programs) and one facade over what
+//! drives it. Each concern lives in its own module and is reached from here: settings and
+//! timing groups ([`crate::settings`]), attaching ([`crate::attach`]), rules
+//! (`rule_maps`), flows ([`crate::flow`]), counters ([`crate::stats`]), latency
+//! histograms ([`crate::latency`]) and trigger events ([`crate::event`]).
 
-use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
+use libbpf_rs::{MapCore, OpenObject, RingBuffer};
 
-use crate::attach::{AttachMode, MirrorMethod};
-use crate::error::{Context, Error, Result};
-use crate::event::TriggerEvent;
-use crate::flow::{Flow, FlowKey, MirrorMark, NatPair};
+use crate::attach::{AttachMode, Attacher, Attachment, MirrorMethod, LINKS_DIR};
+use crate::error::{Context, Result};
+use crate::event::{self, TriggerEvent};
+use crate::flow::{self, Flow, FlowKey, MirrorMark, NatPair};
+use crate::latency::{self, Histogram};
 use crate::rule::{Rule, RuleId};
-use crate::ruleset::{KeyWrite, RuleSet, ANY_PORT};
+use crate::rule_maps::{InstalledRules, RuleInfo};
+use crate::settings::{self, TimingGroup};
+use crate::shared::types;
 use crate::skel::classifier::{ClassifierSkel, ClassifierSkelBuilder};
 use crate::stats::Counters;
-use crate::{bytes_of, read_plain, types};
 
 /// Map sizes, set before load.
 #[derive(Debug, Clone)]
@@ -41,63 +46,16 @@ impl Default for DatapathOptions {
     }
 }
 
-/// Groups of timing measurements that can be switched at run time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TimingGroup {
-    /// HTTP response times (the `latency>` rules need them).
-    Http,
-    /// TCP handshake times.
-    Handshake,
-}
-
-impl TimingGroup {
-    /// Every group.
-    pub const ALL: [TimingGroup; 2] = [TimingGroup::Http, TimingGroup::Handshake];
-
-    fn bit(self) -> u32 {
-        match self {
-            TimingGroup::Http => types::timing_group::TIMING_HTTP.0,
-            TimingGroup::Handshake => types::timing_group::TIMING_HANDSHAKE.0,
-        }
-    }
-
-    /// Its name: `http`, `handshake`.
-    pub fn name(self) -> &'static str {
-        match self {
-            TimingGroup::Http => "http",
-            TimingGroup::Handshake => "handshake",
-        }
-    }
-
-    /// The group of that name.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|g| g.name() == name)
-    }
-}
-
-/// A rule as installed, with its trigger count.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuleInfo {
-    /// Its id.
-    pub id: RuleId,
-    /// The rule.
-    pub rule: Rule,
-    /// Flows it triggered.
-    pub hits: u64,
-}
-
 /// The loaded classifier.
 pub struct Datapath<'obj> {
     skel: ClassifierSkel<'obj>,
-    rules: RuleSet,
+    rules: InstalledRules,
     pin_path: Option<PathBuf>,
     /// Whether the maps came from an earlier instance's pins.
     adopted: bool,
     /// The mode (resolved) and method whose programs alone were loaded; `None`: all.
     only: Option<(AttachMode, MirrorMethod)>,
 }
-
-const ZERO: [u8; 4] = 0u32.to_ne_bytes();
 
 /// libbpf's own messages go to `tracing` (target "libbpf") at debug level instead of stderr:
 /// its warnings include expected cases (such as a clsact qdisc that already exists), and
@@ -138,7 +96,7 @@ impl<'obj> Datapath<'obj> {
         maps.events.set_max_entries(opts.ringbuf_bytes).context(|| "sizing events".into())?;
         // A fresh epoch: flow entries adopted from an earlier instance look their mark up again.
         if let Some(data) = open.maps.data_data.as_deref_mut() {
-            data.mark_epoch = (crate::flow::monotonic_ns() as u32) | 1;
+            data.mark_epoch = (flow::monotonic_ns() as u32) | 1;
         }
         let mut adopted = false;
         if let Some(dir) = &opts.pin_path {
@@ -161,30 +119,14 @@ impl<'obj> Datapath<'obj> {
                 }
             }
         }
-        let dp = Self { skel, rules: RuleSet::new(), pin_path: opts.pin_path.clone(), adopted, only };
+        let dp = Self { skel, rules: InstalledRules::new(), pin_path: opts.pin_path.clone(), adopted, only };
         if !adopted {
             // Response and handshake times are on by default; adopted settings are kept.
-            dp.write_settings(|s| s.timing = TimingGroup::Http.bit() | TimingGroup::Handshake.bit())?;
+            settings::update(&dp.skel.maps.settings, |s| {
+                s.timing = TimingGroup::Http.bit() | TimingGroup::Handshake.bit()
+            })?;
         }
         Ok(dp)
-    }
-
-    /// Whether the classifier stamps packets at tc ingress for the kernel stack latency (see
-    /// [`crate::Tracing`]); a plain flag in the program's data, read per packet.
-    pub fn set_stack_stamps(&mut self, on: bool) {
-        if let Some(data) = self.skel.maps.data_data.as_deref_mut() {
-            data.stack_stamps_on = u32::from(on);
-        }
-    }
-
-    /// Switches a timing group on or off at run time.
-    pub fn set_timing(&self, group: TimingGroup, on: bool) -> Result<()> {
-        self.write_settings(|s| if on { s.timing |= group.bit() } else { s.timing &= !group.bit() })
-    }
-
-    /// Whether a timing group is on.
-    pub fn timing(&self, group: TimingGroup) -> Result<bool> {
-        Ok(self.settings()?.timing & group.bit() != 0)
     }
 
     /// The attach mode (never `Auto`) and method whose programs alone were loaded, if not all.
@@ -213,7 +155,7 @@ impl<'obj> Datapath<'obj> {
                 std::fs::remove_file(&path).context(|| format!("unpinning {}", path.display()))?;
             }
         }
-        let links = dir.join(crate::attach::LINKS_DIR);
+        let links = dir.join(LINKS_DIR);
         if links.exists() {
             std::fs::remove_dir_all(&links).context(|| format!("removing {}", links.display()))?;
         }
@@ -227,26 +169,65 @@ impl<'obj> Datapath<'obj> {
         &self.skel
     }
 
+    // Settings.
+
     /// The runtime settings.
     pub fn settings(&self) -> Result<types::settings> {
-        let v = self.skel.maps.settings.lookup(&ZERO, MapFlags::ANY).context(|| "reading settings".into())?;
-        Ok(v.map(|b| read_plain(&b)).unwrap_or_default())
-    }
-
-    fn write_settings(&self, f: impl FnOnce(&mut types::settings)) -> Result<()> {
-        let mut s = self.settings()?;
-        f(&mut s);
-        self.skel
-            .maps
-            .settings
-            .update(&ZERO, bytes_of(&s), MapFlags::ANY)
-            .context(|| "writing settings".into())
+        settings::read(&self.skel.maps.settings)
     }
 
     /// Sets the interface that mirrored packets are copied to (0: none, packets are only counted).
     pub fn set_mirror_ifindex(&self, ifindex: u32) -> Result<()> {
-        self.write_settings(|s| s.mirror_ifindex = ifindex)
+        settings::update(&self.skel.maps.settings, |s| s.mirror_ifindex = ifindex)
     }
+
+    /// Switches a timing group on or off at run time.
+    pub fn set_timing(&self, group: TimingGroup, on: bool) -> Result<()> {
+        settings::set_timing(&self.skel.maps.settings, group, on)
+    }
+
+    /// Whether a timing group is on.
+    pub fn timing(&self, group: TimingGroup) -> Result<bool> {
+        settings::timing(&self.skel.maps.settings, group)
+    }
+
+    /// Whether the classifier stamps packets at tc ingress for the kernel stack latency (see
+    /// [`crate::Tracing`]); a plain flag in the program's data, read per packet.
+    pub fn set_stack_stamps(&mut self, on: bool) {
+        if let Some(data) = self.skel.maps.data_data.as_deref_mut() {
+            data.stack_stamps_on = u32::from(on);
+        }
+    }
+
+    // Attaching.
+
+    fn attacher(&self) -> Attacher<'_, 'obj> {
+        Attacher { skel: &self.skel, pin_path: self.pin_path.as_deref(), loaded: self.only }
+    }
+
+    /// Attaches the classifier to `ifindex`, ingress and egress.
+    pub fn attach(&self, ifindex: u32, mode: AttachMode, method: MirrorMethod) -> Result<Attachment> {
+        self.attacher().attach(ifindex, mode, method)
+    }
+
+    /// Leaves the classifier attached after this instance exits (TCX links stay through their
+    /// pins, filters stay on their qdisc); the next instance adopts them on attach.
+    pub fn release(&self, att: Attachment) {
+        drop(att);
+    }
+
+    /// Detaches from the interface: our filters or links, and our clsact if nobody else uses it.
+    pub fn detach(&self, att: Attachment) -> Result<()> {
+        self.attacher().detach(att)
+    }
+
+    /// Detaches and unpins the TCX links pinned for interfaces `keep` rejects (left by an
+    /// earlier instance for interfaces that vanished or no longer match). Returns how many.
+    pub fn drop_stale_links(&self, keep: impl Fn(u32) -> bool) -> Result<usize> {
+        self.attacher().drop_stale_links(keep)
+    }
+
+    // Rules.
 
     /// Adds a rule with the next free id.
     pub fn add_rule(&mut self, rule: Rule) -> Result<RuleId> {
@@ -257,200 +238,74 @@ impl<'obj> Datapath<'obj> {
 
     /// Adds a rule with a given id (to restore saved rules).
     pub fn insert_rule(&mut self, id: RuleId, rule: Rule) -> Result<()> {
-        self.add_entry(id, None, rule, true)
+        self.rules.add(&self.skel.maps, id, None, rule, true)
     }
 
     /// Adds a saved rule with its id and hit-counter slot, keeping its hit count.
     pub fn restore_rule(&mut self, id: RuleId, slot: u32, rule: Rule) -> Result<()> {
-        self.add_entry(id, Some(slot), rule, false)
-    }
-
-    fn add_entry(&mut self, id: RuleId, slot: Option<u32>, rule: Rule, reset_hits: bool) -> Result<()> {
-        if self.rules.get(id).is_some() {
-            self.remove_rule(id)?;
-        }
-        let writes = self
-            .rules
-            .add(id, slot, rule)
-            .ok_or(Error::TooManyRules(types::mirror_limits::RULE_SLOTS.0 as usize - 1))?;
-        if reset_hits {
-            // A reused slot starts from zero, before the rule can match.
-            let slot = self.rules.get(id).map_or(0, |e| e.slot);
-            let ncpus = libbpf_rs::num_possible_cpus().context(|| "counting CPUs".into())?;
-            let zeros = vec![0u64.to_ne_bytes().to_vec(); ncpus];
-            self.skel
-                .maps
-                .rule_hits
-                .update_percpu(&slot.to_ne_bytes(), &zeros, MapFlags::ANY)
-                .context(|| format!("resetting hits of rule {id}"))?;
-        }
-        self.apply(&writes)
+        self.rules.add(&self.skel.maps, id, Some(slot), rule, false)
     }
 
     /// The hit-counter slot of a rule (saved with it, for [`Datapath::restore_rule`]).
     pub fn rule_slot(&self, id: RuleId) -> Option<u32> {
-        self.rules.get(id).map(|e| e.slot)
+        self.rules.slot(id)
     }
 
     /// Every rule with its id and slot, without reading the hit counters (what a saved state
     /// needs to restore them).
     pub fn rule_slots(&self) -> Vec<(RuleId, u32, Rule)> {
-        self.rules.iter().map(|(id, e)| (id, e.slot, e.rule.clone())).collect()
+        self.rules.slots()
     }
 
     /// Removes a rule. Flows it already marked stay mirrored until their limits.
     pub fn remove_rule(&mut self, id: RuleId) -> Result<Rule> {
-        let (entry, writes) = self.rules.remove(id).ok_or(Error::NoSuchRule(id))?;
-        self.apply(&writes)?;
-        Ok(entry.rule)
-    }
-
-    fn apply(&self, writes: &[KeyWrite]) -> Result<()> {
-        let maps = &self.skel.maps;
-        for ((port, status), action) in writes {
-            let action = action.unwrap_or_default();
-            if *port == ANY_PORT {
-                let key = u32::from(*status).to_ne_bytes();
-                maps.status_rules.update(&key, bytes_of(&action), MapFlags::ANY)
-            } else {
-                let key = types::port_status_key { port: *port, status: *status };
-                if action.any.rule_id == 0 && action.slow.rule_id == 0 {
-                    maps.port_rules.delete(bytes_of(&key))
-                } else {
-                    maps.port_rules.update(bytes_of(&key), bytes_of(&action), MapFlags::ANY)
-                }
-            }
-            .context(|| format!("writing the rule entry for port {port} status {status}"))?;
-        }
-        // The bitmap word of every port touched, recomputed from the rule set.
-        let mut words: Vec<u16> = writes.iter().map(|((p, _), _)| *p / 64).collect();
-        words.sort_unstable();
-        words.dedup();
-        for w in words {
-            let bits = (0..64u16)
-                .filter(|b| self.rules.port_has_rules(w * 64 + b))
-                .fold(0u64, |acc, b| acc | 1 << b);
-            maps.port_rule_bits
-                .update(&u32::from(w).to_ne_bytes(), &bits.to_ne_bytes(), MapFlags::ANY)
-                .context(|| format!("writing the port bitmap word {w}"))?;
-        }
-        Ok(())
+        self.rules.remove(&self.skel.maps, id)
     }
 
     /// The rules, by id, with their hit counts.
     pub fn rules(&self) -> Result<Vec<RuleInfo>> {
-        self.rules
-            .iter()
-            .map(|(id, e)| {
-                let hits = self.sum_percpu_u64(&self.skel.maps.rule_hits, e.slot)?;
-                Ok(RuleInfo { id, rule: e.rule.clone(), hits })
-            })
-            .collect()
+        self.rules.list(&self.skel.maps)
     }
 
-    fn sum_percpu_u64(&self, map: &dyn MapCore, idx: u32) -> Result<u64> {
-        let per_cpu = map
-            .lookup_percpu(&idx.to_ne_bytes(), MapFlags::ANY)
-            .context(|| format!("reading {}", map.name().to_string_lossy()))?;
-        Ok(per_cpu.unwrap_or_default().iter().map(|b| read_plain::<u64>(b)).sum())
-    }
+    // What the classifier saw.
 
     /// The counters, summed over CPUs.
     pub fn counters(&self) -> Result<Counters> {
-        let per_cpu =
-            self.skel.maps.stats.lookup_percpu(&ZERO, MapFlags::ANY).context(|| "reading stats".into())?;
-        let mut sum = vec![0u64; types::stat_idx::STAT_MAX.0 as usize];
-        for b in per_cpu.unwrap_or_default() {
-            let c: types::counters = read_plain(&b);
-            for (s, v) in sum.iter_mut().zip(c.v.iter()) {
-                *s += v;
-            }
-        }
-        Ok(Counters::from_values(sum))
+        Counters::read(&self.skel.maps.stats)
     }
 
     /// The mark of one flow.
     pub fn mark(&self, key: &FlowKey) -> Result<Option<MirrorMark>> {
-        let raw = key.to_raw();
-        let v = self
-            .skel
-            .maps
-            .mirror_marks
-            .lookup(bytes_of(&raw), MapFlags::ANY)
-            .context(|| "reading mirror_marks".into())?;
-        Ok(v.map(|b| MirrorMark::from(&read_plain::<types::mirror_mark>(&b))))
+        flow::read_mark(&self.skel.maps.mirror_marks, key)
     }
 
     /// Every flow of the flow table, with traffic summed over CPUs and its mark; the two tuples
     /// of a connection translated by conntrack are one flow (see [`Flow::nat`]).
     pub fn flows(&self) -> Result<Vec<Flow>> {
-        let mut by_key: HashMap<FlowKey, Flow> =
-            self.flow_entries()?.into_iter().map(|f| (f.key, f)).collect();
-        let keys: Vec<FlowKey> = by_key.keys().copied().collect();
-        let mut flows = Vec::new();
-        for key in keys {
-            if !by_key.contains_key(&key) {
-                continue; // merged already, with its other tuple
-            }
-            match self.nat_pair(&key)? {
-                Some(pair) => {
-                    let (orig, reply) = (by_key.remove(&pair.orig), by_key.remove(&pair.reply));
-                    flows.push(Flow::merge_nat(&pair, orig, reply));
-                }
-                None => flows.extend(by_key.remove(&key)),
-            }
-        }
-        Ok(flows)
+        let maps = &self.skel.maps;
+        flow::read_flows(&maps.flow_table, &maps.mirror_marks, &maps.flow_nat)
     }
 
     /// The two tuples of `key`'s connection, when conntrack translated it.
     pub fn nat_pair(&self, key: &FlowKey) -> Result<Option<NatPair>> {
-        let raw = key.to_raw();
-        let v = self
-            .skel
-            .maps
-            .flow_nat
-            .lookup(bytes_of(&raw), MapFlags::ANY)
-            .context(|| "reading flow_nat".into())?;
-        Ok(v.map(|b| NatPair::from_raw(&read_plain(&b), raw.family, raw.proto)))
+        flow::read_nat_pair(&self.skel.maps.flow_nat, key)
     }
 
-    /// Every entry of the flow table as it is, one per tuple.
-    fn flow_entries(&self) -> Result<Vec<Flow>> {
-        let table = &self.skel.maps.flow_table;
-        let mut flows = Vec::new();
-        for k in table.keys() {
-            // A flow evicted between keys() and the lookup is simply skipped.
-            let Some(per_cpu) =
-                table.lookup_percpu(&k, MapFlags::ANY).context(|| "reading flow_table".into())?
-            else {
-                continue;
-            };
-            let values: Vec<types::flow_traffic> = per_cpu.iter().map(|b| read_plain(b)).collect();
-            let key = FlowKey::from(&read_plain::<types::flow_key>(&k));
-            flows.push(Flow::from_percpu(key, &values, self.mark(&key)?));
-        }
-        Ok(flows)
+    /// Every latency histogram, summed over CPUs.
+    pub fn histograms(&self) -> Result<Vec<Histogram>> {
+        latency::read_histograms(&self.skel.maps.latency_hists)
     }
 
     /// A ring buffer that calls `f` for each trigger event; poll it to receive them.
-    pub fn events<F>(&self, mut f: F) -> Result<RingBuffer<'static>>
+    pub fn events<F>(&self, f: F) -> Result<RingBuffer<'static>>
     where
         F: FnMut(TriggerEvent) + 'static,
     {
-        let mut b = RingBufferBuilder::new();
-        b.add(&self.skel.maps.events, move |data: &[u8]| {
-            if let Some(ev) = TriggerEvent::parse(data) {
-                f(ev);
-            }
-            0
-        })
-        .context(|| "opening the events ring buffer".into())?;
-        b.build().context(|| "opening the events ring buffer".into())
+        event::ring(&self.skel.maps.events, f)
     }
 
     /// Polls `rb` once for at most `timeout`.
     pub fn poll_events(rb: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
-        rb.poll(timeout).context(|| "polling events".into())
+        event::poll(rb, timeout)
     }
 }

@@ -2,8 +2,11 @@
 
 use std::time::Duration;
 
+use libbpf_rs::{MapMut, RingBuffer, RingBufferBuilder};
+
+use crate::error::{Context, Result};
 use crate::flow::FlowKey;
-use crate::types;
+use crate::shared::{read_plain, types};
 
 /// One trigger: a response matched a rule and its flow is now mirrored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +45,7 @@ impl TriggerEvent {
         if data.len() < std::mem::size_of::<types::trigger_event>() {
             return None;
         }
-        let ev: types::trigger_event = crate::read_plain(data);
+        let ev: types::trigger_event = read_plain(data);
         let head_len = (ev.request_head_len as usize).min(ev.request_head.len());
         let (method, target) = split_request(&ev.request_head[..head_len]);
         Some(TriggerEvent {
@@ -60,6 +63,27 @@ impl TriggerEvent {
                 .then(|| Duration::from_nanos(ev.request_to_response_ns)),
         })
     }
+}
+
+/// A ring buffer over the `events` map that calls `f` for each trigger event.
+pub(crate) fn ring<F>(events: &MapMut<'_>, mut f: F) -> Result<RingBuffer<'static>>
+where
+    F: FnMut(TriggerEvent) + 'static,
+{
+    let mut b = RingBufferBuilder::new();
+    b.add(events, move |data: &[u8]| {
+        if let Some(ev) = TriggerEvent::parse(data) {
+            f(ev);
+        }
+        0
+    })
+    .context(|| "opening the events ring buffer".into())?;
+    b.build().context(|| "opening the events ring buffer".into())
+}
+
+/// Polls `rb` once for at most `timeout`.
+pub(crate) fn poll(rb: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
+    rb.poll(timeout).context(|| "polling events".into())
 }
 
 /// "GET /path HTTP/1.1..." -> ("GET", "/path"), the target cut at a space, CR or 64 bytes.

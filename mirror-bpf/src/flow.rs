@@ -1,10 +1,14 @@
 //! Flows as user space sees them: typed keys, per-direction traffic summed over CPUs, marks.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use crate::types;
+use libbpf_rs::{MapCore, MapFlags, MapMut};
+
+use crate::error::{Context, Result};
+use crate::shared::{bytes_of, read_plain, types};
 
 /// A direction-independent flow: `lo` is the endpoint that compares lower.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -270,6 +274,51 @@ impl NatPair {
             reply_client_is_lo: reply.lo == client_as_seen,
         }
     }
+}
+
+/// The mark of one flow, from the `mirror_marks` map.
+pub(crate) fn read_mark(marks: &MapMut<'_>, key: &FlowKey) -> Result<Option<MirrorMark>> {
+    let raw = key.to_raw();
+    let v = marks.lookup(bytes_of(&raw), MapFlags::ANY).context(|| "reading mirror_marks".into())?;
+    Ok(v.map(|b| MirrorMark::from(&read_plain::<types::mirror_mark>(&b))))
+}
+
+/// The two tuples of `key`'s connection, from the `flow_nat` map, when conntrack translated it.
+pub(crate) fn read_nat_pair(nat: &MapMut<'_>, key: &FlowKey) -> Result<Option<NatPair>> {
+    let raw = key.to_raw();
+    let v = nat.lookup(bytes_of(&raw), MapFlags::ANY).context(|| "reading flow_nat".into())?;
+    Ok(v.map(|b| NatPair::from_raw(&read_plain(&b), raw.family, raw.proto)))
+}
+
+/// Every flow of the `flow_table` map, with traffic summed over CPUs and its mark; the two
+/// tuples of a connection translated by conntrack (`flow_nat`) are one flow.
+pub(crate) fn read_flows(table: &MapMut<'_>, marks: &MapMut<'_>, nat: &MapMut<'_>) -> Result<Vec<Flow>> {
+    let mut by_key: HashMap<FlowKey, Flow> = HashMap::new();
+    for k in table.keys() {
+        // A flow evicted between keys() and the lookup is simply skipped.
+        let Some(per_cpu) = table.lookup_percpu(&k, MapFlags::ANY).context(|| "reading flow_table".into())?
+        else {
+            continue;
+        };
+        let values: Vec<types::flow_traffic> = per_cpu.iter().map(|b| read_plain(b)).collect();
+        let key = FlowKey::from(&read_plain::<types::flow_key>(&k));
+        by_key.insert(key, Flow::from_percpu(key, &values, read_mark(marks, &key)?));
+    }
+    let keys: Vec<FlowKey> = by_key.keys().copied().collect();
+    let mut flows = Vec::new();
+    for key in keys {
+        if !by_key.contains_key(&key) {
+            continue; // merged already, with its other tuple
+        }
+        match read_nat_pair(nat, &key)? {
+            Some(pair) => {
+                let (orig, reply) = (by_key.remove(&pair.orig), by_key.remove(&pair.reply));
+                flows.push(Flow::merge_nat(&pair, orig, reply));
+            }
+            None => flows.extend(by_key.remove(&key)),
+        }
+    }
+    Ok(flows)
 }
 
 /// The monotonic clock the classifier stamps with (`bpf_ktime_get_ns`).

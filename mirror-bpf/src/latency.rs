@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use libbpf_rs::{MapCore, MapFlags};
+use libbpf_rs::{MapCore, MapFlags, MapMut};
 
 use crate::error::{Context, Result};
-use crate::types::{self, hist_kind, mirror_limits};
-use crate::{read_plain, Datapath};
+use crate::shared::read_plain;
+use crate::shared::types::{self, hist_kind, mirror_limits};
 
 /// What a histogram measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -118,40 +118,37 @@ impl Histogram {
     }
 }
 
-impl Datapath<'_> {
-    /// Every latency histogram, summed over CPUs.
-    pub fn histograms(&self) -> Result<Vec<Histogram>> {
-        let map = &self.skel().maps.latency_hists;
-        let mut out = Vec::new();
-        for k in map.keys() {
-            let Some(per_cpu) =
-                map.lookup_percpu(&k, MapFlags::ANY).context(|| "reading latency_hists".into())?
-            else {
-                continue;
-            };
-            let key: types::hist_key = read_plain(&k);
-            let Some(kind) = HistKind::from_raw(key.kind) else { continue };
-            let mut h = Histogram {
-                ifindex: key.ifindex,
-                kind,
-                class: key.class,
-                count: 0,
-                sum_ns: 0,
-                buckets: vec![0; mirror_limits::HIST_BUCKETS.0 as usize],
-            };
-            for b in &per_cpu {
-                let v: types::latency_hist = read_plain(b);
-                h.count += v.count;
-                h.sum_ns += v.sum_ns;
-                for (a, n) in h.buckets.iter_mut().zip(v.buckets.iter()) {
-                    *a += n;
-                }
+/// Every histogram of the `latency_hists` map, summed over CPUs.
+pub(crate) fn read_histograms(map: &MapMut<'_>) -> Result<Vec<Histogram>> {
+    let mut out = Vec::new();
+    for k in map.keys() {
+        let Some(per_cpu) =
+            map.lookup_percpu(&k, MapFlags::ANY).context(|| "reading latency_hists".into())?
+        else {
+            continue;
+        };
+        let key: types::hist_key = read_plain(&k);
+        let Some(kind) = HistKind::from_raw(key.kind) else { continue };
+        let mut h = Histogram {
+            ifindex: key.ifindex,
+            kind,
+            class: key.class,
+            count: 0,
+            sum_ns: 0,
+            buckets: vec![0; mirror_limits::HIST_BUCKETS.0 as usize],
+        };
+        for b in &per_cpu {
+            let v: types::latency_hist = read_plain(b);
+            h.count += v.count;
+            h.sum_ns += v.sum_ns;
+            for (a, n) in h.buckets.iter_mut().zip(v.buckets.iter()) {
+                *a += n;
             }
-            out.push(h);
         }
-        out.sort_by_key(|h| (h.kind, h.ifindex, h.class));
-        Ok(out)
+        out.push(h);
     }
+    out.sort_by_key(|h| (h.kind, h.ifindex, h.class));
+    Ok(out)
 }
 
 #[cfg(test)]

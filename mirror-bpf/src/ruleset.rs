@@ -4,12 +4,12 @@
 //! the lowest id, and the slowness rule (`latency>`) with the lowest threshold (then id). The
 //! classifier takes the first when present, else the second if the response was slow enough.
 //! Port-scoped keys are looked up first. This module is pure logic: it says which map entries
-//! change, [`crate::Datapath`] writes them.
+//! change, [`crate::rule_maps`] writes them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::rule::{Rule, RuleId};
-use crate::types;
+use crate::shared::types;
 
 /// Port 0 stands for "any port" (the global status_rules array).
 pub(crate) const ANY_PORT: u16 = 0;

@@ -1,6 +1,10 @@
 //! The classifier's per-CPU counters, summed.
 
-use crate::types::stat_idx;
+use libbpf_rs::{MapCore, MapFlags, MapMut};
+
+use crate::error::{Context, Result};
+use crate::shared::types::{self, stat_idx};
+use crate::shared::{read_plain, ZERO};
 
 /// Name of each counter, in the order of `enum stat_idx` (checked by a test against the enum).
 pub const COUNTER_NAMES: &[(stat_idx, &str)] = &[
@@ -35,8 +39,17 @@ pub struct Counters {
 }
 
 impl Counters {
-    pub(crate) fn from_values(values: Vec<u64>) -> Self {
-        Self { values }
+    /// The counters of the `stats` map, summed over CPUs.
+    pub(crate) fn read(stats: &MapMut<'_>) -> Result<Self> {
+        let per_cpu = stats.lookup_percpu(&ZERO, MapFlags::ANY).context(|| "reading stats".into())?;
+        let mut values = vec![0u64; stat_idx::STAT_MAX.0 as usize];
+        for b in per_cpu.unwrap_or_default() {
+            let c: types::counters = read_plain(&b);
+            for (s, v) in values.iter_mut().zip(c.v.iter()) {
+                *s += v;
+            }
+        }
+        Ok(Self { values })
     }
 
     /// One counter.

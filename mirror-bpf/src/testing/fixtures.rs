@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use super::consts::*;
 use super::packet::{ipv6_ext, tcp_flags, PacketBuilder};
-use crate::FlowKey;
+use crate::flow::FlowKey;
 
 /// What the parser must conclude.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,8 +10,8 @@ use std::process::Command;
 
 use libbpf_rs::{OpenObject, ProgramInput, ProgramMut};
 
-use crate::types;
-use crate::{Datapath, DatapathOptions};
+use crate::datapath::{Datapath, DatapathOptions};
+use crate::shared::types;
 
 /// The verdict of every entry point but the mirred ones: "continue" (TC_ACT_UNSPEC / TCX_NEXT).
 pub const VERDICT_CONTINUE: u32 = u32::MAX;

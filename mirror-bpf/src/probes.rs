@@ -13,9 +13,10 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, ProgramMut};
 
 use libbpf_rs::libbpf_sys;
 
+use crate::datapath::Datapath;
 use crate::error::{Context, Result};
+use crate::shared::read_plain;
 use crate::skel::tracing::{OpenTracingSkel, TracingSkel, TracingSkelBuilder};
-use crate::{read_plain, Datapath};
 
 /// A group of tracing programs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -1,0 +1,65 @@
+//! The classifier's runtime settings (a single-entry map read per packet) and the timing groups
+//! they switch.
+
+use libbpf_rs::{MapCore, MapFlags, MapMut};
+
+use crate::error::{Context, Result};
+use crate::shared::{bytes_of, read_plain, types, ZERO};
+
+/// Groups of timing measurements that can be switched at run time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimingGroup {
+    /// HTTP response times (the `latency>` rules need them).
+    Http,
+    /// TCP handshake times.
+    Handshake,
+}
+
+impl TimingGroup {
+    /// Every group.
+    pub const ALL: [TimingGroup; 2] = [TimingGroup::Http, TimingGroup::Handshake];
+
+    /// Its bit in the `timing` mask of the settings.
+    pub(crate) fn bit(self) -> u32 {
+        match self {
+            TimingGroup::Http => types::timing_group::TIMING_HTTP.0,
+            TimingGroup::Handshake => types::timing_group::TIMING_HANDSHAKE.0,
+        }
+    }
+
+    /// Its name: `http`, `handshake`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TimingGroup::Http => "http",
+            TimingGroup::Handshake => "handshake",
+        }
+    }
+
+    /// The group of that name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|g| g.name() == name)
+    }
+}
+
+/// The settings in `map` (all zero if unset).
+pub(crate) fn read(map: &MapMut<'_>) -> Result<types::settings> {
+    let v = map.lookup(&ZERO, MapFlags::ANY).context(|| "reading settings".into())?;
+    Ok(v.map(|b| read_plain(&b)).unwrap_or_default())
+}
+
+/// Changes the settings in `map` with `f`.
+pub(crate) fn update(map: &MapMut<'_>, f: impl FnOnce(&mut types::settings)) -> Result<()> {
+    let mut s = read(map)?;
+    f(&mut s);
+    map.update(&ZERO, bytes_of(&s), MapFlags::ANY).context(|| "writing settings".into())
+}
+
+/// Switches timing `group` on or off in the settings of `map`.
+pub(crate) fn set_timing(map: &MapMut<'_>, group: TimingGroup, on: bool) -> Result<()> {
+    update(map, |s| if on { s.timing |= group.bit() } else { s.timing &= !group.bit() })
+}
+
+/// Whether timing `group` is on in the settings of `map`.
+pub(crate) fn timing(map: &MapMut<'_>, group: TimingGroup) -> Result<bool> {
+    Ok(read(map)?.timing & group.bit() != 0)
+}
