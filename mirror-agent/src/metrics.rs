@@ -35,6 +35,13 @@ const EXPORTED: &[(&str, &str, &str)] = &[
     ("ringbuf_drops", "ringbuf_drops", "Trigger events lost (ring buffer full)"),
     ("duplicate", "duplicate_packets", "Packets skipped at egress: already seen at an attached ingress"),
     ("malformed", "malformed_packets", "Packets with truncated or inconsistent headers (passed)"),
+    (
+        "http_unframed",
+        "http_unframed",
+        "HTTP streams whose framing was lost (looked at on segment starts until a message is found)",
+    ),
+    ("ct_lookups", "conntrack_lookups", "Conntrack lookups (new flows, responses or triggers across NAT)"),
+    ("nat_flows", "nat_flows", "Connections found translated by conntrack: one flow, two tuples"),
 ];
 
 async fn scrape(State(engine): State<Engine>) -> impl IntoResponse {
