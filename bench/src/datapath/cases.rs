@@ -19,11 +19,22 @@ pub const RULE_COUNTS: [u32; 3] = [1, 100, 10_000];
 pub enum Timing {
     /// One test_run repeating the packet: every iteration takes the same path.
     Repeated,
-    /// A packet that starts an HTTP message: repeated, it would be a retransmission of what the
-    /// classifier already read (and a trigger would find its flow marked), so each sample is one
-    /// test_run of one packet, its flow's stream state rewound before it (and, with `unmark`,
-    /// its mark deleted after it).
-    Shots { key: FlowKey, unmark: bool },
+    /// A packet whose effect a repetition would undo: an HTTP message (repeated, a
+    /// retransmission of what the classifier already read), a trigger (the flow is marked after
+    /// the first), a flow's first packet. Each sample is one test_run of one packet, with the
+    /// flow's state reset from user space around it.
+    Shots { key: FlowKey, reset: Reset },
+}
+
+/// What is reset around each shot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reset {
+    /// The flow's HTTP stream state, before the shot.
+    Stream,
+    /// The stream state before the shot, the mark after it.
+    StreamAndMark,
+    /// The whole flow (flow table, shared timing and NAT entries), before the shot.
+    Flow,
 }
 
 /// Counters that must grow, and counters that must not, while the case runs.
@@ -83,6 +94,16 @@ impl Flow {
         self.to_server(tcp_flags::ACK, &[])
     }
 
+    fn syn(&self) -> Vec<u8> {
+        self.to_server(tcp_flags::SYN, &[])
+    }
+
+    fn syn_ack(&self) -> Vec<u8> {
+        PacketBuilder::ipv4(V4_SERVER, V4_CLIENT)
+            .tcp(PORT_HTTP, self.client().port(), tcp_flags::SYN | tcp_flags::ACK)
+            .build()
+    }
+
     fn get(&self) -> Vec<u8> {
         self.to_server(tcp_flags::ACK | tcp_flags::PSH, REQ_GET_BAR)
     }
@@ -127,7 +148,7 @@ pub fn all() -> Vec<Case> {
             quiet: true,
             prime: vec![Flow(2).get()],
             frame: Flow(2).get(),
-            timing: Timing::Shots { key: Flow(2).key(), unmark: false },
+            timing: Timing::Shots { key: Flow(2).key(), reset: Reset::Stream },
             expect: Expect {
                 grows: &[stat_idx::STAT_HTTP_REQUESTS],
                 stays: &[stat_idx::STAT_FLOWS_CREATED, stat_idx::STAT_TIMING_INSERT_FAILED],
@@ -142,7 +163,7 @@ pub fn all() -> Vec<Case> {
             quiet: true,
             prime: vec![flow.get()],
             frame: flow.to_client(RESP_200),
-            timing: Timing::Shots { key: flow.key(), unmark: false },
+            timing: Timing::Shots { key: flow.key(), reset: Reset::Stream },
             expect: Expect {
                 grows: &[stat_idx::STAT_HTTP_RESPONSES],
                 stays: &[stat_idx::STAT_FLOWS_CREATED, stat_idx::STAT_TRIGGERS],
@@ -157,13 +178,35 @@ pub fn all() -> Vec<Case> {
             quiet: false,
             prime: vec![flow.get()],
             frame: flow.to_client(RESP_500),
-            timing: Timing::Shots { key: flow.key(), unmark: true },
+            timing: Timing::Shots { key: flow.key(), reset: Reset::StreamAndMark },
             expect: Expect {
                 grows: &[stat_idx::STAT_TRIGGERS, stat_idx::STAT_MIRRORED_PACKETS],
                 stays: &[stat_idx::STAT_FLOWS_CREATED, stat_idx::STAT_MARK_INSERT_FAILED],
             },
         });
     }
+    // A new flow: on a SYN nobody asks conntrack (it knows nothing yet); a flow first seen on
+    // any other packet (a SYN/ACK on the server's side of a Service) asks it. Here the lookup
+    // misses (no conntrack entry in the benchmark's namespace), as it does for untranslated
+    // connections.
+    cases.push(Case {
+        name: "TCP SYN, new flow",
+        rules: one,
+        quiet: true,
+        prime: vec![],
+        frame: Flow(4).syn(),
+        timing: Timing::Shots { key: Flow(4).key(), reset: Reset::Flow },
+        expect: Expect { grows: &[stat_idx::STAT_FLOWS_CREATED], stays: &[stat_idx::STAT_CT_LOOKUPS] },
+    });
+    cases.push(Case {
+        name: "TCP SYN/ACK, new flow (conntrack asked)",
+        rules: one,
+        quiet: true,
+        prime: vec![],
+        frame: Flow(5).syn_ack(),
+        timing: Timing::Shots { key: Flow(5).key(), reset: Reset::Flow },
+        expect: Expect { grows: &[stat_idx::STAT_FLOWS_CREATED, stat_idx::STAT_CT_LOOKUPS], stays: &[] },
+    });
     let marked = Flow(3);
     cases.push(Case {
         name: "TCP ACK, mirrored flow (clone to veth)",

@@ -84,6 +84,20 @@ impl Instance {
         map.update(k, &v, MapFlags::ANY).with_context(|| format!("rewinding the stream of {key}"))
     }
 
+    /// Deletes every entry of `key`'s flow (flow table, shared timing, NAT), so that its next
+    /// packet creates it.
+    pub fn forget(&self, key: &FlowKey) -> Result<()> {
+        let raw = key.to_raw();
+        // SAFETY: flow_key is plain old data with explicit padding.
+        let k = unsafe { plain::as_bytes(&raw) };
+        let maps = &self.dp.skel().maps;
+        for map in [&maps.flow_table, &maps.flow_timing, &maps.flow_nat] {
+            // Absent already is fine: only a shot's own entries are removed.
+            let _ = map.delete(k);
+        }
+        Ok(())
+    }
+
     pub fn drain_events(&self) -> Result<()> {
         self.events.consume().context("draining trigger events")
     }

@@ -6,7 +6,7 @@ use libbpf_rs::ProgramMut;
 use mirror_bpf::testing::{run_repeat, SkbContext, VERDICT_CONTINUE};
 use mirror_bpf::Counters;
 
-use super::cases::{Case, Timing, NO_FAILURES};
+use super::cases::{Case, Reset, Timing, NO_FAILURES};
 use super::fixture::{Fixture, Instance};
 use crate::stats::median;
 
@@ -51,13 +51,16 @@ pub fn run(fx: &Fixture, case: &Case, plan: &Plan) -> Result<RunSample> {
     let before = inst.counters()?;
     let sample = match case.timing {
         Timing::Repeated => repeated(fx, inst, case, plan.repeat)?,
-        Timing::Shots { key, unmark } => {
+        Timing::Shots { key, reset } => {
             let mut case_ns = Vec::with_capacity(plan.shots as usize);
             let mut empty_ns = Vec::with_capacity(plan.shots as usize);
             for shot in 0..plan.shots {
-                inst.rewind(&key)?;
+                match reset {
+                    Reset::Flow => inst.forget(&key)?,
+                    Reset::Stream | Reset::StreamAndMark => inst.rewind(&key)?,
+                }
                 let s = repeated(fx, inst, case, 1)?;
-                if unmark {
+                if reset == Reset::StreamAndMark {
                     inst.unmark(&key)?;
                 }
                 if shot % DRAIN_EVERY == 0 {

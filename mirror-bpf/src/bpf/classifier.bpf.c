@@ -108,7 +108,7 @@ __noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
     /* HTTP is looked at even on marked flows: their response times count too. */
     if (m.payload_len)
         http_segment(skb, &m, fs, hook);
-    else
+    else if (handshake_packet(&m, fs))
         timing_handshake(skb, &m, fs);
 
     struct mirror_mark *mk = mark_lookup(fs, &m.key);

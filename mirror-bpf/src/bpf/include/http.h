@@ -221,8 +221,11 @@ __noinline int http_headers(struct __sk_buff *skb, struct http_scratch *s, __u32
 {
     if (!skb || !s || !f)
         return 0;
-    __u32 n = avail > HTTP_SCAN_MAX ? HTTP_SCAN_MAX : avail;
+    __u64 n = avail > HTTP_SCAN_MAX ? HTTP_SCAN_MAX : avail;
 
+    /* A no-op the compiler cannot drop: a global function's scalar arguments reach the
+     * verifier as 64-bit values, and the compiler assumes a __u32 one has no upper bits. */
+    asm volatile("%0 &= 0x3ff" : "+r"(n));
     if (n < 2 || bpf_skb_load_bytes(skb, at, s->buf, n))
         return 0;
     for (__u32 w = 0; w < HTTP_SCAN_MAX / 8; w++) {
@@ -237,7 +240,12 @@ __noinline int http_headers(struct __sk_buff *skb, struct http_scratch *s, __u32
             __u32 pos = base + b;
             if (pos >= n)
                 break;
-            if (s->buf[pos] == '\n' && http_line(s, pos + 1, n, f))
+            if (s->buf[pos] != '\n')
+                continue;
+            /* Only the lines that matter are looked at: the blank line, Content-Length and
+             * Transfer-Encoding (most lines start otherwise: Host, Date, Server, Accept...). */
+            __u8 r = s->buf[(pos + 1) & (HTTP_SCAN_MAX - 1)], c = r | 0x20;
+            if ((r == '\r' || r == '\n' || c == 'c' || c == 't') && http_line(s, pos + 1, n, f))
                 return 1;
         }
     }
@@ -488,8 +496,10 @@ static __always_inline int http_segment(struct __sk_buff *skb, struct pkt_meta *
         }
     }
 
-    for (int i = 0; i < HTTP_SEGMENT_MSGS && !pos.stop; i++)
+    for (int i = 0; i < HTTP_SEGMENT_MSGS && !pos.stop && pos.off < len; i++)
         http_message(skb, m, fs, t, &pos);
+    if (pos.off >= len)
+        pos.stop = 1;
     /* Messages left unread in this segment: the framing is lost. */
     if (!pos.stop && pos.off < len && pos.state != HTTP_SCAN) {
         pos.unframed = 1;

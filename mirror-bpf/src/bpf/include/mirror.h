@@ -188,7 +188,7 @@ __noinline int mirror_trigger(struct __sk_buff *skb, struct pkt_meta *m, struct 
     __u32 status = ti->status;
     __u64 now = bpf_ktime_get_coarse_ns();
     struct flow_key *peer = &s->peer;
-    int nat = nat_peer(skb, m, t, peer);
+    int nat = nat_peer(skb, m, t, peer, 1);
     struct mirror_mark *init = &s->mark;
     __builtin_memset(init, 0, sizeof(*init));
     init->rule_id = ra->rule_id;

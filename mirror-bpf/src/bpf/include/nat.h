@@ -131,16 +131,17 @@ __noinline int nat_learn(struct __sk_buff *skb, struct pkt_meta *m)
 }
 
 /*
- * nat_peer - the other key of @m's connection when it is translated, asking conntrack when it
- * is not known yet and @t (the flow's shared entry, may be NULL) says it was not asked before.
+ * nat_peer - the other key of @m's connection when it is translated. When it is not known yet,
+ * conntrack is asked if @ask and @t (the flow's shared entry, may be NULL) says it was not
+ * asked before.
  * @return 1 when @peer was set.
  */
 static __always_inline int nat_peer(struct __sk_buff *skb, struct pkt_meta *m,
-                                    struct flow_timing *t, struct flow_key *peer)
+                                    struct flow_timing *t, struct flow_key *peer, int ask)
 {
     struct flow_nat *n = bpf_map_lookup_elem(&flow_nat, &m->key);
 
-    if (!n && (!t || !t->nat_checked)) {
+    if (!n && ask && (!t || !t->nat_checked)) {
         if (t)
             t->nat_checked = 1;
         nat_learn(skb, m);

@@ -99,7 +99,7 @@ __noinline __u64 timing_response(struct __sk_buff *skb, struct pkt_meta *m, stru
     __builtin_memset(req, 0, sizeof(*req));
     if (!request_pop(t, req)) {
         /* Across NAT the request was seen under the other key (on the client's veth). */
-        if (!nat_peer(skb, m, t, &s->peer))
+        if (!nat_peer(skb, m, t, &s->peer, 1))
             return 0;
         struct flow_timing *pt = bpf_map_lookup_elem(&flow_timing, &s->peer);
         if (!pt || !request_pop(pt, req))
@@ -127,7 +127,19 @@ __noinline __u64 timing_response(struct __sk_buff *skb, struct pkt_meta *m, stru
 }
 
 /*
- * timing_handshake - SYN, SYN/ACK and the ACK that completes the handshake. Across NAT the
+ * handshake_packet - could @m be part of a handshake: a SYN, or one of the first ACKs of its
+ * direction on this CPU? Most packets are not: checked inline, before calling timing_handshake.
+ */
+static __always_inline int handshake_packet(const struct pkt_meta *m, const struct flow_traffic *fs)
+{
+    __u8 f = m->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK);
+
+    return (f & TCP_FLAG_SYN) || (f == TCP_FLAG_ACK && fs && fs->dir[m->dir & 1].packets <= 2);
+}
+
+/*
+ * timing_handshake - SYN, SYN/ACK and the ACK that completes the handshake (see
+ * handshake_packet). Across NAT the
  * SYN/ACK is seen under the other key than the SYN and the ACK: it is stamped on theirs.
  * A global function: verified once.
  */
@@ -139,9 +151,6 @@ __noinline int timing_handshake(struct __sk_buff *skb, struct pkt_meta *m, struc
     if (!skb || !m || !cnt)
         return 0;
     __u8 f = m->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK);
-    /* Most packets leave here: neither a SYN nor one of the first ACKs of their direction. */
-    if (!(f & TCP_FLAG_SYN) && (f != TCP_FLAG_ACK || !fs || fs->dir[m->dir & 1].packets > 2))
-        return 0;
     if (!timing_on(TIMING_HANDSHAKE))
         return 0;
     if (f == TCP_FLAG_SYN) {
@@ -156,8 +165,9 @@ __noinline int timing_handshake(struct __sk_buff *skb, struct pkt_meta *m, struc
     if (f == (TCP_FLAG_SYN | TCP_FLAG_ACK)) {
         struct flow_timing *t = timing_get(&m->key, 0, cnt);
         if (!t || !t->syn_ns) {
+            /* The flow was created by this SYN/ACK, and conntrack asked then (classify). */
             struct flow_key peer;
-            if (!nat_peer(skb, m, t, &peer))
+            if (!nat_peer(skb, m, t, &peer, 0))
                 return 0;
             t = bpf_map_lookup_elem(&flow_timing, &peer);
         }
