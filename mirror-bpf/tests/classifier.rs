@@ -344,3 +344,42 @@ fn mirred_programs_match_exactly_the_marked_flows() {
     let (ret, _) = testing::run(&p.tc_egress_mirred, &ok, SkbContext::default());
     assert_eq!(ret, u32::MAX, "later packets of the marked flow match too");
 }
+
+/// One direction of a response stream, segment by segment, from the server's port 80.
+fn response_segments(dp: &Dp, cport: u16, segments: &[&[u8]]) -> Counters {
+    let before = dp.counters().unwrap();
+    let mut seq = 1000u32;
+    for seg in segments {
+        let frame = PacketBuilder::ipv4(V4_SERVER, V4_CLIENT)
+            .tcp(PORT_HTTP, cport, tcp_flags::ACK | tcp_flags::PSH)
+            .seq(seq)
+            .payload(seg)
+            .build();
+        ingress(dp, &frame);
+        seq = seq.wrapping_add(seg.len() as u32);
+    }
+    dp.counters().unwrap().since(&before)
+}
+
+#[test]
+fn responses_are_found_wherever_they_start_in_the_stream() {
+    let Some(mut dp) = load() else { return };
+    dp.add_rule("status=500".parse().unwrap()).unwrap();
+    let split = response_segments(
+        &dp,
+        61000,
+        &[b"HTTP/1.1 5", b"00 Internal Server Error\r\nContent-Length: 0\r\n\r\n"],
+    );
+    assert_eq!((split.get(S::STAT_HTTP_RESPONSES), split.get(S::STAT_TRIGGERS)), (1, 1), "split status line");
+    let pipelined: &[u8] =
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloHTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n";
+    let p = response_segments(&dp, 61001, &[pipelined]);
+    assert_eq!((p.get(S::STAT_HTTP_RESPONSES), p.get(S::STAT_TRIGGERS)), (2, 1), "pipelined");
+    let interim: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n";
+    let i = response_segments(&dp, 61002, &[interim]);
+    assert_eq!((i.get(S::STAT_HTTP_RESPONSES), i.get(S::STAT_TRIGGERS)), (2, 1), "100 Continue");
+    let body: &[&[u8]] =
+        &[b"HTTP/1.1 200 OK\r\nContent-Length: 30\r\n\r\n", b"HTTP/1.1 500 in a body........"];
+    let b = response_segments(&dp, 61003, body);
+    assert_eq!((b.get(S::STAT_HTTP_RESPONSES), b.get(S::STAT_TRIGGERS)), (1, 0), "a body segment");
+}

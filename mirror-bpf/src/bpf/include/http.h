@@ -212,21 +212,31 @@ __noinline int http_line(struct http_scratch *s, __u32 ls, __u32 n, struct http_
 }
 
 /*
- * http_headers - search the header block of a message whose bytes in this segment start at
- * @at (frame offset), @avail of them, for its end and framing. A global function.
- * @return 1 when the end of the block was found (f->hdr_len, from @at).
+ * http_load - the bytes of a message in this segment, from @at (frame offset), @avail of them,
+ * up to HTTP_SCAN_MAX, into s->buf: one read serves its first line, its header block and the
+ * head of a request.
+ * @return the bytes read (0: none).
  */
-__noinline int http_headers(struct __sk_buff *skb, struct http_scratch *s, __u32 at, __u32 avail,
-                            struct http_framing *f)
+static __always_inline __u32 http_load(struct __sk_buff *skb, struct http_scratch *s, __u32 at,
+                                       __u32 avail)
 {
-    if (!skb || !s || !f)
-        return 0;
     __u64 n = avail > HTTP_SCAN_MAX ? HTTP_SCAN_MAX : avail;
 
-    /* A no-op the compiler cannot drop: a global function's scalar arguments reach the
-     * verifier as 64-bit values, and the compiler assumes a __u32 one has no upper bits. */
+    /* A no-op the compiler cannot drop: it bounds the register for the verifier. */
     asm volatile("%0 &= 0x3ff" : "+r"(n));
-    if (n < 2 || bpf_skb_load_bytes(skb, at, s->buf, n))
+    if (n < 1 || bpf_skb_load_bytes(skb, at, s->buf, n))
+        return 0;
+    return n;
+}
+
+/*
+ * http_headers - search the header block of a message whose first @n bytes in this segment are
+ * in s->buf (see http_load) for its end and framing. A global function: verified once.
+ * @return 1 when the end of the block was found (f->hdr_len, from the start of s->buf).
+ */
+__noinline int http_headers(struct http_scratch *s, __u32 n, struct http_framing *f)
+{
+    if (!s || !f || n < 2)
         return 0;
     for (__u32 w = 0; w < HTTP_SCAN_MAX / 8; w++) {
         __u32 base = w * 8;
@@ -289,26 +299,6 @@ __noinline __u32 http_chunk(struct __sk_buff *skb, __u32 at, __u32 avail)
     return size ? line + size + 2 : HTTP_CHUNK_LAST;
 }
 
-/*
- * http_peek - the first bytes of a message whose bytes in this segment start at @at (@avail of
- * them) into s->peek, after the bytes kept from earlier segments when @st is given.
- * @return the valid bytes in s->peek.
- */
-static __always_inline __u32 http_peek(struct __sk_buff *skb, struct http_scratch *s, __u32 at,
-                                       __u32 avail, struct http_stream *st)
-{
-    __u32 kept = 0;
-
-    if (st) {
-        kept = st->partial_len & (HTTP_PARTIAL_LEN - 1);
-        __builtin_memcpy(s->peek, st->partial, HTTP_PARTIAL_LEN);
-    }
-    __u32 n = avail > HTTP_PEEK_LEN ? HTTP_PEEK_LEN : avail;
-    if (n < 1 || bpf_skb_load_bytes(skb, at, s->peek + kept, n))
-        return kept;
-    return kept + n;
-}
-
 /* Answers with no body whatever their headers say. */
 static __always_inline int http_no_body(__u16 status, const struct http_request *req)
 {
@@ -356,7 +346,7 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
         __u32 r = http_chunk(skb, at, avail);
         struct http_framing trailers = {};
         /* After the last chunk, its trailers end like a header block: at a blank line. */
-        if (r == HTTP_CHUNK_LAST && http_headers(skb, s, at, avail, &trailers)) {
+        if (r == HTTP_CHUNK_LAST && http_headers(s, http_load(skb, s, at, avail), &trailers)) {
             pos->off += trailers.hdr_len;
             pos->state = HTTP_AT;
             return 0;
@@ -370,9 +360,18 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
         pos->off += r;
         return 0;
     }
+    __u32 loaded = http_load(skb, s, at, avail);
+    /* The first line, after the bytes kept from earlier segments when it continues them. */
     struct http_stream *kept = pos->partial && t ? &t->stream[dir] : NULL;
-    __u32 kept_len = kept ? kept->partial_len & (HTTP_PARTIAL_LEN - 1) : 0;
-    __u32 n = http_peek(skb, s, at, avail, kept);
+    __u32 kept_len = 0;
+    if (kept) {
+        kept_len = kept->partial_len & (HTTP_PARTIAL_LEN - 1);
+        __builtin_memcpy(s->peek, kept->partial, HTTP_PARTIAL_LEN);
+        __builtin_memcpy(s->peek + kept_len, s->buf, HTTP_PARTIAL_LEN);
+    } else {
+        __builtin_memcpy(s->peek, s->buf, HTTP_PARTIAL_LEN);
+    }
+    __u32 n = kept_len + loaded;
     __u16 status = 0;
     int kind = http_kind(s->peek, n, &status);
     pos->partial = 0;
@@ -406,13 +405,13 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
     }
 
     struct http_framing f = {};
-    int found = http_headers(skb, s, at, avail, &f);
+    int found = http_headers(s, loaded, &f);
     __u32 body = f.has_length ? f.content_length : 0;
     int chunked = f.chunked, close = 0;
     if (kind == HTTP_REQUEST) {
         cnt->v[STAT_HTTP_REQUESTS]++;
         if (t)
-            timing_request(skb, t, at, avail);
+            timing_request(t, s, avail);
     } else {
         cnt->v[STAT_HTTP_RESPONSES]++;
         __u64 took = 0;

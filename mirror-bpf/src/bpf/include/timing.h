@@ -46,23 +46,20 @@ static __always_inline struct flow_timing *timing_get(const struct flow_key *key
 }
 
 /*
- * timing_request - an HTTP request starts at @at (offset in the frame): queue it behind the
- * requests still awaiting answers (pipelining), with its first bytes (for events, and to know
- * a HEAD) and, when HTTP timing is on, the time. The oldest is dropped when the queue is full.
+ * timing_request - an HTTP request starts (its first bytes in s->buf, @avail of them in the
+ * segment): queue it behind the requests still awaiting answers (pipelining), with its first
+ * bytes (for events, and to know a HEAD) and, when HTTP timing is on, the time. The oldest is
+ * dropped when the queue is full.
  */
-__noinline int timing_request(struct __sk_buff *skb, struct flow_timing *t, __u32 at, __u32 avail)
+__noinline int timing_request(struct flow_timing *t, struct http_scratch *s, __u32 avail)
 {
-    if (!skb || !t)
+    if (!t || !s)
         return 0;
     if (t->req_tail - t->req_head >= HTTP_PIPELINE)
         t->req_head++;
     struct http_request *r = &t->req[t->req_tail % HTTP_PIPELINE];
-    __u32 n = avail;
-    if (n > HTTP_REQUEST_HEAD_LEN)
-        n = HTTP_REQUEST_HEAD_LEN;
-    if (n < 1 || bpf_skb_load_bytes(skb, at, r->head, n))
-        n = 0;
-    r->head_len = n;
+    __builtin_memcpy(r->head, s->buf, HTTP_REQUEST_HEAD_LEN);
+    r->head_len = avail < HTTP_REQUEST_HEAD_LEN ? avail : HTTP_REQUEST_HEAD_LEN;
     r->ts_ns = timing_on(TIMING_HTTP) ? bpf_ktime_get_ns() : 0;
     t->req_tail++;
     return 0;
