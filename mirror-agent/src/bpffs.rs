@@ -35,6 +35,14 @@ pub fn ensure(pin_path: &Path) -> anyhow::Result<()> {
     if rc != 0 {
         return Err(std::io::Error::last_os_error()).with_context(|| format!("mounting bpffs on {BPFFS}"));
     }
-    tracing::info!("mounted bpffs on {BPFFS}");
+    // A bpffs mounted here lives in this process's mount namespace only (a container without
+    // the host's /sys/fs/bpf, or `ip netns exec`): the pins, and with them the TCX links, go
+    // when the agent goes, so a restart adopts nothing and the data path stops meanwhile.
+    tracing::warn!(
+        "mounted a bpffs on {BPFFS} in the agent's own mount namespace: pins (and TCX links) \
+         end with this process, so the data path stops when the agent stops or is killed and a \
+         restart starts from empty maps; mount the host's /sys/fs/bpf (bidirectional) to keep \
+         the data path across restarts"
+    );
     Ok(())
 }

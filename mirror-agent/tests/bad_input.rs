@@ -120,3 +120,34 @@ fn mirrorctl_refuses_bad_rules_and_unknown_ids() {
     assert_eq!(rules(&env), before, "a refused rule was added");
     agent.terminate();
 }
+
+#[test]
+fn a_second_agent_refuses_and_changes_nothing() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&[]);
+    let cfg = AgentConfig { rules: vec!["status=500".into()], ..AgentConfig::default() };
+    let env = AgentEnv::new(&bins(), &topo.node, &cfg);
+    let agent = env.start(&[]);
+    env.ctl_ok(&["latency", "disable", "http"]);
+    let http_on = |env: &AgentEnv| -> bool {
+        let text = env.ctl_ok(&["-o", "json", "latency", "groups"]);
+        let groups: serde_json::Value = serde_json::from_str(&text).expect("groups are JSON");
+        let http = groups.as_array().and_then(|g| g.iter().find(|g| g["group"] == "http")).cloned();
+        http.unwrap_or_else(|| panic!("no http group: {text}"))["enabled"].as_bool().expect("a bool")
+    };
+    assert!(!http_on(&env), "switched off");
+
+    // In the node namespace, like the first (nsenter keeps the host's /sys/fs/bpf).
+    let mut cmd = Command::new("timeout");
+    cmd.arg("20").arg("nsenter").arg(format!("--net={}", topo.node.path())).arg("--");
+    cmd.arg(&bins().agent).arg("--config").arg(env.config_path());
+    let (out, said) = run(&mut cmd);
+    assert!(!out.status.success(), "a second agent started: {said}");
+    assert!(said.contains("another mirror-agent"), "{said}");
+    // The first agent is untouched: its socket answers, its group is still off.
+    assert!(!http_on(&env), "the second agent switched the http group back on");
+    assert_eq!(rules(&env).len(), 1);
+    agent.terminate();
+}
