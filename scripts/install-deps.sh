@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building, testing and the demo need on Debian/Ubuntu: the BPF toolchain, the
 # network tools the tests and benchmarks drive (iproute2, iptables, nftables, conntrack, tcpdump,
-# tshark, curl, nginx, python3, iperf3, wrk, sockperf) and Rust. Idempotent: only what is
+# tshark, curl, nginx, python3, iperf3, wrk, sockperf), the Go toolchain and Node.js for the
+# accuracy test's server stacks (when no go/node is found already), and Rust. Idempotent: only what is
 # missing is installed. Run as root.
 set -euo pipefail
 
@@ -14,6 +15,11 @@ PACKAGES=(
     curl nginx-light python3 iperf3 wrk sockperf                   # servers, clients, load
     procps psmisc util-linux coreutils git                         # sysctl, taskset, nsenter, timeout
 )
+
+# The accuracy test builds a Go net/http server and runs a Node http one (it fails without them
+# when CI=true). A go or node already installed another way (/usr/local/go, nodesource) is kept.
+command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || PACKAGES+=(golang-go)
+command -v node >/dev/null 2>&1 || PACKAGES+=(nodejs)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
