@@ -14,7 +14,7 @@ use libbpf_rs::{MapCore, OpenObject, RingBuffer};
 use crate::attach::{AttachMode, Attacher, Attachment, MirrorMethod, LINKS_DIR};
 use crate::error::{Context, Result};
 use crate::event::{self, TriggerEvent};
-use crate::flow::{self, Flow, FlowKey, MirrorMark, NatPair};
+use crate::flow::{self, Flow, FlowKey, MirrorMark};
 use crate::latency::{self, Histogram};
 use crate::rule::{Rule, RuleId};
 use crate::rule_maps::{InstalledRules, RuleInfo};
@@ -284,11 +284,6 @@ impl<'obj> Datapath<'obj> {
     pub fn flows(&self) -> Result<Vec<Flow>> {
         let maps = &self.skel.maps;
         flow::read_flows(&maps.flow_table, &maps.mirror_marks, &maps.flow_nat)
-    }
-
-    /// The two tuples of `key`'s connection, when conntrack translated it.
-    pub fn nat_pair(&self, key: &FlowKey) -> Result<Option<NatPair>> {
-        flow::read_nat_pair(&self.skel.maps.flow_nat, key)
     }
 
     /// Every latency histogram, summed over CPUs.

@@ -248,7 +248,7 @@ impl Flow {
 
 /// The two tuples of a connection translated by conntrack, as the classifier recorded them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NatPair {
+pub(crate) struct NatPair {
     /// The client's tuple (before DNAT).
     pub orig: FlowKey,
     /// The server's tuple (after DNAT, and SNAT if any).

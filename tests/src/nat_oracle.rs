@@ -32,6 +32,7 @@ use std::thread;
 use mirror_bpf::FlowKey;
 
 use crate::capture::{Capture, Direction, SETTLE};
+use crate::http_stream;
 use crate::netns::Netns;
 use crate::oracle::Expected;
 use crate::pcap::{Packet, PacketId, Trace};
@@ -238,6 +239,16 @@ impl NatExpected {
             });
         }
         let packet = |t: usize, i: usize| -> &Packet { &traces[t].0.packets[i] };
+        // The packets that complete a triggering status code, read as HTTP streams (the same
+        // reading as the pod-to-pod oracle's): (trace, packet) -> status.
+        let mut completes: BTreeMap<(usize, usize), u16> = BTreeMap::new();
+        for (t, (trace, _)) in traces.iter().enumerate() {
+            for c in http_stream::conversations(trace) {
+                for r in c.responses.iter().filter(|r| trigger(r.status, c.server.port())) {
+                    completes.entry((t, r.packet)).or_insert(r.status);
+                }
+            }
+        }
         let mut mirrored: BTreeMap<usize, (usize, u64)> = BTreeMap::new();
         for &(ts, t, i, way, isn) in &timeline {
             let p = packet(t, i);
@@ -245,8 +256,8 @@ impl NatExpected {
                 *index_of.get(&isn).unwrap_or_else(|| panic!("{} has no SYN at the client's side", p.id()));
             let k = match mirrored.get(&conn) {
                 Some(&(k, _)) => k,
-                None => match p.http_status().filter(|s| way == Way::ToClient && trigger(*s, p.src.port())) {
-                    Some(status) => {
+                None => match completes.get(&(t, i)).filter(|_| way == Way::ToClient) {
+                    Some(&status) => {
                         e.triggered.push(Triggered { conn, status, packets: 0, nearest_to_server_ns: None });
                         mirrored.insert(conn, (e.triggered.len() - 1, ts));
                         e.triggered.len() - 1

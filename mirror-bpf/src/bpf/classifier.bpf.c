@@ -54,7 +54,6 @@ enum hook_kind _hook_kind = 0;
 enum mirror_method _mirror_method = 0;
 enum flow_dir _flow_dir = 0;
 enum stat_idx _stat_idx = 0;
-enum nat_side _nat_side = 0;
 enum http_stream_state _http_stream_state = 0;
 struct flow_nat _flow_nat = {};
 

@@ -121,10 +121,8 @@ __noinline int nat_learn(struct __sk_buff *skb, struct pkt_meta *m)
         return 0;
     __builtin_memset(n->_pad, 0, sizeof(n->_pad));
     n->peer = s->reply;
-    n->side = NAT_SIDE_ORIG;
     bpf_map_update_elem(&flow_nat, &s->orig, n, BPF_ANY);
     n->peer = s->orig;
-    n->side = NAT_SIDE_REPLY;
     bpf_map_update_elem(&flow_nat, &s->reply, n, BPF_ANY);
     cnt->v[STAT_NAT_FLOWS]++;
     return 1;

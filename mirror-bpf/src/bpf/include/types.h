@@ -116,22 +116,16 @@ struct ct_tuple {
     __u16 dport;
 };
 
-/* Which tuple of a translated connection a flow key is. */
-enum nat_side {
-    NAT_SIDE_ORIG = 0,  /* the client's view (before DNAT), e.g. client:port <-> VIP:80 */
-    NAT_SIDE_REPLY = 1, /* the server's view (after DNAT/SNAT), e.g. client:port <-> pod:80 */
-};
-
 /*
  * flow_nat value: a connection that conntrack translated is seen under two flow keys, one
- * per side of the translation. Each key maps to the other (peer) and both tuples.
+ * per side of the translation. Each key maps to the other (peer) and both tuples; which side
+ * a key is follows from them (the client's key is that of `orig`).
  */
 struct flow_nat {
     struct flow_key peer;
     struct ct_tuple orig;  /* client -> service, as sent */
     struct ct_tuple reply; /* server -> client, as answered (after translation) */
-    __u8 side;             /* enum nat_side of the key this value is stored under */
-    __u8 _pad[7];
+    __u8 _pad[8];
 };
 
 /* Traffic of one direction of a flow, on one CPU. */
