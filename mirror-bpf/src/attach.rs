@@ -84,12 +84,29 @@ pub struct Attachment {
     hooks: Vec<Hook>,
 }
 
+/// Makes every entry of the classifier's cache of `attached_ifaces` stale: called after each
+/// change of that map (this module is its only writer), and at load with a fresh value.
+pub(crate) fn bump_attach_epoch(skel: &ClassifierSkel<'_>) -> Result<()> {
+    let key = 0u32.to_ne_bytes();
+    let map = &skel.maps.attach_epoch;
+    let cur = map
+        .lookup(&key, MapFlags::ANY)
+        .ok()
+        .flatten()
+        .and_then(|v| v.get(..4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]])))
+        .unwrap_or(0);
+    let next = cur.wrapping_add(1).max(1);
+    map.update(&key, &next.to_ne_bytes(), MapFlags::ANY).context(|| "changing attach_epoch".into())
+}
+
 /// Whether `e` says "this kernel has no TCX".
 fn tcx_missing(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP | libc::EPERM))
 }
 
-fn attach_tcx(prog: &Program<'_>, ifindex: u32) -> io::Result<Link> {
+/// Attaches `prog` with a TCX link at the head of its hook on `ifindex` (the program's
+/// expected attach type says which hook).
+pub fn attach_tcx(prog: &Program<'_>, ifindex: u32) -> io::Result<Link> {
     // SAFETY: bpf_tcx_opts is a plain C struct; all-zero is its documented default.
     let mut opts: libbpf_sys::bpf_tcx_opts = unsafe { std::mem::zeroed() };
     opts.sz = std::mem::size_of::<libbpf_sys::bpf_tcx_opts>() as _;
@@ -188,6 +205,7 @@ impl Attacher<'_, '_> {
             .attached_ifaces
             .update(&ifindex.to_ne_bytes(), &bits.to_ne_bytes(), MapFlags::ANY)
             .context(|| format!("recording ifindex {ifindex} as attached"))?;
+        bump_attach_epoch(self.skel)?;
         Ok(att)
     }
 
@@ -352,6 +370,7 @@ impl Attacher<'_, '_> {
     /// Detaches from the interface: our filters or links, and our clsact if nobody else uses it.
     pub(crate) fn detach(&self, mut att: Attachment) -> Result<()> {
         let _ = self.skel.maps.attached_ifaces.delete(&att.ifindex.to_ne_bytes());
+        bump_attach_epoch(self.skel)?;
         self.detach_hooks(&mut att)
     }
 

@@ -24,6 +24,7 @@
 #include "include/timing.h"
 #include "include/mirror.h"
 #include "include/http.h"
+#include "include/ifaces.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -79,8 +80,7 @@ __noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
 
     if (hook == HOOK_EGRESS) {
         __u32 iif = skb->ingress_ifindex;
-        __u32 *hooks = iif ? bpf_map_lookup_elem(&attached_ifaces, &iif) : NULL;
-        if (hooks && (*hooks & (1 << HOOK_INGRESS))) {
+        if (iif && ingress_attached(iif)) {
             cnt->v[STAT_DUPLICATE]++;
             return 0;
         }
@@ -93,9 +93,9 @@ __noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
         return 0;
     }
 
-    /* The coarse clock (ticks) serves flow times and mark limits; timing reads the precise
-     * one (about 30 ns in a VM) only for requests, responses and handshakes. */
-    __u64 now = bpf_ktime_get_coarse_ns();
+    /* One clock read per packet serves flow times, mark limits and timing (the "coarse"
+     * clock costs as much: a seqlock read and a timespec conversion). */
+    __u64 now = m.now = bpf_ktime_get_ns();
     int created = 0;
     struct flow_traffic *fs = flow_account(&m, skb->len, now, cnt, &created);
 

@@ -21,7 +21,7 @@ static __always_inline void flow_dir_add(struct flow_dir_stats *d, __u32 len, __
 
 /*
  * flow_account - count the packet in this CPU's slot of flow_table, creating the flow.
- * @now: a coarse clock is enough for first/last seen.
+ * @now: the packet's time.
  * @cnt: this CPU's counters.
  * @created: set when this packet created the flow (on any CPU).
  * @return this CPU's entry of the flow, or NULL when it could not be created.

@@ -234,29 +234,54 @@ static __always_inline __u32 http_load(struct __sk_buff *skb, struct http_scratc
  * in s->buf (see http_load) for its end and framing. A global function: verified once.
  * @return 1 when the end of the block was found (f->hdr_len, from the start of s->buf).
  */
+/* The top bit of each zero byte of @v (exact for the lowest; a 0x01 byte above a zero byte may
+ * be marked too: every mark is checked byte by byte after). */
+#define HTTP_ZERO_BYTES(v) (((v) - 0x0101010101010101ULL) & ~(v) & 0x8080808080808080ULL)
+#define HTTP_BYTES(c) (0x0101010101010101ULL * (__u8)(c))
+
 __noinline int http_headers(struct http_scratch *s, __u32 n, struct http_framing *f)
 {
     if (!s || !f || n < 2)
         return 0;
+    /* Whole aligned words: one load each (a u8 pointer would make the compiler read bytes). */
+    const __u64 *words = __builtin_assume_aligned(s->buf, 8);
+    __u8 *buf = __builtin_assume_aligned(s->buf, 8);
+    __u64 next = words[0];
+
     for (__u32 w = 0; w < HTTP_SCAN_MAX / 8; w++) {
-        __u32 base = w * 8;
-        if (base >= n)
+        if (w * 8 >= n)
             break;
-        /* Any '\n' in these 8 bytes? (zero-byte test of the word XOR "\n\n\n\n\n\n\n\n") */
-        __u64 x = *(__u64 *)&s->buf[base] ^ 0x0a0a0a0a0a0a0a0aULL;
-        if (!((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL))
-            continue;
-        for (__u32 b = 0; b < 8; b++) {
-            __u32 pos = base + b;
+        /* Only the lines that matter are looked at: the blank line, Content-Length and
+         * Transfer-Encoding. In one pass over 8 bytes, without a branch per byte: the '\n'
+         * bytes followed by '\r', '\n', 'c' or 't' (either case; OR-ing 0x20 turns '\r' into
+         * '-' and '\n' into '*', which are let through too, and checked after). Most lines
+         * start otherwise (Host, Date, Server, Accept...), most words hold none. */
+        __u64 x = next;
+        next = words[w + 1];
+        __u64 y = (x >> 8 | next << 56) | HTTP_BYTES(0x20);
+        __u64 hits = HTTP_ZERO_BYTES(x ^ HTTP_BYTES('\n')) &
+                     (HTTP_ZERO_BYTES(y ^ HTTP_BYTES('c')) | HTTP_ZERO_BYTES(y ^ HTTP_BYTES('t')) |
+                      HTTP_ZERO_BYTES(y ^ HTTP_BYTES('-')) | HTTP_ZERO_BYTES(y ^ HTTP_BYTES('*')));
+        for (__u32 k = 0; k < 8 && hits; k++) {
+            /* The lowest mark is bit 8b+7 for byte b: multiplying 1 << 8b by the bytes
+             * 7, 6 ... 0 brings b to the top byte. */
+            __u32 b = (((hits & -hits) >> 7) * 0x0001020304050607ULL) >> 56;
+            hits &= hits - 1;
+            __u32 pos = (w * 8 + b) & (HTTP_SCAN_MAX - 1);
             if (pos >= n)
                 break;
-            if (s->buf[pos] != '\n')
+            if (buf[pos] != '\n')
                 continue;
-            /* Only the lines that matter are looked at: the blank line, Content-Length and
-             * Transfer-Encoding (most lines start otherwise: Host, Date, Server, Accept...). */
-            __u8 r = s->buf[(pos + 1) & (HTTP_SCAN_MAX - 1)], c = r | 0x20;
-            if ((r == '\r' || r == '\n' || c == 'c' || c == 't') && http_line(s, pos + 1, n, f))
-                return 1;
+            /* The line at ls: blank, "Content-Length" ('-' then 'L' at 7 and 8) or
+             * "Transfer-Encoding" ('-' at 8); http_line tells for sure. */
+            __u32 ls = pos + 1;
+            __u8 r = buf[ls], c = r | 0x20;
+            if (r == '\r' || r == '\n' ||
+                (c == 'c' && buf[ls + 7] == '-' && (buf[ls + 8] | 0x20) == 'l') ||
+                (c == 't' && buf[ls + 8] == '-')) {
+                if (http_line(s, ls, n, f))
+                    return 1;
+            }
         }
     }
     return 0;
@@ -366,14 +391,16 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
     __u32 kept_len = 0;
     if (kept) {
         kept_len = kept->partial_len & (HTTP_PARTIAL_LEN - 1);
-        __builtin_memcpy(s->peek, kept->partial, HTTP_PARTIAL_LEN);
+        __builtin_memcpy(__builtin_assume_aligned(s->peek, 8),
+                         __builtin_assume_aligned(kept->partial, 8), HTTP_PARTIAL_LEN);
         __builtin_memcpy(s->peek + kept_len, s->buf, HTTP_PARTIAL_LEN);
     } else {
-        __builtin_memcpy(s->peek, s->buf, HTTP_PARTIAL_LEN);
+        __builtin_memcpy(__builtin_assume_aligned(s->peek, 8), __builtin_assume_aligned(s->buf, 8),
+                         HTTP_PARTIAL_LEN);
     }
     __u32 n = kept_len + loaded;
     __u16 status = 0;
-    int kind = http_kind(s->peek, n, &status);
+    int kind = http_kind(__builtin_assume_aligned(s->peek, 8), n, &status);
     pos->partial = 0;
     pos->stop = 1;
     if (kind == HTTP_MAYBE && n == kept_len + avail) {
@@ -411,7 +438,7 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
     if (kind == HTTP_REQUEST) {
         cnt->v[STAT_HTTP_REQUESTS]++;
         if (t)
-            timing_request(t, s, avail);
+            timing_request(t, s, avail, m->now);
     } else {
         cnt->v[STAT_HTTP_RESPONSES]++;
         __u64 took = 0;

@@ -131,6 +131,27 @@ struct {
 
 
 
+/*
+ * Key: ifindex % IFACE_CACHE_SLOTS. Value: (epoch << 32) | (ifindex << 1) | attached at
+ * ingress: what attached_ifaces said of that ifindex when attach_epoch was epoch. Spares the
+ * egress of forwarded packets a hash lookup; written by the classifier on a miss only.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, IFACE_CACHE_SLOTS);
+    __type(key, __u32);
+    __type(value, __u64);
+} iface_cache SEC(".maps");
+
+/* Key: 0. Value: changed by user space after each change of attached_ifaces (its only
+ * writer), which makes every iface_cache entry stale. */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, __u32);
+} attach_epoch SEC(".maps");
+
 /* Key: 0. Value: struct settings. */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);

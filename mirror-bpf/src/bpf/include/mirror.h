@@ -186,7 +186,7 @@ __noinline int mirror_trigger(struct __sk_buff *skb, struct pkt_meta *m, struct 
     if (!skb || !m || !ra || !ti || !cnt || !s)
         return 0;
     __u32 status = ti->status;
-    __u64 now = bpf_ktime_get_coarse_ns();
+    __u64 now = m->now;
     struct flow_key *peer = &s->peer;
     int nat = nat_peer(skb, m, t, peer, 1);
     struct mirror_mark *init = &s->mark;

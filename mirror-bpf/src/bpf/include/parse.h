@@ -34,6 +34,7 @@ struct pkt_meta {
     __u8 dir;          /* enum flow_dir */
     __u8 tcp_flags;
     __u8 _pad[2];
+    __u64 now; /* bpf_ktime_get_ns(), read once per packet (set by classify) */
 };
 
 struct cursor {

@@ -51,16 +51,18 @@ static __always_inline struct flow_timing *timing_get(const struct flow_key *key
  * bytes (for events, and to know a HEAD) and, when HTTP timing is on, the time. The oldest is
  * dropped when the queue is full.
  */
-__noinline int timing_request(struct flow_timing *t, struct http_scratch *s, __u32 avail)
+__noinline int timing_request(struct flow_timing *t, struct http_scratch *s, __u32 avail,
+                              __u64 now)
 {
     if (!t || !s)
         return 0;
     if (t->req_tail - t->req_head >= HTTP_PIPELINE)
         t->req_head++;
     struct http_request *r = &t->req[t->req_tail % HTTP_PIPELINE];
-    __builtin_memcpy(r->head, s->buf, HTTP_REQUEST_HEAD_LEN);
+    __builtin_memcpy(__builtin_assume_aligned(r->head, 8), __builtin_assume_aligned(s->buf, 8),
+                     HTTP_REQUEST_HEAD_LEN);
     r->head_len = avail < HTTP_REQUEST_HEAD_LEN ? avail : HTTP_REQUEST_HEAD_LEN;
-    r->ts_ns = timing_on(TIMING_HTTP) ? bpf_ktime_get_ns() : 0;
+    r->ts_ns = timing_on(TIMING_HTTP) ? now : 0;
     t->req_tail++;
     return 0;
 }
@@ -93,7 +95,9 @@ __noinline __u64 timing_response(struct __sk_buff *skb, struct pkt_meta *m, stru
     if (!skb || !m || !t || !s)
         return 0;
     struct http_request *req = &s->req;
-    __builtin_memset(req, 0, sizeof(*req));
+    /* Only these say whether the rest is valid. */
+    req->ts_ns = 0;
+    req->head_len = 0;
     if (!request_pop(t, req)) {
         /* Across NAT the request was seen under the other key (on the client's veth). */
         if (!nat_peer(skb, m, t, &s->peer, 1))
@@ -104,7 +108,7 @@ __noinline __u64 timing_response(struct __sk_buff *skb, struct pkt_meta *m, stru
     }
     if (!req->ts_ns)
         return 0;
-    __u64 now = bpf_ktime_get_ns();
+    __u64 now = m->now;
     if (req->ts_ns > now)
         return 0;
     __u64 took = now - req->ts_ns;
@@ -153,7 +157,7 @@ __noinline int timing_handshake(struct __sk_buff *skb, struct pkt_meta *m, struc
     if (f == TCP_FLAG_SYN) {
         struct flow_timing *t = timing_get(&m->key, 1, cnt);
         if (t) {
-            t->syn_ns = bpf_ktime_get_ns();
+            t->syn_ns = m->now;
             t->synack_ns = 0;
             t->syn_dir = m->dir;
         }
@@ -169,13 +173,13 @@ __noinline int timing_handshake(struct __sk_buff *skb, struct pkt_meta *m, struc
             t = bpf_map_lookup_elem(&flow_timing, &peer);
         }
         if (t && t->syn_ns)
-            t->synack_ns = bpf_ktime_get_ns();
+            t->synack_ns = m->now;
         return 0;
     }
     struct flow_timing *t = timing_get(&m->key, 0, cnt);
     if (!t || !fs || !t->synack_ns || !t->syn_ns || t->syn_dir != m->dir)
         return 0;
-    __u64 now = bpf_ktime_get_ns();
+    __u64 now = m->now;
     if (now < t->syn_ns)
         return 0;
     __u64 took = now - t->syn_ns;

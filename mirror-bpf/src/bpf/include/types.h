@@ -29,6 +29,8 @@ enum mirror_limits {
     /* Latency histogram buckets: 8 per power of two of nanoseconds, up to 2^34 ns (17 s). */
     HIST_SUB_BITS = 3,
     HIST_BUCKETS = 256,
+    /* iface_cache slots (a power of two), indexed by ifindex. */
+    IFACE_CACHE_SLOTS = 1024,
 };
 
 /* What a latency histogram measures. */

@@ -1,0 +1,36 @@
+//! Attaches the empty program on TCX at ingress and egress of the interfaces named, and keeps them attached until stdin closes: the
+//! baseline that the classifier's run time is compared with under the same traffic.
+use std::io::Read;
+use std::mem::MaybeUninit;
+
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use mirror_bpf::attach::attach_tcx;
+use mirror_bpf::skel::baseline::BaselineSkelBuilder;
+
+fn main() {
+    let names: Vec<String> = std::env::args().skip(1).collect();
+    if names.is_empty() {
+        eprintln!("usage: empty_tcx IFACE...");
+        std::process::exit(2);
+    }
+    let storage = Box::leak(Box::new(MaybeUninit::uninit()));
+    let skel = BaselineSkelBuilder::default().open(storage).and_then(|o| o.load()).expect("load");
+    let mut links = Vec::new();
+    for name in &names {
+        let ifindex = nix_ifindex(name);
+        links.push(attach_tcx(&skel.progs.tcx_empty_ingress, ifindex).expect("attach ingress"));
+        links.push(attach_tcx(&skel.progs.tcx_empty_egress, ifindex).expect("attach egress"));
+    }
+    println!("attached");
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    drop(links);
+}
+
+fn nix_ifindex(name: &str) -> u32 {
+    let c = std::ffi::CString::new(name).expect("name");
+    // SAFETY: a valid NUL-terminated string.
+    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
+        0 => panic!("no interface {name}"),
+        i => i,
+    }
+}
