@@ -2,12 +2,9 @@
 //! namespace: a veth pair for the mirror copies, the empty tc program, and one classifier
 //! instance per rule count (so that cases with different rule sets can be interleaved).
 
-use std::mem::MaybeUninit;
-
 use anyhow::{ensure, Context, Result};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, OpenObject, ProgramMut, RingBuffer};
-use mirror_bpf::skel::baseline::{BaselineSkel, BaselineSkelBuilder};
+use libbpf_rs::{MapCore, MapFlags, ProgramMut, RingBuffer};
+use mirror_bpf::skel::baseline::BaselineSkel;
 use mirror_bpf::testing::{self, SkbContext};
 use mirror_bpf::{Counters, Datapath, DatapathOptions, FlowKey, Rule};
 
@@ -121,7 +118,7 @@ impl Fixture {
         let mirror_ifindex = testing::ifindex(MIRROR_LINK);
         let instances =
             rule_counts.iter().map(|&n| Instance::new(n, mirror_ifindex)).collect::<Result<_>>()?;
-        Ok(Fixture { baseline: load_baseline()?, instances, ctx: SkbContext::default() })
+        Ok(Fixture { baseline: testing::empty_program()?, instances, ctx: SkbContext::default() })
     }
 
     pub fn baseline(&self) -> &ProgramMut<'static> {
@@ -131,11 +128,4 @@ impl Fixture {
     pub fn instance(&self, rules: u32) -> &Instance {
         self.instances.iter().find(|i| i.rules == rules).expect("an instance per rule count")
     }
-}
-
-fn load_baseline() -> Result<BaselineSkel<'static>> {
-    // Lives as long as the process, like the classifier instances.
-    let storage = Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit()));
-    let open = BaselineSkelBuilder::default().open(storage).context("opening the empty program")?;
-    open.load().context("loading the empty program")
 }

@@ -4,9 +4,11 @@
 
 use std::os::fd::{FromRawFd, OwnedFd};
 
-use anyhow::{bail, Result};
-use libbpf_rs::libbpf_sys;
+use anyhow::{bail, Context, Result};
 use libbpf_rs::query::ProgInfoIter;
+use libbpf_rs::{libbpf_sys, Link};
+use mirror_bpf::skel::baseline::BaselineSkel;
+use mirror_e2e::netns::Netns;
 
 /// Keeps run-time accounting on while held.
 pub struct StatsOn {
@@ -68,6 +70,46 @@ pub fn delta(before: &[ProgRun], after: &[ProgRun]) -> Vec<ProgRun> {
         .collect()
 }
 
+/// The empty programs attached with TCX at both hooks of some interfaces: the baseline the
+/// classifier's run time is compared with, on the same hooks under the same load.
+pub struct EmptyAttached {
+    _links: Vec<Link>,
+    _skel: BaselineSkel<'static>,
+}
+
+impl EmptyAttached {
+    /// Attaches to `veths` of the namespace `node` (at the head of each hook, as the agent).
+    pub fn new(node: &Netns, veths: &[&str]) -> Result<EmptyAttached> {
+        let skel = mirror_bpf::testing::empty_program()?;
+        let _in = node.enter();
+        let mut links = Vec::new();
+        for veth in veths {
+            let ifindex = mirror_bpf::testing::ifindex(veth);
+            for prog in [&skel.progs.tcx_empty_ingress, &skel.progs.tcx_empty_egress] {
+                let link = mirror_bpf::attach::attach_tcx(prog, ifindex)
+                    .with_context(|| format!("attaching the empty program to {veth}"))?;
+                links.push(link);
+            }
+        }
+        Ok(EmptyAttached { _links: links, _skel: skel })
+    }
+
+    /// The accounting of the empty programs (this process holds them).
+    pub fn programs(&self) -> Result<Vec<ProgRun>> {
+        Ok(programs_of(std::process::id())?.into_iter().filter(|p| p.name.starts_with("tcx_empty")).collect())
+    }
+}
+
+/// Runs and run time of the programs of one hook kind ("ingress" or "egress") in `progs`.
+pub fn hook_total(progs: &[ProgRun], hook: &str) -> ProgRun {
+    let of: Vec<&ProgRun> = progs.iter().filter(|p| p.name.contains(hook)).collect();
+    ProgRun {
+        name: hook.into(),
+        run_cnt: of.iter().map(|p| p.run_cnt).sum(),
+        run_time_ns: of.iter().map(|p| p.run_time_ns).sum(),
+    }
+}
+
 /// Ids of the BPF programs behind the file descriptors of `pid` ("prog_id:" in fdinfo).
 fn prog_ids(pid: u32) -> Result<Vec<u32>> {
     let mut ids = Vec::new();
@@ -98,6 +140,14 @@ mod tests {
         let after = [p("tcx_ingress_mir", 110, 21000), p("tc_empty", 5, 50), p("tcx_egress_mirr", 4, 400)];
         assert_eq!(delta(&before, &after), [p("tcx_ingress_mir", 100, 20000), p("tcx_egress_mirr", 4, 400)]);
         assert_eq!(delta(&before, &after)[0].ns_per_run(), 200.0);
+    }
+
+    #[test]
+    fn hook_totals_sum_the_programs_of_a_hook() {
+        let progs =
+            [p("tcx_ingress_mir", 10, 1000), p("tcx_empty_ingr", 5, 50), p("tcx_egress_mirr", 4, 400)];
+        assert_eq!(hook_total(&progs, "ingr"), p("ingr", 15, 1050));
+        assert_eq!(hook_total(&progs, "egre").ns_per_run(), 100.0);
     }
 
     #[test]

@@ -50,6 +50,9 @@ pub struct Plan {
     pub attach_reps: usize,
     /// Runs with the kernel's BPF run-time accounting on.
     pub profiles: Vec<(Load, Config)>,
+    /// The headline: the classifier's run time under a load against the empty program's on
+    /// the same hooks under the same load, accounting on in both; rounds of one each.
+    pub ratio: Option<(Load, Config, usize)>,
 }
 
 impl Plan {
@@ -74,6 +77,7 @@ impl Plan {
             veth_counts: vec![1, 100, 1000],
             attach_reps: 2,
             profiles: Self::profiles(),
+            ratio: Some((Http { errors_pct: 0 }, PASS, 5)),
         }
     }
 
@@ -94,6 +98,7 @@ impl Plan {
             veth_counts: vec![1, 10],
             attach_reps: 1,
             profiles: vec![(Http { errors_pct: 100 }, MIRROR), (Http { errors_pct: 0 }, STACK)],
+            ratio: Some((Http { errors_pct: 0 }, PASS, 1)),
         }
     }
 
@@ -110,6 +115,7 @@ impl Plan {
         }
         if !only.contains(&Stage::Profile) {
             self.profiles.clear();
+            self.ratio = None;
         }
     }
 
@@ -147,12 +153,33 @@ pub struct Profile {
     pub secs: f64,
 }
 
+/// One round of the headline ratio: the classifier's programs, then the empty ones, under the
+/// same load for the same time.
+#[derive(Debug, Clone)]
+pub struct RatioRound {
+    pub agent: Vec<ProgRun>,
+    pub empty: Vec<ProgRun>,
+}
+
+impl RatioRound {
+    /// ns per run of all the classifier's runs over ns per run of all the empty program's.
+    pub fn ratio(&self) -> f64 {
+        let per_run = |p: &[ProgRun]| {
+            let runs: u64 = p.iter().map(|r| r.run_cnt).sum();
+            p.iter().map(|r| r.run_time_ns).sum::<u64>() as f64 / runs.max(1) as f64
+        };
+        per_run(&self.agent) / per_run(&self.empty)
+    }
+}
+
 /// Everything measured.
 #[derive(Debug, Clone)]
 pub struct Results {
     pub cells: Vec<Cell>,
     pub attach: Vec<AttachRun>,
     pub profiles: Vec<Profile>,
+    /// The headline ratio: its load and configuration, and its rounds.
+    pub ratio: Option<(Load, Config, Vec<RatioRound>)>,
     /// Load average at the start of each round.
     pub round_loads: Vec<[f64; 3]>,
     /// Per agent configuration: seconds from starting the agent to its veths attached, the
@@ -247,6 +274,19 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
             profiles.push(Profile { load: *load, config: *cfg, progs, secs });
         }
     }
+    let mut ratio = None;
+    if let Some((load, cfg, rounds)) = plan.ratio {
+        let what = format!("classifier against the empty program under {} ({})", load.name(), cfg.key);
+        let mut done = Vec::new();
+        for round in 0..rounds {
+            check_stop()?;
+            if let Some(r) = stage(&what, &mut failures, || ratio_round(&ctx, load, &cfg, plan.secs)) {
+                eprintln!("  {what}, round {}: {:.2}x", round + 1, r.ratio());
+                done.push(r);
+            }
+        }
+        ratio = Some((load, cfg, done));
+    }
     let offloads = bed.offloads();
     let agent_starts = start_times(&ctx.agents.start_times(), &plan.cells);
     drop(ctx);
@@ -277,6 +317,7 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
         cells,
         attach,
         profiles,
+        ratio,
         round_loads,
         agent_starts,
         failures,
@@ -341,6 +382,22 @@ fn profile(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<(Vec<Pr
         Ok((bpfstats::delta(&before, &bpfstats::programs_of(pid)?), secs))
     })?;
     Ok(out)
+}
+
+/// One round of the headline ratio: `load` under the agent of `cfg`, then under the empty
+/// program attached with TCX to the same veths, each with BPF run-time accounting on.
+fn ratio_round(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<RatioRound> {
+    let (agent, _) = profile(ctx, load, cfg, secs)?;
+    let _on = bpfstats::StatsOn::enable()?;
+    let veths = ctx.bed.pod_veths();
+    let empty = bpfstats::EmptyAttached::new(ctx.bed.node(), &veths)?;
+    let before = empty.programs()?;
+    load.run(ctx.bed, secs)?;
+    let empty = bpfstats::delta(&before, &empty.programs()?);
+    if empty.is_empty() || agent.is_empty() {
+        bail!("no runs counted (agent: {agent:?}, empty: {empty:?})");
+    }
+    Ok(RatioRound { agent, empty })
 }
 
 fn describe(s: &Sample, seen: &Observed) -> String {

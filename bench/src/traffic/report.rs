@@ -4,6 +4,7 @@
 
 use std::fmt::Write;
 
+use super::bpfstats::hook_total;
 use super::loads::{Latency, Load};
 use super::{AttachRun, Cell, Plan, Profile, Results};
 use crate::host::Host;
@@ -131,6 +132,9 @@ fn rules_growth(r: &Results, lo: &str, hi: &str) -> Option<f64> {
     Some(paired(&l, &h).median - 1.0)
 }
 
+/// The classifier's run time on real traffic over an empty program's, same hooks, same load.
+const REAL_TRAFFIC_MAX_RATIO: f64 = 2.5;
+
 /// Every bar whose cells were measured.
 pub fn bars(r: &Results) -> Vec<Check> {
     let mut out = Vec::new();
@@ -162,6 +166,15 @@ pub fn bars(r: &Results) -> Vec<Check> {
             out.push(Check { what: format!("{what}: {v:.3} (bar: at most {max})"), pass: v <= max });
         }
     };
+    let headline =
+        r.ratio.as_ref().filter(|(_, _, rounds)| !rounds.is_empty()).map(|(_, _, rounds)| {
+            crate::stats::median(&rounds.iter().map(|r| r.ratio()).collect::<Vec<_>>())
+        });
+    max_bar(
+        "real traffic (HTTP, nothing triggered): classifier ns/run ÷ empty program ns/run, median",
+        headline,
+        REAL_TRAFFIC_MAX_RATIO,
+    );
     max_bar("sockperf p50 latency, agent passing (c)/(a)", p50_ratio(r, Load::Sockperf, "c"), PASS_MAX_P50);
     max_bar("HTTP p50 latency at 0% errors, agent passing (c)/(a)", p50_ratio(r, HTTP_0, "c"), PASS_MAX_P50);
     let rules = rule_cells(r);
@@ -213,6 +226,7 @@ pub fn render(meta: &Meta<'_>, r: &Results) -> String {
         }
     }
 
+    ratio_table(&mut s, r);
     summary_table(&mut s, r);
     let _ = writeln!(s, "\n## Results per load\n");
     let _ = writeln!(
@@ -514,6 +528,52 @@ fn attach_table(s: &mut String, runs: &[AttachRun]) {
     let _ = writeln!(s);
 }
 
+/// The headline: the classifier against the empty program on the same hooks, same load.
+fn ratio_table(s: &mut String, r: &Results) {
+    let Some((load, cfg, rounds)) = &r.ratio else { return };
+    if rounds.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "\n## Headline: the classifier against an empty program on real traffic\n");
+    let _ = writeln!(
+        s,
+        "{} under ({}) {}, then the same load with an empty program attached by TCX at both \
+         hooks of the same veths instead of the agent; the kernel's BPF run-time accounting on in \
+         both (it adds two clock reads per run to both). Ratio: ns per run over all the \
+         classifier's runs (ingress and egress) divided by the same for the empty program.\n",
+        load.name(),
+        cfg.key,
+        cfg.label
+    );
+    let _ = writeln!(
+        s,
+        "| round | classifier ingress ns/run | classifier egress ns/run | empty ingress ns/run | empty egress ns/run | ratio |"
+    );
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|");
+    for (i, round) in rounds.iter().enumerate() {
+        let ns = |p: &[super::ProgRun], hook| hook_total(p, hook).ns_per_run();
+        let _ = writeln!(
+            s,
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2}x |",
+            i + 1,
+            ns(&round.agent, "ingr"),
+            ns(&round.agent, "egre"),
+            ns(&round.empty, "ingr"),
+            ns(&round.empty, "egre"),
+            round.ratio()
+        );
+    }
+    let ratio = Summary::of(&rounds.iter().map(|r| r.ratio()).collect::<Vec<_>>());
+    let _ = writeln!(
+        s,
+        "\nRatio: median {:.2}x (min {:.2}x, max {:.2}x) over {} rounds.\n",
+        ratio.median,
+        ratio.min,
+        ratio.max,
+        rounds.len()
+    );
+}
+
 fn profile_table(s: &mut String, profiles: &[Profile]) {
     if profiles.is_empty() {
         return;
@@ -603,6 +663,7 @@ mod tests {
             ],
             attach: vec![],
             profiles: vec![],
+            ratio: None,
             round_loads: vec![[0.1, 0.2, 0.3]; 3],
             agent_starts: vec![(PASS_10K, vec![120.0, 3.0, 4.0, 3.5])],
             failures: vec!["attaching to 1000 veths: timed out".into()],

@@ -41,6 +41,19 @@ pub fn load(opts: &DatapathOptions) -> Datapath<'static> {
     Datapath::load(storage, opts).unwrap_or_else(|e| panic!("loading the classifier: {e}"))
 }
 
+/// Loads the empty programs, the baseline every per-packet cost is compared with: `tc_empty`
+/// for test_run and clsact, `tcx_empty_ingress`/`tcx_empty_egress` for TCX links (its object
+/// lives as long as the process).
+pub fn empty_program() -> crate::Result<crate::skel::baseline::BaselineSkel<'static>> {
+    use crate::error::Context;
+    use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+    let storage = Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit()));
+    let open = crate::skel::baseline::BaselineSkelBuilder::default()
+        .open(storage)
+        .context(|| "opening the empty program".into())?;
+    open.load().context(|| "loading the empty program".into())
+}
+
 /// A `__sk_buff` context for test_run.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SkbContext {
