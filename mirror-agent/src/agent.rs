@@ -30,11 +30,37 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     // (pins, groups, the socket of the running one).
     let _instance = lock_instance(&cfg.api.socket)?;
     let initial_rules: Vec<Rule> = cfg.rules.iter().map(|r| r.parse()).collect::<Result<_, _>>()?;
+    // Read before anything is loaded: a state file that cannot be used stops the start here.
+    if let Some(saved) = SavedState::load(&cfg.state.path)? {
+        for r in &saved.rules {
+            r.rule.parse::<Rule>().with_context(|| {
+                format!(
+                    "saved rule {} in the state file {} (fix or remove it)",
+                    r.id,
+                    cfg.state.path.display()
+                )
+            })?;
+        }
+    }
     crate::bpffs::ensure(&cfg.bpf.pin_path)?;
     // Flow values are per possible CPU: `auto` keeps the table's memory bounded on big nodes.
     let cpus = mirror_bpf::possible_cpus()?;
     let flow_bytes = std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32;
     let flows_max = cfg.flows.max.resolve(cpus, flow_bytes);
+    for (map, key, want) in
+        [("flow_table", "flows.max", flows_max), ("mirror_marks", "flows.marks_max", cfg.flows.marks_max)]
+    {
+        match crate::capacity::pinned_entries(&cfg.bpf.pin_path, map) {
+            Some(pinned) if pinned != want => tracing::warn!(
+                map,
+                pinned,
+                configured = want,
+                "{key}: the pinned {map} of an earlier agent is adopted with its size (and its entries); \
+                 stop the agent without --keep-attached to size it anew"
+            ),
+            _ => {}
+        }
+    }
     tracing::info!(
         flows = flows_max,
         cpus,

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use mirror_bpf::{AttachMode, MirrorMethod, Rule};
+use mirror_bpf::{AttachMode, MirrorMethod, Rule, RuleError};
+
+use crate::capacity::{self, Host, RuleCapacity, TableMemory, HASH_MAX_ENTRIES};
 
 /// A configuration that cannot be used: where, and why.
 #[derive(Debug, thiserror::Error)]
@@ -351,14 +353,19 @@ pub struct Config {
 }
 
 impl Config {
-    /// Reads and checks a configuration file.
+    /// Reads a configuration file and checks it, against this host too: what `--check`
+    /// says, and what the agent checks before it loads anything.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|e| err(path.display().to_string(), e.to_string()))?;
-        Self::parse(&text)
+        let cfg = Self::parse(&text)?;
+        let host =
+            Host::this().map_err(|e| err("config", format!("reading this host's CPUs and memory: {e:#}")))?;
+        cfg.check_host(&host)?;
+        Ok(cfg)
     }
 
-    /// Parses and checks configuration text.
+    /// Parses and checks configuration text (everything that does not depend on the host).
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         // An empty file is the defaults.
         let cfg: Config = if text.trim().is_empty() {
@@ -395,8 +402,14 @@ impl Config {
             }
         }
         let name = &self.mirror.interface;
-        if name.is_empty() || name.len() > 15 || name.contains(['/', ' ', ':']) {
-            return Err(err("mirror.interface", format!("'{name}' is not a link name (1-15 characters)")));
+        if !valid_link_name(name) {
+            return Err(err(
+                "mirror.interface",
+                format!(
+                    "'{}' is not a link name (1-15 bytes, not '.' or '..', no '/', ':' or white space)",
+                    name.escape_debug()
+                ),
+            ));
         }
         if self.mirror.create == SinkCreate::Veth && name.len() > 14 {
             return Err(err(
@@ -419,6 +432,38 @@ impl Config {
                 .parse::<SocketAddr>()
                 .map_err(|e| err("metrics.listen", format!("'{}': {e}", self.metrics.listen)))?;
         }
+        self.validate_paths()?;
+        // Hash maps: the kernel refuses more entries (E2BIG) whatever the memory.
+        for (key, n) in [
+            (
+                "flows.max",
+                match self.flows.max {
+                    FlowsMax::Fixed(n) => n,
+                    FlowsMax::Auto => FlowsMax::AUTO_MAX,
+                },
+            ),
+            ("flows.marks_max", self.flows.marks_max),
+        ] {
+            if n < 64 {
+                return Err(err(key, format!("{n}: at least 64")));
+            }
+            if n > HASH_MAX_ENTRIES {
+                return Err(err(
+                    key,
+                    format!(
+                        "{n}: more than {HASH_MAX_ENTRIES}, the most entries the kernel gives a hash map"
+                    ),
+                ));
+            }
+        }
+        if self.latency.stack_sample == 0 {
+            return Err(err("latency.stack_sample", "must be at least 1 (1: every packet)"));
+        }
+        self.validate_rules()
+    }
+
+    /// Paths: absolute, within the kernel's limits on names, and for the socket on sun_path.
+    fn validate_paths(&self) -> Result<(), ConfigError> {
         for (key, p) in [
             ("api.socket", &self.api.socket),
             ("bpf.pin_path", &self.bpf.pin_path),
@@ -427,18 +472,104 @@ impl Config {
             if !p.is_absolute() {
                 return Err(err(key, format!("'{}' must be an absolute path", p.display())));
             }
+            // The state file is written beside itself as <name>.tmp first.
+            let longest = p
+                .components()
+                .map(|c| c.as_os_str().len())
+                .chain(p.with_extension("tmp").file_name().map(|n| n.len()))
+                .max()
+                .unwrap_or(0);
+            if longest > NAME_MAX {
+                return Err(err(
+                    key,
+                    format!("'{}' has a name of {longest} bytes: at most {NAME_MAX} in a path", p.display()),
+                ));
+            }
+            // Files go below the pin path (links/<ifindex>-<hook>): keep room for them.
+            if p.as_os_str().len() > PATH_MAX - 256 {
+                return Err(err(
+                    key,
+                    format!(
+                        "{} bytes: at most {} (PATH_MAX, less room for files below it)",
+                        p.as_os_str().len(),
+                        PATH_MAX - 256
+                    ),
+                ));
+            }
         }
-        if matches!(self.flows.max, FlowsMax::Fixed(n) if n < 64) || self.flows.marks_max < 64 {
-            return Err(err("flows", "max and marks_max must be at least 64"));
-        }
-        if self.latency.stack_sample == 0 {
-            return Err(err("latency.stack_sample", "must be at least 1 (1: every packet)"));
-        }
-        for (i, r) in self.rules.iter().enumerate() {
-            r.parse::<Rule>().map_err(|e| err(format!("rules[{i}]"), e.to_string()))?;
+        let socket = self.api.socket.as_os_str().len();
+        if socket > SUN_PATH_MAX {
+            return Err(err(
+                "api.socket",
+                format!(
+                    "'{}' is {socket} bytes: a Unix socket's path has at most {SUN_PATH_MAX}",
+                    self.api.socket.display()
+                ),
+            ));
         }
         Ok(())
     }
+
+    /// Each rule parses, and all fit the classifier's rule maps at once.
+    fn validate_rules(&self) -> Result<(), ConfigError> {
+        let mut parsed = Vec::with_capacity(self.rules.len());
+        for (i, text) in self.rules.iter().enumerate() {
+            let rule: Rule =
+                text.parse().map_err(|e: RuleError| err(format!("rules[{i}]"), e.to_string()))?;
+            parsed.push(rule);
+        }
+        crate::rules::check_fits(&parsed, RuleCapacity::classifier()).map_err(|e| err("rules", e.to_string()))
+    }
+
+    /// What depends on the host: the memory the sized tables take, where the pins go.
+    pub fn check_host(&self, host: &Host) -> Result<(), ConfigError> {
+        let flows =
+            self.flows.max.resolve(host.cpus, std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32);
+        let mem = TableMemory::of(flows, self.flows.marks_max, host.cpus);
+        let budget = host.table_budget();
+        if mem.total() > budget {
+            let key = if mem.flows >= mem.marks { "flows.max" } else { "flows.marks_max" };
+            return Err(err(
+                key,
+                format!(
+                    "{flows} flows and {} marks take {} of kernel memory on {} CPUs (flow tables {}, marks {}): \
+                     more than {}, half of {} ({})",
+                    self.flows.marks_max,
+                    capacity::human(mem.total()),
+                    host.cpus,
+                    capacity::human(mem.flows),
+                    capacity::human(mem.marks),
+                    capacity::human(budget),
+                    host.memory_from,
+                    capacity::human(host.memory),
+                ),
+            ));
+        }
+        crate::bpffs::check(&self.bpf.pin_path).map_err(|e| err("bpf.pin_path", e))?;
+        // Programs for TCX do not load on a kernel without it. (The query needs root: without
+        // it, the agent could not start anyway.)
+        // SAFETY: geteuid has no preconditions.
+        if self.attach.mode == AttachModeCfg::Tcx
+            && unsafe { libc::geteuid() } == 0
+            && !mirror_bpf::tcx_supported()
+        {
+            return Err(err("attach.mode", "tcx: this kernel has no TCX (Linux 6.6+): use auto or tc"));
+        }
+        Ok(())
+    }
+}
+
+/// NAME_MAX and PATH_MAX of Linux, and the longest path a Unix socket's sun_path holds.
+const NAME_MAX: usize = 255;
+const PATH_MAX: usize = 4096;
+const SUN_PATH_MAX: usize = 107;
+
+/// Whether the kernel takes `name` for a link (dev_valid_name): 1-15 bytes, not `.` or `..`,
+/// no `/`, `:` or white space.
+fn valid_link_name(name: &str) -> bool {
+    // The kernel's isspace() also takes 0xa0 (Latin-1 no-break space).
+    let bad = |b: u8| b == b'/' || b == b':' || b.is_ascii_whitespace() || b == 0x0b || b == 0xa0;
+    !name.is_empty() && name.len() <= 15 && name != "." && name != ".." && !name.bytes().any(bad)
 }
 
 #[cfg(test)]
@@ -480,7 +611,11 @@ mod tests {
             ("colour: red\n", "colour", "unknown field `colour`"),
             ("flows:\n  max: lots\n", "flows.max", "a number of flows or `auto`"),
             ("flows:\n  max: -5\n", "flows.max", "must be positive"),
-            ("flows:\n  max: 10\n", "flows", "at least 64"),
+            ("flows:\n  max: 10\n", "flows.max", "at least 64"),
+            ("flows:\n  marks_max: 4294967295\n", "flows.marks_max", "the most entries the kernel gives"),
+            ("flows:\n  max: 268435457\n", "flows.max", "268435456"),
+            ("mirror:\n  interface: \"..\"\n", "mirror.interface", "not a link name"),
+            ("mirror:\n  interface: \"m\\t0\"\n", "mirror.interface", "not a link name"),
             ("rules: [\"status=500\", \"status=999\"]\n", "rules[1]", "outside"),
             ("metrics:\n  listen: here\n", "metrics.listen", "here"),
             ("interfaces:\n  include: [\"veth[\"]\n", "interfaces.include[0]", "bad glob"),
@@ -493,6 +628,66 @@ mod tests {
             assert_eq!(e.path, path, "{text}: {e}");
             assert!(e.reason.contains(reason), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn paths_within_the_kernels_limits() {
+        let long = format!("/run/{}/api.sock", "d".repeat(100));
+        let e = Config::parse(&format!("api:\n  socket: {long}\n")).unwrap_err();
+        assert_eq!(e.path, "api.socket", "{e}");
+        assert!(e.reason.contains("at most 107"), "{e}");
+        let e = Config::parse(&format!("state:\n  path: /var/{}\n", "n".repeat(256))).unwrap_err();
+        assert_eq!(e.path, "state.path", "{e}");
+        assert!(e.reason.contains("at most 255"), "{e}");
+        // state.tmp is written beside it.
+        let e = Config::parse(&format!("state:\n  path: /var/{}\n", "n".repeat(252))).unwrap_err();
+        assert_eq!(e.path, "state.path", "{e}");
+        Config::parse(&format!("state:\n  path: /var/{}.yaml\n", "n".repeat(245))).unwrap();
+    }
+
+    #[test]
+    fn rules_must_fit_the_rule_maps() {
+        // 16,384 rules: one more than the hit-counter slots.
+        let many: Vec<String> = (0..16_384).map(|i| format!("status=500 packets={}", i + 1)).collect();
+        let e = Config::parse(&format!("rules: {}\n", serde_json::to_string(&many).unwrap())).unwrap_err();
+        assert_eq!(e.path, "rules", "{e}");
+        assert!(e.reason.contains("16384 rules, more than the 16383"), "{e}");
+        // 132 ports x 500 statuses: more (port, status) pairs than port_rules holds.
+        let ports: Vec<String> = (1..=132).map(|p| format!("port={p} status=100-599")).collect();
+        let e = Config::parse(&format!("rules: {}\n", serde_json::to_string(&ports).unwrap())).unwrap_err();
+        assert_eq!(e.path, "rules", "{e}");
+        assert!(e.reason.contains("66000 distinct (port, status) pairs, more than the 65536"), "{e}");
+        Config::parse(&format!("rules: {}\n", serde_json::to_string(&ports[..131]).unwrap())).unwrap();
+    }
+
+    fn host(cpus: u32, memory: u64) -> Host {
+        Host { cpus, memory, memory_from: "the test's memory".into() }
+    }
+
+    #[test]
+    fn tables_must_fit_the_memory() {
+        let gib = 1u64 << 30;
+        let pins = "bpf:\n  pin_path: /sys/fs/bpf/mirror-test\n";
+        let cfg = |flows: &str| Config::parse(&format!("{pins}flows:\n  {flows}\n")).unwrap();
+        // The defaults fit a small node, and auto fits a big one.
+        Config::parse(pins).unwrap().check_host(&host(2, gib)).unwrap();
+        Config::parse(pins).unwrap().check_host(&host(256, 2 * gib)).unwrap();
+        // 65536 flows on 256 CPUs: 1.8 GiB of flow tables.
+        let e = cfg("max: 65536").check_host(&host(256, 2 * gib)).unwrap_err();
+        assert_eq!(e.path, "flows.max", "{e}");
+        assert!(e.reason.contains("more than 1.0 GiB, half of the test's memory (2.0 GiB)"), "{e}");
+        cfg("max: 65536").check_host(&host(256, 4 * gib)).unwrap();
+        let e = cfg("marks_max: 10000000").check_host(&host(2, 2 * gib)).unwrap_err();
+        assert_eq!(e.path, "flows.marks_max", "{e}");
+        // A cgroup's limit, 256 MiB.
+        let e = cfg("max: 65536").check_host(&host(64, 256 << 20)).unwrap_err();
+        assert_eq!(e.path, "flows.max", "{e}");
+        let e = Config::parse("bpf:\n  pin_path: /var/tmp/pins\n")
+            .unwrap()
+            .check_host(&host(2, gib))
+            .unwrap_err();
+        assert_eq!(e.path, "bpf.pin_path", "{e}");
+        assert!(e.reason.contains("not on a BPF filesystem"), "{e}");
     }
 
     #[test]

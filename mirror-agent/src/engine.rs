@@ -19,6 +19,7 @@ use mirror_bpf::{
 use crate::api::types::{
     CpuShareView, DirView, FlowView, GroupView, HistogramView, InterfaceView, LatencyView, NatView, RuleView,
 };
+use crate::capacity::RuleCapacity;
 use crate::groups::Group;
 use crate::state::{SavedRule, SavedState};
 
@@ -131,7 +132,8 @@ impl Engine {
         self.call(|reply| Cmd::SetMirror { ifindex, reply }).await
     }
 
-    /// Adds a rule; it is saved at once.
+    /// Adds a rule; it is saved at once. A rule that would not fit the rule maps is refused
+    /// with a [`crate::rules::Overflow`], and nothing changes.
     pub async fn add_rule(&self, rule: Rule) -> anyhow::Result<RuleView> {
         self.call(|reply| Cmd::AddRule { rule, reply }).await
     }
@@ -465,6 +467,13 @@ impl Worker {
     }
 
     fn add_rule(&mut self, rule: Rule) -> anyhow::Result<RuleView> {
+        let present = self.dp.rule_slots();
+        // Checked before anything is written: a map that fills halfway would leave the rule
+        // partly installed.
+        crate::rules::check_fits(
+            present.iter().map(|(_, _, r)| r).chain([&rule]),
+            RuleCapacity::classifier(),
+        )?;
         let id = self.dp.add_rule(rule.clone())?;
         self.save()?;
         Ok(RuleView { id, rule: rule.to_string(), hits: 0 })

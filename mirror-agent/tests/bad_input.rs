@@ -43,10 +43,23 @@ fn bad_configs_are_refused_naming_the_key() {
         ("flows:\n  max: lots\n", "flows.max", "invalid"),
         ("rules: [\"status=500\", \"status=999\"]\n", "rules[1]", "bad rule at 'status=999'"),
         ("rules: [\"colour=red\"]\n", "rules[0]", "bad rule at 'colour=red'"),
+        (
+            "flows:\n  marks_max: 4294967295\n",
+            "flows.marks_max",
+            "the most entries the kernel gives a hash map",
+        ),
+        ("flows:\n  max: 4294967295\n", "flows.max", "the most entries the kernel gives a hash map"),
+        ("flows:\n  max: 200000000\n", "flows.max", "of kernel memory"),
+        ("mirror:\n  interface: \"..\"\n", "mirror.interface", "not a link name"),
     ];
-    for (i, (text, key, reason)) in cases.into_iter().enumerate() {
+    let many: Vec<String> = (1..=200_001).map(|n| format!("status=500 packets={n}")).collect();
+    let many = format!("rules: {}\n", serde_json::to_string(&many).unwrap());
+    let cases: Vec<(&str, &str, &str)> =
+        cases.into_iter().chain([(many.as_str(), "rules", "200001 rules, more than the 16383")]).collect();
+    for (i, (text, key, reason)) in cases.iter().copied().enumerate() {
         let path = dir.path().join(format!("bad-{i}.yaml"));
         std::fs::write(&path, format!("{confined}{text}")).unwrap();
+        let text = &text[..text.len().min(120)];
         for check in [false, true] {
             let (out, said) = agent(&bins, &path, check);
             assert_eq!(out.status.code(), Some(2), "{text} (--check {check}): {said}");
@@ -61,6 +74,27 @@ fn bad_configs_are_refused_naming_the_key() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), cases.len(), "a refused config created files");
     let (out, said) = agent(&bins, &dir.path().join("absent.yaml"), false);
     assert!(!out.status.success() && said.contains("absent.yaml"), "{said}");
+}
+
+#[test]
+fn a_broken_state_file_stops_the_start_before_anything_is_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let pins = format!("/sys/fs/bpf/mirror-e2e-state-{}", std::process::id());
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!("api:\n  socket: {d}/api.sock\nbpf:\n  pin_path: {pins}\nstate:\n  path: {d}/state.yaml\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("state.yaml"), "rules: 5\n").unwrap();
+    let (out, said) = agent(&bins(), &config, false);
+    assert!(!out.status.success() && said.contains("reading state") && said.contains("state.yaml"), "{said}");
+    assert!(!Path::new(&pins).exists(), "pins were created: {said}");
+    std::fs::write(dir.path().join("state.yaml"), "rules:\n- {id: 1, slot: 1, rule: status=999}\n").unwrap();
+    let (out, said) = agent(&bins(), &config, false);
+    assert!(!out.status.success() && said.contains("saved rule 1 in the state file"), "{said}");
+    assert!(!Path::new(&pins).exists(), "pins were created: {said}");
 }
 
 #[test]
@@ -118,6 +152,60 @@ fn mirrorctl_refuses_bad_rules_and_unknown_ids() {
         "{said}"
     );
     assert_eq!(rules(&env), before, "a refused rule was added");
+    agent.terminate();
+}
+
+/// One request on its own connection to the agent's socket: (status, body).
+fn request(socket: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).expect("connecting to the agent");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(format!("{head}{body}").as_bytes()).expect("sending");
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).expect("reading the reply");
+    let status = reply.get(9..12).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{reply:?}"));
+    (status, reply.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string())
+}
+
+#[test]
+fn rules_beyond_the_rule_maps_are_refused_and_nothing_changes() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&[]);
+    let env = AgentEnv::new(&bins(), &topo.node, &AgentConfig::default());
+    let agent = env.start(&[]);
+    let socket = env.socket();
+    // 131 ports x 500 statuses: 65,500 of the 65,536 (port, status) pairs port_rules holds.
+    for port in 1..=131 {
+        let (code, body) =
+            request(&socket, "POST", "/v1/rules", &format!(r#"{{"rule": "port={port} status=100-599"}}"#));
+        assert_eq!(code, 201, "port {port}: {body}");
+    }
+    let before = rules(&env);
+    let (code, body) = request(&socket, "POST", "/v1/rules", r#"{"rule": "port=132 status=100-599"}"#);
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        body.contains("rule not added") && body.contains("66000 distinct (port, status) pairs"),
+        "{body}"
+    );
+    assert_eq!(rules(&env), before, "a refused rule changed the rules");
+    // What still fits is taken: 36 more pairs.
+    let (code, body) = request(&socket, "POST", "/v1/rules", r#"{"rule": "port=132 status=500-535"}"#);
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = request(&socket, "POST", "/v1/rules", r#"{"rule": "port=133 status=500"}"#);
+    assert_eq!(code, 409, "{body}");
+    // The saved state has every accepted rule: a restart restores the same set.
+    let listed = rules(&env);
+    agent.terminate();
+    let agent = env.start(&[]);
+    assert_eq!(
+        rules(&env).iter().map(|r| (r.id, &r.rule)).collect::<Vec<_>>(),
+        listed.iter().map(|r| (r.id, &r.rule)).collect::<Vec<_>>()
+    );
     agent.terminate();
 }
 

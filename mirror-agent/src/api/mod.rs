@@ -92,9 +92,14 @@ async fn add_rule(
         .rule
         .parse()
         .map_err(|e: mirror_bpf::RuleError| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
-    let view = s.engine.add_rule(rule).await.map_err(|e| match e.downcast_ref::<mirror_bpf::Error>() {
-        Some(mirror_bpf::Error::TooManyRules(_)) => ApiError(StatusCode::CONFLICT, e.to_string()),
-        _ => e.into(),
+    let view = s.engine.add_rule(rule).await.map_err(|e| {
+        if let Some(o) = e.downcast_ref::<crate::rules::Overflow>() {
+            return ApiError(StatusCode::CONFLICT, format!("rule not added: {o}"));
+        }
+        match e.downcast_ref::<mirror_bpf::Error>() {
+            Some(mirror_bpf::Error::TooManyRules(_)) => ApiError(StatusCode::CONFLICT, e.to_string()),
+            _ => e.into(),
+        }
     })?;
     tracing::info!(id = view.id, rule = %view.rule, "rule added");
     Ok((StatusCode::CREATED, Json(view)))
