@@ -367,6 +367,8 @@ impl Config {
 
     /// Parses and checks configuration text (everything that does not depend on the host).
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        // Editors on some systems start UTF-8 files with a byte order mark: not YAML content.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         // An empty file is the defaults.
         let cfg: Config = if text.trim().is_empty() {
             Config::default()
@@ -643,6 +645,19 @@ mod tests {
         let e = Config::parse(&format!("state:\n  path: /var/{}\n", "n".repeat(252))).unwrap_err();
         assert_eq!(e.path, "state.path", "{e}");
         Config::parse(&format!("state:\n  path: /var/{}.yaml\n", "n".repeat(245))).unwrap();
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_not_content() {
+        for text in
+            ["flows:\n  max: 1000\n", "---\nflows:\n  max: 1000\n", "%YAML 1.2\n---\nflows:\n  max: 1000\n"]
+        {
+            let cfg = Config::parse(&format!("\u{feff}{text}")).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            assert_eq!(cfg.flows.max, FlowsMax::Fixed(1000));
+        }
+        assert_eq!(Config::parse("\u{feff}").unwrap(), Config::default());
+        let example = include_str!("../../config/agent.yaml");
+        assert_eq!(Config::parse(&format!("\u{feff}{example}")).unwrap(), Config::parse(example).unwrap());
     }
 
     #[test]

@@ -103,6 +103,12 @@ fn the_example_config_is_valid() {
     let (out, said) = agent(&bins(), &example, true);
     assert!(out.status.success(), "{said}");
     assert_eq!(said, "configuration is valid\n");
+    // Saved by an editor that starts UTF-8 files with a byte order mark: the same.
+    let dir = tempfile::tempdir().unwrap();
+    let bom = dir.path().join("agent.yaml");
+    std::fs::write(&bom, [&b"\xef\xbb\xbf---\n"[..], &std::fs::read(&example).unwrap()].concat()).unwrap();
+    let (out, said) = agent(&bins(), &bom, true);
+    assert!(out.status.success(), "{said}");
 }
 
 #[test]
