@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
 use crate::links::{self, LinkEvent};
 use crate::metrics;
+use crate::server;
 use crate::sink::Sink;
 use crate::state::SavedState;
 
@@ -178,22 +179,29 @@ async fn serve(
     }));
     let listener = api::bind(&cfg.api.socket).await?;
     let app = api::router(ApiState { engine: engine.clone(), info: info.clone() });
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "API server stopped");
-        }
-    });
-    tracing::info!(socket = %cfg.api.socket.display(), "API listening");
+    let limits = server::Limits {
+        max_connections: cfg.api.max_connections,
+        header_timeout: cfg.api.header_timeout,
+        request_timeout: cfg.api.request_timeout,
+        idle_timeout: cfg.api.idle_timeout,
+    };
+    tokio::spawn(server::serve(listener, app, limits, "api"));
+    tracing::info!(
+        socket = %cfg.api.socket.display(),
+        max_connections = limits.max_connections,
+        header_timeout = ?limits.header_timeout,
+        request_timeout = ?limits.request_timeout,
+        idle_timeout = ?limits.idle_timeout,
+        "API listening"
+    );
     if !cfg.metrics.listen.is_empty() {
         let tcp = tokio::net::TcpListener::bind(&cfg.metrics.listen)
             .await
             .with_context(|| format!("binding metrics.listen {}", cfg.metrics.listen))?;
         let app = metrics::router(engine.clone());
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(tcp, app).await {
-                tracing::error!(error = %e, "metrics server stopped");
-            }
-        });
+        // A scrape is one quick request: the API's timeouts, fewer connections.
+        let limits = server::Limits { max_connections: crate::config::METRICS_CONNECTIONS, ..limits };
+        tokio::spawn(server::serve(tcp, app, limits, "metrics"));
         tracing::info!(listen = %cfg.metrics.listen, "metrics listening");
     }
 

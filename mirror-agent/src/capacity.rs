@@ -85,6 +85,8 @@ pub struct Host {
     pub memory: u64,
     /// Where `memory` comes from, for messages.
     pub memory_from: String,
+    /// RLIMIT_NOFILE (soft): descriptors the agent may hold.
+    pub open_files: u64,
 }
 
 impl Host {
@@ -104,7 +106,14 @@ impl Host {
             }
             _ => (total, "the host's memory".to_string()),
         };
-        Ok(Host { cpus, memory, memory_from })
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes into the struct we own.
+        let open_files = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+            lim.rlim_cur
+        } else {
+            u64::MAX
+        };
+        Ok(Host { cpus, memory, memory_from, open_files })
     }
 
     /// The share of [`Host::memory`] the sized tables may take: half, so that the agent, the
@@ -186,7 +195,7 @@ mod tests {
     #[test]
     fn this_host_is_read() {
         let h = Host::this().unwrap();
-        assert!(h.cpus >= 1 && h.memory > 1 << 20, "{h:?}");
+        assert!(h.cpus >= 1 && h.memory > 1 << 20 && h.open_files > 0, "{h:?}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -139,13 +140,48 @@ impl Default for Mirror {
 pub struct Api {
     /// Unix socket of the HTTP/JSON API (mode 0600).
     pub socket: PathBuf,
+    /// Connections served at once; more wait to be accepted until one closes.
+    pub max_connections: u32,
+    /// A request's line and headers must arrive within this, counted from the connection's
+    /// start or the previous answer: idle keep-alive connections close after it too.
+    #[serde(deserialize_with = "duration")]
+    pub header_timeout: Duration,
+    /// A request's body and its handling; past it the answer is 408.
+    #[serde(deserialize_with = "duration")]
+    pub request_timeout: Duration,
+    /// A connection on which nothing is read or written for this long while it waits is
+    /// closed (a client that stops reading its answer); longer than `request_timeout`.
+    #[serde(deserialize_with = "duration")]
+    pub idle_timeout: Duration,
 }
 
 impl Default for Api {
     fn default() -> Self {
-        Self { socket: PathBuf::from(DEFAULT_SOCKET) }
+        Self {
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            max_connections: 128,
+            header_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(120),
+        }
     }
 }
+
+/// A duration such as `500ms`, `10s`, `2m` (a YAML string).
+fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    match mirror_bpf::rule::parse_duration(&text) {
+        Ok(v) if !v.is_zero() => Ok(v),
+        Ok(_) => Err(serde::de::Error::custom(format!("'{text}': must be more than 0"))),
+        Err(_) => Err(serde::de::Error::custom(format!("'{text}' is not a duration (e.g. 500ms, 10s, 2m)"))),
+    }
+}
+
+/// The longest of the API's timeouts.
+const MAX_API_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Descriptors the agent keeps for itself beyond its connections: maps, programs, links of
+/// the attached interfaces' hooks, netlink, the state and lock files.
+const RESERVED_FDS: u64 = 256;
 
 /// The API socket unless configured otherwise (mirrorctl's default too).
 pub const DEFAULT_SOCKET: &str = "/run/mirror-agent/api.sock";
@@ -435,6 +471,7 @@ impl Config {
                 .map_err(|e| err("metrics.listen", format!("'{}': {e}", self.metrics.listen)))?;
         }
         self.validate_paths()?;
+        self.validate_api()?;
         // Hash maps: the kernel refuses more entries (E2BIG) whatever the memory.
         for (key, n) in [
             (
@@ -512,6 +549,32 @@ impl Config {
         Ok(())
     }
 
+    fn validate_api(&self) -> Result<(), ConfigError> {
+        let api = &self.api;
+        if !(1..=65_536).contains(&api.max_connections) {
+            return Err(err("api.max_connections", format!("{} is outside 1-65536", api.max_connections)));
+        }
+        for (key, d) in [
+            ("api.header_timeout", api.header_timeout),
+            ("api.request_timeout", api.request_timeout),
+            ("api.idle_timeout", api.idle_timeout),
+        ] {
+            if d > MAX_API_TIMEOUT {
+                return Err(err(key, format!("{d:?}: at most 1h")));
+            }
+        }
+        if api.idle_timeout <= api.request_timeout {
+            return Err(err(
+                "api.idle_timeout",
+                format!(
+                    "{:?} must be longer than api.request_timeout ({:?}): a connection waits that long while its request is handled",
+                    api.idle_timeout, api.request_timeout
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Each rule parses, and all fit the classifier's rule maps at once.
     fn validate_rules(&self) -> Result<(), ConfigError> {
         let mut parsed = Vec::with_capacity(self.rules.len());
@@ -523,7 +586,8 @@ impl Config {
         crate::rules::check_fits(&parsed, RuleCapacity::classifier()).map_err(|e| err("rules", e.to_string()))
     }
 
-    /// What depends on the host: the memory the sized tables take, where the pins go.
+    /// What depends on the host: the memory the sized tables take, the descriptors the API's
+    /// connections take, where the pins go.
     pub fn check_host(&self, host: &Host) -> Result<(), ConfigError> {
         let flows =
             self.flows.max.resolve(host.cpus, std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32);
@@ -547,6 +611,18 @@ impl Config {
                 ),
             ));
         }
+        let metrics = if self.metrics.listen.is_empty() { 0 } else { u64::from(METRICS_CONNECTIONS) };
+        let fds = u64::from(self.api.max_connections) + metrics + RESERVED_FDS;
+        if fds > host.open_files {
+            return Err(err(
+                "api.max_connections",
+                format!(
+                    "{} connections (with {metrics} for metrics and {RESERVED_FDS} descriptors the agent keeps) need \
+                     {fds} descriptors: more than the {} this process may open (RLIMIT_NOFILE)",
+                    self.api.max_connections, host.open_files
+                ),
+            ));
+        }
         crate::bpffs::check(&self.bpf.pin_path).map_err(|e| err("bpf.pin_path", e))?;
         // Programs for TCX do not load on a kernel without it. (The query needs root: without
         // it, the agent could not start anyway.)
@@ -560,6 +636,9 @@ impl Config {
         Ok(())
     }
 }
+
+/// Connections the metrics endpoint serves at once.
+pub const METRICS_CONNECTIONS: u32 = 32;
 
 /// NAME_MAX and PATH_MAX of Linux, and the longest path a Unix socket's sun_path holds.
 const NAME_MAX: usize = 255;
@@ -618,6 +697,11 @@ mod tests {
             ("flows:\n  max: 268435457\n", "flows.max", "268435456"),
             ("mirror:\n  interface: \"..\"\n", "mirror.interface", "not a link name"),
             ("mirror:\n  interface: \"m\\t0\"\n", "mirror.interface", "not a link name"),
+            ("api:\n  header_timeout: soon\n", "api.header_timeout", "not a duration"),
+            ("api:\n  request_timeout: \"0\"\n", "api.request_timeout", "more than 0"),
+            ("api:\n  idle_timeout: 30s\n", "api.idle_timeout", "longer than api.request_timeout"),
+            ("api:\n  max_connections: 0\n", "api.max_connections", "outside"),
+            ("api:\n  header_timeout: 2h\n", "api.header_timeout", "at most 1h"),
             ("rules: [\"status=500\", \"status=999\"]\n", "rules[1]", "outside"),
             ("metrics:\n  listen: here\n", "metrics.listen", "here"),
             ("interfaces:\n  include: [\"veth[\"]\n", "interfaces.include[0]", "bad glob"),
@@ -676,7 +760,7 @@ mod tests {
     }
 
     fn host(cpus: u32, memory: u64) -> Host {
-        Host { cpus, memory, memory_from: "the test's memory".into() }
+        Host { cpus, memory, memory_from: "the test's memory".into(), open_files: 1024 }
     }
 
     #[test]
@@ -697,6 +781,11 @@ mod tests {
         // A cgroup's limit, 256 MiB.
         let e = cfg("max: 65536").check_host(&host(64, 256 << 20)).unwrap_err();
         assert_eq!(e.path, "flows.max", "{e}");
+        let mut small = host(2, gib);
+        small.open_files = 300;
+        let e = Config::parse(pins).unwrap().check_host(&small).unwrap_err();
+        assert_eq!(e.path, "api.max_connections", "{e}");
+        assert!(e.reason.contains("RLIMIT_NOFILE"), "{e}");
         let e = Config::parse("bpf:\n  pin_path: /var/tmp/pins\n")
             .unwrap()
             .check_host(&host(2, gib))

@@ -12,5 +12,6 @@ pub mod groups;
 pub mod links;
 pub mod metrics;
 pub mod rules;
+pub mod server;
 pub mod sink;
 pub mod state;

@@ -73,6 +73,8 @@ pub struct AgentConfig {
     pub rules: Vec<String>,
     /// `metrics.listen` ("": off).
     pub metrics: String,
+    /// More keys of the `api:` section (key, YAML value), such as its connection limits.
+    pub api: Vec<(String, String)>,
 }
 
 impl Default for AgentConfig {
@@ -84,6 +86,7 @@ impl Default for AgentConfig {
             sink: "mirror0".into(),
             rules: vec![],
             metrics: String::new(),
+            api: vec![],
         }
     }
 }
@@ -130,13 +133,14 @@ impl AgentEnv {
         };
         let yaml = format!(
             "interfaces:\n  include: {}\n  exclude: {}\nattach:\n  mode: {}\n\
-             mirror:\n  interface: {}\n  create: veth\napi:\n  socket: {}\nmetrics:\n  listen: {}\n\
+             mirror:\n  interface: {}\n  create: veth\napi:\n  socket: {}\n{}metrics:\n  listen: {}\n\
              bpf:\n  pin_path: {}\nstate:\n  path: {}\nrules: {}\n",
             quote(&cfg.include),
             quote(&cfg.exclude),
             quote(&cfg.attach_mode),
             quote(&cfg.sink),
             quote(&env.socket()),
+            cfg.api.iter().map(|(k, v)| format!("  {k}: {v}\n")).collect::<String>(),
             quote(&cfg.metrics),
             quote(&env.pin_path),
             quote(&env.state_path()),
