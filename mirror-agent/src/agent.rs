@@ -30,7 +30,8 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     // First of all: one agent per API socket. A second one refuses before it touches anything
     // (pins, groups, the socket of the running one).
     let _instance = lock_instance(&cfg.api.socket)?;
-    let initial_rules: Vec<Rule> = cfg.rules.iter().map(|r| r.parse()).collect::<Result<_, _>>()?;
+    let initial_rules: Vec<Rule> =
+        cfg.rules.iter().map(|r| crate::rules::parse(r)).collect::<Result<_, _>>()?;
     // Read before anything is loaded: a state file that cannot be used stops the start here.
     if let Some(saved) = SavedState::load(&cfg.state.path)? {
         for r in &saved.rules {

@@ -1,13 +1,14 @@
 //! The agent's configuration: YAML, every key optional with the default shown in
 //! `config/agent.yaml`; unknown keys and bad values are refused with the key's path.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use mirror_bpf::{AttachMode, MirrorMethod, Rule, RuleError};
+use mirror_bpf::{AttachMode, MirrorMethod};
 
 use crate::capacity::{self, Host, RuleCapacity, TableMemory, HASH_MAX_ENTRIES};
 
@@ -575,12 +576,19 @@ impl Config {
         Ok(())
     }
 
-    /// Each rule parses, and all fit the classifier's rule maps at once.
+    /// Each rule parses within the agent's bounds, none is given twice, and all fit the
+    /// classifier's rule maps at once.
     fn validate_rules(&self) -> Result<(), ConfigError> {
         let mut parsed = Vec::with_capacity(self.rules.len());
+        let mut seen = HashMap::with_capacity(self.rules.len());
         for (i, text) in self.rules.iter().enumerate() {
-            let rule: Rule =
-                text.parse().map_err(|e: RuleError| err(format!("rules[{i}]"), e.to_string()))?;
+            let rule = crate::rules::parse(text).map_err(|e| err(format!("rules[{i}]"), e.to_string()))?;
+            if let Some(first) = seen.insert(rule.clone(), i) {
+                return Err(err(
+                    format!("rules[{i}]"),
+                    format!("the same rule as rules[{first}] ({rule}): give it once"),
+                ));
+            }
             parsed.push(rule);
         }
         crate::rules::check_fits(&parsed, RuleCapacity::classifier()).map_err(|e| err("rules", e.to_string()))
@@ -697,6 +705,12 @@ mod tests {
             ("flows:\n  max: 268435457\n", "flows.max", "268435456"),
             ("mirror:\n  interface: \"..\"\n", "mirror.interface", "not a link name"),
             ("mirror:\n  interface: \"m\\t0\"\n", "mirror.interface", "not a link name"),
+            (
+                "rules: [\"status=500\", \"status=5xx\", \"status=500 packets=10k\"]\n",
+                "rules[2]",
+                "same rule as rules[0]",
+            ),
+            ("rules: [\"status=500 duration=99999999999999h\"]\n", "rules[0]", "longer than 24h"),
             ("api:\n  header_timeout: soon\n", "api.header_timeout", "not a duration"),
             ("api:\n  request_timeout: \"0\"\n", "api.request_timeout", "more than 0"),
             ("api:\n  idle_timeout: 30s\n", "api.idle_timeout", "longer than api.request_timeout"),

@@ -1,11 +1,44 @@
-//! Rules as the agent takes them, from the configuration and the API alike: a set that fits
-//! the classifier's rule maps.
+//! Rules as the agent takes them, from the configuration, the API and mirrorctl alike: the
+//! syntax of [`mirror_bpf::Rule`], durations within bounds, and a set that fits the
+//! classifier's rule maps.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
-use mirror_bpf::Rule;
+use mirror_bpf::{Rule, RuleError};
 
 use crate::capacity::RuleCapacity;
+
+/// The longest mirror time per flow (`duration=`); `0` is no time limit.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+/// The highest slowness threshold (`latency>`).
+pub const MAX_LATENCY: Duration = Duration::from_secs(3600);
+
+/// Parses a rule and holds it to the agent's bounds; errors point at the token.
+pub fn parse(text: &str) -> Result<Rule, RuleError> {
+    let rule: Rule = text.parse()?;
+    if rule.limits.duration > MAX_DURATION {
+        return Err(token_error(
+            text,
+            "duration=",
+            "longer than 24h, the longest mirror time per flow (duration=0: until the packet or byte limit)",
+        ));
+    }
+    if rule.latency.is_some_and(|l| l > MAX_LATENCY) {
+        return Err(token_error(text, "latency>", "longer than 1h, the highest latency threshold"));
+    }
+    Ok(rule)
+}
+
+/// An error at the last token starting with `prefix` (the one that counted).
+fn token_error(text: &str, prefix: &str, reason: &str) -> RuleError {
+    let (offset, token) = text
+        .split_whitespace()
+        .map(|t| (t.as_ptr() as usize - text.as_ptr() as usize, t))
+        .rfind(|(_, t)| t.starts_with(prefix))
+        .unwrap_or((0, text.trim()));
+    RuleError { token: token.to_string(), offset, reason: reason.to_string() }
+}
 
 /// Why a set of rules does not fit the classifier.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,9 +93,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn durations_are_bounded() {
+        assert_eq!(parse("status=500 duration=24h").unwrap().limits.duration, MAX_DURATION);
+        assert_eq!(parse("status=500 duration=0").unwrap().limits.duration, Duration::ZERO);
+        assert_eq!(parse("latency>1h").unwrap().latency, Some(MAX_LATENCY));
+        let e = parse("status=500 duration=99999999999999h").unwrap_err();
+        assert_eq!((e.token.as_str(), e.offset), ("duration=99999999999999h", 11), "{e}");
+        assert!(e.reason.contains("longer than 24h"), "{e}");
+        let e = parse("status=500 duration=90000s").unwrap_err();
+        assert_eq!(e.token, "duration=90000s", "{e}");
+        let e = parse("latency>2h status=5xx").unwrap_err();
+        assert_eq!((e.token.as_str(), e.offset), ("latency>2h", 0), "{e}");
+        assert!(e.reason.contains("longer than 1h"), "{e}");
+        // The syntax is mirror_bpf's.
+        assert!(parse("status=999").unwrap_err().reason.contains("outside"));
+    }
+
+    #[test]
     fn rule_maps_capacity() {
         let cap = RuleCapacity { rules: 3, port_keys: 150 };
-        let r = |t: &str| t.parse::<Rule>().unwrap();
+        let r = |t: &str| parse(t).unwrap();
         let ok = [r("status=5xx"), r("port=80 status=5xx"), r("port=80 status=500-549")];
         assert_eq!(check_fits(&ok, cap), Ok(()));
         // Pairs are counted once however many rules cover them.

@@ -50,6 +50,8 @@ fn bad_configs_are_refused_naming_the_key() {
         ),
         ("flows:\n  max: 4294967295\n", "flows.max", "the most entries the kernel gives a hash map"),
         ("flows:\n  max: 200000000\n", "flows.max", "of kernel memory"),
+        ("rules: [\"status=500\", \"status=500\"]\n", "rules[1]", "same rule as rules[0]"),
+        ("rules: [\"status=500 duration=99999999999999h\"]\n", "rules[0]", "longer than 24h"),
         ("mirror:\n  interface: \"..\"\n", "mirror.interface", "not a link name"),
     ];
     let many: Vec<String> = (1..=200_001).map(|n| format!("status=500 packets={n}")).collect();
@@ -133,10 +135,12 @@ fn mirrorctl_refuses_bad_rules_and_unknown_ids() {
     let before = rules(&env);
     assert_eq!(before.len(), 1, "the configured rule: {before:?}");
 
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["rules", "add", "status=999"], "bad rule at 'status=999'"),
         (&["rules", "add", "colour=red"], "bad rule at 'colour=red'"),
         (&["rules", "add", "status=500", "packets=lots"], "bad rule at 'packets=lots'"),
+        (&["rules", "add", "status=500", "duration=99999999999999h"], "longer than 24h"),
+        (&["rules", "add", "latency>2h"], "bad rule at 'latency>2h' (byte 0): longer than 1h"),
         (&["rules", "del", "12345"], "no rule with id 12345"),
         (&["rules", "del", "first"], "invalid value 'first'"),
     ];
@@ -145,19 +149,75 @@ fn mirrorctl_refuses_bad_rules_and_unknown_ids() {
         assert!(!out.status.success(), "{args:?}: {out:?}");
         assert!(out.stdout.is_empty() && out.stderr.contains(message), "{args:?}: {out:?}");
     }
-    // The agent checks too, for clients other than mirrorctl: 400 with the same message.
+    // The agent checks too, for clients other than mirrorctl: 400 with the same message; and
+    // a request with a field it does not know is refused naming the field.
     let socket = env.socket();
-    let mut curl = Command::new("curl");
-    curl.args(["-sS", "--max-time", "5", "-w", " %{http_code}", "-H", "content-type: application/json"])
-        .arg("--unix-socket")
-        .arg(&socket)
-        .args(["-d", r#"{"rule": "status=999"}"#, "http://agent/v1/rules"]);
-    let (out, said) = run(&mut curl);
-    assert!(
-        out.status.success() && said.contains("bad rule at 'status=999'") && said.ends_with(" 400"),
-        "{said}"
-    );
+    let curl = |method: &str, path: &str, body: &str| {
+        let mut curl = Command::new("curl");
+        curl.args(["-sS", "--max-time", "5", "-w", " %{http_code}", "-H", "content-type: application/json"])
+            .arg("--unix-socket")
+            .arg(&socket)
+            .args(["-X", method, &format!("http://agent{path}")]);
+        if !body.is_empty() {
+            curl.args(["-d", body]);
+        }
+        run(&mut curl)
+    };
+    let cases = [
+        ("POST", "/v1/rules", r#"{"rule": "status=999"}"#, "bad rule at 'status=999'"),
+        ("POST", "/v1/rules", r#"{"rule": "status=500 duration=99999999999999h"}"#, "longer than 24h"),
+        ("POST", "/v1/rules", r#"{"rule": "status=502", "colour": "red"}"#, "unknown field `colour`"),
+        ("POST", "/v1/rules", r#"{"rules": "status=502"}"#, "unknown field `rules`"),
+        ("PUT", "/v1/latency/groups/http", r#"{"enabled": false, "now": true}"#, "unknown field `now`"),
+        ("GET", "/v1/flows?limit=5&top=1", "", "unknown field `top`"),
+    ];
+    for (method, path, body, message) in cases {
+        let (out, said) = curl(method, path, body);
+        assert!(out.status.success() && said.contains(message) && said.ends_with(" 400"), "{body}: {said}");
+    }
     assert_eq!(rules(&env), before, "a refused rule was added");
+    let groups = env.ctl_ok(&["-o", "json", "latency", "groups"]);
+    assert!(
+        groups.contains("\"group\": \"http\",\n    \"enabled\": true"),
+        "a refused request switched http off: {groups}"
+    );
+    agent.terminate();
+}
+
+#[test]
+fn the_same_rule_twice_keeps_one_id() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&[]);
+    let cfg = AgentConfig { rules: vec!["status=500".into()], ..AgentConfig::default() };
+    let env = AgentEnv::new(&bins(), &topo.node, &cfg);
+    let agent = env.start(&[]);
+    let before = rules(&env);
+    let id = before[0].id;
+    // The same rule, however written: its id, and a word on stderr.
+    for rule in [&["status=500"][..], &["status=500", "packets=10k", "duration=60s"]] {
+        let out = env.ctl(&[&["rules", "add"][..], rule].concat());
+        assert!(out.status.success(), "{rule:?}: {out:?}");
+        assert_eq!(out.stdout.trim(), id.to_string(), "{rule:?}: {out:?}");
+        assert!(out.stderr.contains(&format!("the same rule exists already as rule {id}")), "{out:?}");
+    }
+    // Through the API: 200 and the existing rule, where a new one gets 201.
+    let post = |rule: &str| {
+        let mut curl = Command::new("curl");
+        curl.args(["-sS", "--max-time", "5", "-w", " %{http_code}", "-H", "content-type: application/json"])
+            .arg("--unix-socket")
+            .arg(env.socket())
+            .args(["-d", &format!(r#"{{"rule": "{rule}"}}"#), "http://agent/v1/rules"]);
+        run(&mut curl).1
+    };
+    let said = post("status=500");
+    assert!(said.starts_with(&format!(r#"{{"id":{id},"#)) && said.ends_with(" 200"), "{said}");
+    assert_eq!(rules(&env), before, "a second copy was added");
+    // Other limits make another rule.
+    let said = post("status=500 packets=5");
+    assert!(said.ends_with(" 201"), "{said}");
+    assert_eq!(rules(&env).len(), 2);
     agent.terminate();
 }
 
