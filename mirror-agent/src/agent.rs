@@ -266,7 +266,7 @@ async fn on_link_event(
         LinkEvent::Gone { ifindex, name } => {
             known.remove(&ifindex);
             if sink.owns(&name) && name == sink.name() {
-                tracing::warn!(interface = %name, "mirror sink vanished: recreating");
+                tracing::warn!(interface = %name, "{}", sink.vanished());
                 set_sink(engine, info, None).await;
                 match sink.ensure().await {
                     Ok(i) => {
