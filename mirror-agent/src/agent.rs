@@ -199,11 +199,11 @@ async fn serve(
         let tcp = tokio::net::TcpListener::bind(&cfg.metrics.listen)
             .await
             .with_context(|| format!("binding metrics.listen {}", cfg.metrics.listen))?;
-        let app = metrics::router(engine.clone());
+        let app = metrics::router(engine.clone(), cfg.metrics.rule_text);
         // A scrape is one quick request: the API's timeouts, fewer connections.
         let limits = server::Limits { max_connections: crate::config::METRICS_CONNECTIONS, ..limits };
         tokio::spawn(server::serve(tcp, app, limits, "metrics"));
-        tracing::info!(listen = %cfg.metrics.listen, "metrics listening");
+        tracing::info!(listen = %cfg.metrics.listen, rule_text = cfg.metrics.rule_text, "metrics listening");
     }
 
     let (tx, mut rx) = mpsc::channel(1024);

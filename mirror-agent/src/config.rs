@@ -193,11 +193,14 @@ pub const DEFAULT_SOCKET: &str = "/run/mirror-agent/api.sock";
 pub struct Metrics {
     /// Address of the Prometheus endpoint (`/metrics`); empty disables it.
     pub listen: String,
+    /// Whether `mirror_rule_hits_total` carries each rule's text (label `rule`) beside its
+    /// `rule_id`; whoever can reach the endpoint reads it.
+    pub rule_text: bool,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self { listen: "127.0.0.1:9464".into() }
+        Self { listen: "127.0.0.1:9464".into(), rule_text: true }
     }
 }
 
@@ -716,6 +719,7 @@ mod tests {
             ("api:\n  idle_timeout: 30s\n", "api.idle_timeout", "longer than api.request_timeout"),
             ("api:\n  max_connections: 0\n", "api.max_connections", "outside"),
             ("api:\n  header_timeout: 2h\n", "api.header_timeout", "at most 1h"),
+            ("metrics:\n  rule_txt: false\n", "metrics.rule_txt", "unknown field"),
             ("rules: [\"status=500\", \"status=999\"]\n", "rules[1]", "outside"),
             ("metrics:\n  listen: here\n", "metrics.listen", "here"),
             ("interfaces:\n  include: [\"veth[\"]\n", "interfaces.include[0]", "bad glob"),

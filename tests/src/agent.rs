@@ -75,6 +75,8 @@ pub struct AgentConfig {
     pub sink_create: String,
     /// `metrics.listen` ("": off).
     pub metrics: String,
+    /// `metrics.rule_text`.
+    pub metrics_rule_text: bool,
     /// More keys of the `api:` section (key, YAML value), such as its connection limits.
     pub api: Vec<(String, String)>,
 }
@@ -89,6 +91,7 @@ impl Default for AgentConfig {
             rules: vec![],
             sink_create: "veth".into(),
             metrics: String::new(),
+            metrics_rule_text: true,
             api: vec![],
         }
     }
@@ -136,7 +139,7 @@ impl AgentEnv {
         };
         let yaml = format!(
             "interfaces:\n  include: {}\n  exclude: {}\nattach:\n  mode: {}\n\
-             mirror:\n  interface: {}\n  create: {}\napi:\n  socket: {}\n{}metrics:\n  listen: {}\n\
+             mirror:\n  interface: {}\n  create: {}\napi:\n  socket: {}\n{}metrics:\n  listen: {}\n  rule_text: {}\n\
              bpf:\n  pin_path: {}\nstate:\n  path: {}\nrules: {}\n",
             quote(&cfg.include),
             quote(&cfg.exclude),
@@ -146,6 +149,7 @@ impl AgentEnv {
             quote(&env.socket()),
             cfg.api.iter().map(|(k, v)| format!("  {k}: {v}\n")).collect::<String>(),
             quote(&cfg.metrics),
+            cfg.metrics_rule_text,
             quote(&env.pin_path),
             quote(&env.state_path()),
             quote(&cfg.rules),
