@@ -1,15 +1,16 @@
 //! What the data path's maps can hold and what they cost, known before anything is loaded:
-//! the bound the kernel puts on a hash map's `max_entries`, the kernel memory of the tables
-//! that `flows.max` and `flows.marks_max` size, the memory this agent may take, and the rule
-//! maps' capacity. The configuration is checked against these (`mirror-agent --check`, and at
+//! the bound the kernel puts on a hash map's `max_entries`, the kernel memory of the
+//! classifier's maps (the tables `flows.max` and `flows.marks_max` size, and the others,
+//! per-CPU ones on this host's CPUs), the memory this agent may take, and the rule maps'
+//! capacity. The configuration is checked against these (`mirror-agent --check`, and at
 //! start before the classifier is loaded).
 
-use std::mem::{size_of, MaybeUninit};
+use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use libbpf_rs::skel::SkelBuilder;
-use libbpf_rs::OpenObject;
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{MapType, OpenObject};
 
 use mirror_bpf::skel::classifier::ClassifierSkelBuilder;
 use mirror_bpf::types;
@@ -24,44 +25,110 @@ pub const HASH_MAX_ENTRIES: u32 = 1 << 28;
 const BUCKET: u64 = 16;
 const ELEM_HEADER: u64 = 48;
 
-fn round8(n: usize) -> u64 {
-    (n as u64).div_ceil(8) * 8
+fn round8(n: u32) -> u64 {
+    u64::from(n).div_ceil(8) * 8
 }
 
-/// Kernel memory of a preallocated hash map (LRU maps always are): buckets, elements and, for
-/// a per-CPU map, one value per possible CPU.
-fn hash_map_bytes(entries: u32, key: usize, value: usize, per_cpu: Option<u32>) -> u64 {
-    let n = u64::from(entries);
-    let buckets = n.next_power_of_two() * BUCKET;
-    match per_cpu {
-        Some(cpus) => buckets + n * (ELEM_HEADER + round8(key) + 8) + n * round8(value) * u64::from(cpus),
-        None => buckets + n * (ELEM_HEADER + round8(key) + round8(value)),
+/// A map as the classifier's object declares it.
+#[derive(Debug, Clone)]
+struct MapSpec {
+    name: String,
+    kind: MapType,
+    key: u32,
+    value: u32,
+    entries: u32,
+}
+
+impl MapSpec {
+    /// Kernel memory of the map with `entries` on `cpus` possible CPUs, as the kernel counts
+    /// it (hash maps are preallocated: buckets, elements, and per-CPU values for each CPU).
+    fn bytes(&self, entries: u32, cpus: u32) -> u64 {
+        let (n, cpus) = (u64::from(entries), u64::from(cpus));
+        let buckets = n.next_power_of_two() * BUCKET;
+        let (k, v) = (round8(self.key), round8(self.value));
+        match self.kind {
+            MapType::Hash | MapType::LruHash => buckets + n * (ELEM_HEADER + k + v),
+            MapType::PercpuHash | MapType::LruPercpuHash => {
+                buckets + n * (ELEM_HEADER + k + 8) + n * v * cpus
+            }
+            MapType::Array => n * v,
+            MapType::PercpuArray => n * (8 + v * cpus),
+            MapType::RingBuf => n + (16 << 10),
+            _ => n * (k + v),
+        }
     }
 }
 
-/// Kernel memory of the tables the configuration sizes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The maps `flows.max` sizes, and the one `flows.marks_max` sizes (as the data path's
+/// loader sets them); every other map keeps the size its object declares.
+const FLOW_MAPS: [&str; 3] = ["flow_table", "flow_timing", "flow_nat"];
+const MARK_MAP: &str = "mirror_marks";
+
+/// What the classifier's object declares, read once (opened, not loaded: no privilege
+/// needed).
+struct Object {
+    maps: Vec<MapSpec>,
+    port_rules: u32,
+}
+
+fn object() -> &'static Object {
+    static OBJECT: OnceLock<Object> = OnceLock::new();
+    OBJECT.get_or_init(|| {
+        let mut storage = MaybeUninit::<OpenObject>::uninit();
+        let open = ClassifierSkelBuilder::default()
+            .open(&mut storage)
+            .expect("the classifier's embedded object opens");
+        let maps = open
+            .open_object()
+            .maps()
+            .map(|m| MapSpec {
+                name: m.name().to_string_lossy().into_owned(),
+                kind: m.map_type(),
+                key: m.key_size(),
+                value: m.value_size(),
+                entries: m.max_entries(),
+            })
+            .collect();
+        Object { maps, port_rules: open.maps.port_rules.max_entries() }
+    })
+}
+
+/// Kernel memory of the classifier's maps with the configured sizes.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableMemory {
     /// `flow_table` (per CPU), `flow_timing` and `flow_nat`, sized by `flows.max`.
     pub flows: u64,
     /// `mirror_marks`, sized by `flows.marks_max`.
     pub marks: u64,
+    /// Every other map, at the size its object declares (per-CPU ones grow with the CPUs).
+    pub fixed: u64,
+    /// The largest of those, and its bytes.
+    pub largest_fixed: (String, u64),
 }
 
 impl TableMemory {
-    /// The tables of `flows` flows and `marks` marks on `cpus` possible CPUs.
+    /// The classifier's maps with `flows` flows and `marks` marks on `cpus` possible CPUs.
     pub fn of(flows: u32, marks: u32, cpus: u32) -> Self {
-        let key = size_of::<types::flow_key>();
-        let flows = hash_map_bytes(flows, key, size_of::<types::flow_traffic>(), Some(cpus))
-            + hash_map_bytes(flows, key, size_of::<types::flow_timing>(), None)
-            + hash_map_bytes(flows, key, size_of::<types::flow_nat>(), None);
-        let marks = hash_map_bytes(marks, key, size_of::<types::mirror_mark>(), None);
-        Self { flows, marks }
+        let mut m = TableMemory { flows: 0, marks: 0, fixed: 0, largest_fixed: (String::new(), 0) };
+        for spec in &object().maps {
+            if FLOW_MAPS.contains(&spec.name.as_str()) {
+                m.flows += spec.bytes(flows, cpus);
+            } else if spec.name == MARK_MAP {
+                m.marks += spec.bytes(marks, cpus);
+            } else {
+                let b = spec.bytes(spec.entries, cpus);
+                m.fixed += b;
+                if b > m.largest_fixed.1 {
+                    m.largest_fixed = (spec.name.clone(), b);
+                }
+            }
+        }
+        m
     }
 
-    /// Both.
+    /// All of them.
     pub fn total(&self) -> u64 {
-        self.flows + self.marks
+        self.flows + self.marks + self.fixed
     }
 }
 
@@ -75,6 +142,10 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
+/// Memory the agent keeps for itself under a cgroup's limit: its heap, its threads, the
+/// API's connections.
+pub const AGENT_RESERVE: u64 = 16 << 20;
+
 /// What this host gives the agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Host {
@@ -83,8 +154,8 @@ pub struct Host {
     /// Bytes of memory the agent may use: the host's, or its cgroup's limit when lower (map
     /// memory is charged to the cgroup of the process that creates the map).
     pub memory: u64,
-    /// Where `memory` comes from, for messages.
-    pub memory_from: String,
+    /// The cgroup whose memory.max is `memory`, when that is lower than the host's memory.
+    pub cgroup: Option<PathBuf>,
     /// RLIMIT_NOFILE (soft): descriptors the agent may hold.
     pub open_files: u64,
 }
@@ -100,11 +171,9 @@ impl Host {
             .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
             .ok_or_else(|| anyhow::anyhow!("no MemTotal in /proc/meminfo"))?
             * 1024;
-        let (memory, memory_from) = match cgroup_memory_limit() {
-            Some((limit, dir)) if limit < total => {
-                (limit, format!("the memory.max of the agent's cgroup {}", dir.display()))
-            }
-            _ => (total, "the host's memory".to_string()),
+        let (memory, cgroup) = match cgroup_memory_limit() {
+            Some((limit, dir)) if limit < total => (limit, Some(dir)),
+            _ => (total, None),
         };
         let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: getrlimit writes into the struct we own.
@@ -113,28 +182,66 @@ impl Host {
         } else {
             u64::MAX
         };
-        Ok(Host { cpus, memory, memory_from, open_files })
+        Ok(Host { cpus, memory, cgroup, open_files })
     }
 
-    /// The share of [`Host::memory`] the sized tables may take: half, so that the agent, the
-    /// other maps and whatever shares the cgroup keep room.
-    pub fn table_budget(&self) -> u64 {
-        self.memory / 2
+    /// What the classifier's maps may take of [`Host::memory`]: under a cgroup's limit, all
+    /// but [`AGENT_RESERVE`] for the agent itself (past the limit the kernel refuses the maps,
+    /// near it the agent is killed); of the host's memory, half (a node agent taking more is
+    /// a mistake).
+    pub fn map_budget(&self) -> u64 {
+        match self.cgroup {
+            Some(_) => self.memory.saturating_sub(AGENT_RESERVE),
+            None => self.memory / 2,
+        }
+    }
+
+    /// [`Host::map_budget`] in words, for messages.
+    pub fn map_budget_text(&self) -> String {
+        match &self.cgroup {
+            Some(dir) => format!(
+                "the memory limit of the agent's cgroup {} ({}) less {} for the agent itself",
+                dir.display(),
+                human(self.memory),
+                human(AGENT_RESERVE)
+            ),
+            None => format!("half of the host's memory ({})", human(self.memory)),
+        }
     }
 }
 
-/// The lowest memory.max (cgroup v2) on the path from this process's cgroup to the root, with
-/// the directory that sets it.
+/// The lowest memory limit on the path from this process's cgroup to the root, with the
+/// directory that sets it: memory.max (cgroup v2) or memory.limit_in_bytes (v1's memory
+/// controller).
 fn cgroup_memory_limit() -> Option<(u64, PathBuf)> {
     let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?.trim().trim_start_matches('/');
-    let root = Path::new("/sys/fs/cgroup");
-    let dir = root.join(rel);
-    dir.ancestors()
-        .take_while(|d| d.starts_with(root) && *d != root)
-        .filter_map(|d| {
-            let v = std::fs::read_to_string(d.join("memory.max")).ok()?;
-            Some((v.trim().parse::<u64>().ok()?, d.to_path_buf()))
+    cgroup_limit_in(&own, Path::new("/sys/fs/cgroup"))
+}
+
+/// [`cgroup_memory_limit`] for `/proc/self/cgroup` text `own`, with cgroup filesystems under
+/// `fs`.
+fn cgroup_limit_in(own: &str, fs: &Path) -> Option<(u64, PathBuf)> {
+    own.lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(3, ':');
+            let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+            let (root, file) = if controllers.is_empty() {
+                (fs.to_path_buf(), "memory.max")
+            } else if controllers.split(',').any(|c| c == "memory") {
+                (fs.join("memory"), "memory.limit_in_bytes")
+            } else {
+                return None;
+            };
+            let dir = root.join(path.trim().trim_start_matches('/'));
+            // In a cgroup namespace (a container) the root of the mount is the container's
+            // cgroup, with its limit; the host's root cgroup has none ("max" or no file).
+            dir.ancestors()
+                .take_while(|d| d.starts_with(&root))
+                .filter_map(|d| {
+                    let v = std::fs::read_to_string(d.join(file)).ok()?;
+                    Some((v.trim().parse::<u64>().ok()?, d.to_path_buf()))
+                })
+                .min_by_key(|(v, _)| *v)
         })
         .min_by_key(|(v, _)| *v)
 }
@@ -159,19 +266,12 @@ pub struct RuleCapacity {
 }
 
 impl RuleCapacity {
-    /// The classifier's, read from its object file (opened, not loaded: no privilege needed).
+    /// The classifier's: its rule slots, and the entries of its `port_rules` map.
     pub fn classifier() -> RuleCapacity {
-        static CAP: OnceLock<RuleCapacity> = OnceLock::new();
-        *CAP.get_or_init(|| {
-            let mut storage = MaybeUninit::<OpenObject>::uninit();
-            let open = ClassifierSkelBuilder::default()
-                .open(&mut storage)
-                .expect("the classifier's embedded object opens");
-            RuleCapacity {
-                rules: types::mirror_limits::RULE_SLOTS.0 as usize - 1,
-                port_keys: open.maps.port_rules.max_entries() as usize,
-            }
-        })
+        RuleCapacity {
+            rules: types::mirror_limits::RULE_SLOTS.0 as usize - 1,
+            port_keys: object().port_rules as usize,
+        }
     }
 }
 
@@ -180,7 +280,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn table_memory_counts_every_sized_map() {
+    fn table_memory_counts_every_map() {
         // 65536 flows on 2 CPUs: flow_table 2^16 x (16 + 96 + 2 x 112), flow_timing
         // 2^16 x (16 + 584), flow_nat 2^16 x (16 + 208); 16384 marks x (16 + 192).
         let m = TableMemory::of(65_536, 16_384, 2);
@@ -188,8 +288,38 @@ mod tests {
         assert_eq!(m.marks, 16_384 * 208);
         // Buckets are a power of two.
         assert_eq!(TableMemory::of(0, 65_537, 1).marks, 131_072 * 16 + 65_537 * 192);
+        // The other maps: 34,881,552 bytes as the kernel counted them (bpftool's memlock) on 2
+        // CPUs when written; the per-CPU latency histograms are the largest and grow with CPUs.
+        let kernel = 34_881_552f64;
+        assert!((m.fixed as f64 - kernel).abs() < kernel * 0.05, "{m:?}");
+        assert_eq!(m.largest_fixed.0, "latency_hists");
+        let big = TableMemory::of(65_536, 16_384, 64);
+        assert!(big.fixed > 500 << 20 && big.largest_fixed.0 == "latency_hists", "{big:?}");
         assert_eq!(human(3 << 20), "3.0 MiB");
         assert_eq!(human(3 << 30), "3.0 GiB");
+    }
+
+    #[test]
+    fn cgroup_limits_v2_and_v1() {
+        let fs = tempfile::tempdir().unwrap();
+        let put = |dir: &str, file: &str, v: &str| {
+            let d = fs.path().join(dir);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join(file), v).unwrap();
+        };
+        // v2: the lowest limit on the way up, "max" is none.
+        put("kubepods/pod1", "memory.max", "max\n");
+        put("kubepods", "memory.max", "268435456\n");
+        let got = cgroup_limit_in("0::/kubepods/pod1/agent\n", fs.path());
+        assert_eq!(got, Some((256 << 20, fs.path().join("kubepods"))));
+        // In a cgroup namespace the own cgroup is the root of the mount.
+        put("", "memory.max", "536870912\n");
+        assert_eq!(cgroup_limit_in("0::/\n", fs.path()), Some((512 << 20, fs.path().to_path_buf())));
+        // v1's memory controller, beside others.
+        put("memory/docker/abc", "memory.limit_in_bytes", "134217728\n");
+        let own = "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n";
+        assert_eq!(cgroup_limit_in(own, fs.path()).map(|(v, _)| v), Some(128 << 20));
+        assert_eq!(cgroup_limit_in("3:cpu:/x\n", fs.path()), None);
     }
 
     #[test]

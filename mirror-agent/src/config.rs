@@ -603,22 +603,32 @@ impl Config {
         let flows =
             self.flows.max.resolve(host.cpus, std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32);
         let mem = TableMemory::of(flows, self.flows.marks_max, host.cpus);
-        let budget = host.table_budget();
+        let budget = host.map_budget();
         if mem.total() > budget {
-            let key = if mem.flows >= mem.marks { "flows.max" } else { "flows.marks_max" };
+            // The key that can bring it down; none when the fixed maps alone are too much.
+            let key = if mem.fixed >= budget {
+                "config"
+            } else if mem.flows >= mem.marks {
+                "flows.max"
+            } else {
+                "flows.marks_max"
+            };
+            let (largest, largest_bytes) = &mem.largest_fixed;
             return Err(err(
                 key,
                 format!(
-                    "{flows} flows and {} marks take {} of kernel memory on {} CPUs (flow tables {}, marks {}): \
-                     more than {}, half of {} ({})",
-                    self.flows.marks_max,
+                    "the classifier's maps take {} of kernel memory on {} CPUs: {} for {flows} flows (flows.max), \
+                     {} for {} marks (flows.marks_max), {} for the other maps (the largest: {largest}, {}): \
+                     more than {}, {}",
                     capacity::human(mem.total()),
                     host.cpus,
                     capacity::human(mem.flows),
                     capacity::human(mem.marks),
+                    self.flows.marks_max,
+                    capacity::human(mem.fixed),
+                    capacity::human(*largest_bytes),
                     capacity::human(budget),
-                    host.memory_from,
-                    capacity::human(host.memory),
+                    host.map_budget_text(),
                 ),
             ));
         }
@@ -778,7 +788,18 @@ mod tests {
     }
 
     fn host(cpus: u32, memory: u64) -> Host {
-        Host { cpus, memory, memory_from: "the test's memory".into(), open_files: 1024 }
+        Host { cpus, memory, cgroup: None, open_files: 1024 }
+    }
+
+    fn cgroup(cpus: u32, limit: u64) -> Host {
+        Host { cgroup: Some("/sys/fs/cgroup/agent".into()), ..host(cpus, limit) }
+    }
+
+    impl Host {
+        #[track_caller]
+        fn check_host_ok(&self, cfg: &Config) {
+            cfg.check_host(self).unwrap_or_else(|e| panic!("{self:?}: {e}"));
+        }
     }
 
     #[test]
@@ -786,19 +807,32 @@ mod tests {
         let gib = 1u64 << 30;
         let pins = "bpf:\n  pin_path: /sys/fs/bpf/mirror-test\n";
         let cfg = |flows: &str| Config::parse(&format!("{pins}flows:\n  {flows}\n")).unwrap();
-        // The defaults fit a small node, and auto fits a big one.
+        // The defaults fit a small node, and auto fits a big one (whose per-CPU latency
+        // histograms alone take 2 GiB on 256 CPUs).
         Config::parse(pins).unwrap().check_host(&host(2, gib)).unwrap();
-        Config::parse(pins).unwrap().check_host(&host(256, 2 * gib)).unwrap();
-        // 65536 flows on 256 CPUs: 1.8 GiB of flow tables.
-        let e = cfg("max: 65536").check_host(&host(256, 2 * gib)).unwrap_err();
+        Config::parse(pins).unwrap().check_host(&host(256, 8 * gib)).unwrap();
+        // 65536 flows on 256 CPUs: 1.8 GiB of flow tables more.
+        let e = cfg("max: 65536").check_host(&host(256, 6 * gib)).unwrap_err();
         assert_eq!(e.path, "flows.max", "{e}");
-        assert!(e.reason.contains("more than 1.0 GiB, half of the test's memory (2.0 GiB)"), "{e}");
-        cfg("max: 65536").check_host(&host(256, 4 * gib)).unwrap();
+        assert!(e.reason.contains("more than 3.0 GiB, half of the host's memory (6.0 GiB)"), "{e}");
+        cfg("max: 65536").check_host(&host(256, 10 * gib)).unwrap();
         let e = cfg("marks_max: 10000000").check_host(&host(2, 2 * gib)).unwrap_err();
         assert_eq!(e.path, "flows.marks_max", "{e}");
-        // A cgroup's limit, 256 MiB.
-        let e = cfg("max: 65536").check_host(&host(64, 256 << 20)).unwrap_err();
+        // A cgroup's limit, 256 MiB (the DaemonSet's), less 16 MiB for the agent itself.
+        cgroup(2, 256 << 20).check_host_ok(&Config::parse(pins).unwrap());
+        cgroup(20, 256 << 20).check_host_ok(&Config::parse(pins).unwrap());
+        // On 24 CPUs the defaults take 273 MiB; fewer flows fit.
+        let e = Config::parse(pins).unwrap().check_host(&cgroup(24, 256 << 20)).unwrap_err();
         assert_eq!(e.path, "flows.max", "{e}");
+        cgroup(24, 256 << 20).check_host_ok(&cfg("max: 4096"));
+        let e = cfg("max: 262144").check_host(&cgroup(2, 256 << 20)).unwrap_err();
+        assert_eq!(e.path, "flows.max", "{e}");
+        assert!(e.reason.contains("more than 240.0 MiB, the memory limit of the agent's cgroup"), "{e}");
+        // On 64 CPUs the per-CPU latency histograms alone take more than 256 MiB: no
+        // flows.max helps.
+        let e = cfg("max: 4096").check_host(&cgroup(64, 256 << 20)).unwrap_err();
+        assert_eq!(e.path, "config", "{e}");
+        assert!(e.reason.contains("(the largest: latency_hists, "), "{e}");
         let mut small = host(2, gib);
         small.open_files = 300;
         let e = Config::parse(pins).unwrap().check_host(&small).unwrap_err();

@@ -99,6 +99,95 @@ fn a_broken_state_file_stops_the_start_before_anything_is_loaded() {
     assert!(!Path::new(&pins).exists(), "pins were created: {said}");
 }
 
+/// A memory cgroup of its own with a limit (v2, or v1's memory controller), removed on drop.
+struct MemoryCgroup(std::path::PathBuf);
+
+impl MemoryCgroup {
+    fn new(limit: u64) -> MemoryCgroup {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let v1 =
+            own.lines().any(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == "memory")));
+        let (root, file) = if v1 {
+            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+        } else {
+            ("/sys/fs/cgroup", "memory.max")
+        };
+        let dir = Path::new(root).join(format!("mirror-e2e-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        std::fs::write(dir.join(file), limit.to_string()).unwrap_or_else(|e| {
+            panic!("no memory limit on {} ({e}): memory controller missing?", dir.display())
+        });
+        MemoryCgroup(dir)
+    }
+
+    /// `program args...` run inside it.
+    fn command(&self, program: &Path) -> Command {
+        let mut c = Command::new("timeout");
+        c.args(["20", "sh", "-c", r#"echo $$ > "$0/cgroup.procs" && exec "$@""#]).arg(&self.0).arg(program);
+        c
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn maps_beyond_the_cgroups_memory_are_refused_before_loading() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let pins = format!("/sys/fs/bpf/mirror-e2e-cg-{}", std::process::id());
+    let config = dir.path().join("agent.yaml");
+    // Nothing to attach to and no sink to create: only the maps and the socket.
+    std::fs::write(
+        &config,
+        format!(
+            "interfaces:\n  include: [\"none-such*\"]\nmirror:\n  create: none\nmetrics:\n  listen: \"\"\n\
+             api:\n  socket: {d}/api.sock\nbpf:\n  pin_path: {pins}\nstate:\n  path: {d}/state.yaml\n"
+        ),
+    )
+    .unwrap();
+    // 64 MiB: the default maps take more than that less the agent's own 16 MiB; the kernel
+    // would have refused them (or left the agent nothing) once loading.
+    let small = MemoryCgroup::new(64 << 20);
+    for check in [true, false] {
+        let mut cmd = small.command(&bins().agent);
+        cmd.arg("--config").arg(&config);
+        if check {
+            cmd.arg("--check");
+        }
+        let (out, said) = run(&mut cmd);
+        assert_eq!(out.status.code(), Some(2), "--check {check}: {said}");
+        assert!(
+            said.contains("flows.max: the classifier's maps take")
+                && said.contains("the memory limit of the agent's cgroup"),
+            "--check {check}: {said}"
+        );
+        assert!(!Path::new(&pins).exists(), "pins were created: {said}");
+    }
+    // 192 MiB: they fit, and the agent starts and stops.
+    let roomy = MemoryCgroup::new(192 << 20);
+    let mut cmd = roomy.command(&bins().agent);
+    cmd.arg("--config").arg(&config).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
+    let agent = cmd.spawn().unwrap();
+    let socket = dir.path().join("api.sock");
+    let up = mirror_e2e::proc::wait_until(std::time::Duration::from_secs(15), || {
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    });
+    // timeout(1) passes SIGTERM on to the agent.
+    // SAFETY: kill only sends a signal to our child.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
+    let out = agent.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(up && out.status.success(), "the agent did not start within 192 MiB: {log}");
+    assert!(!Path::new(&pins).exists(), "pins left: {log}");
+}
+
 #[test]
 fn the_example_config_is_valid() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/agent.yaml");
