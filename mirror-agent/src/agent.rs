@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
 use crate::links::{self, LinkEvent};
 use crate::metrics;
+use crate::server;
 use crate::sink::Sink;
 use crate::state::SavedState;
 
@@ -29,12 +30,39 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     // First of all: one agent per API socket. A second one refuses before it touches anything
     // (pins, groups, the socket of the running one).
     let _instance = lock_instance(&cfg.api.socket)?;
-    let initial_rules: Vec<Rule> = cfg.rules.iter().map(|r| r.parse()).collect::<Result<_, _>>()?;
+    let initial_rules: Vec<Rule> =
+        cfg.rules.iter().map(|r| crate::rules::parse(r)).collect::<Result<_, _>>()?;
+    // Read before anything is loaded: a state file that cannot be used stops the start here.
+    if let Some(saved) = SavedState::load(&cfg.state.path)? {
+        for r in &saved.rules {
+            r.rule.parse::<Rule>().with_context(|| {
+                format!(
+                    "saved rule {} in the state file {} (fix or remove it)",
+                    r.id,
+                    cfg.state.path.display()
+                )
+            })?;
+        }
+    }
     crate::bpffs::ensure(&cfg.bpf.pin_path)?;
     // Flow values are per possible CPU: `auto` keeps the table's memory bounded on big nodes.
     let cpus = mirror_bpf::possible_cpus()?;
     let flow_bytes = std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32;
     let flows_max = cfg.flows.max.resolve(cpus, flow_bytes);
+    for (map, key, want) in
+        [("flow_table", "flows.max", flows_max), ("mirror_marks", "flows.marks_max", cfg.flows.marks_max)]
+    {
+        match crate::capacity::pinned_entries(&cfg.bpf.pin_path, map) {
+            Some(pinned) if pinned != want => tracing::warn!(
+                map,
+                pinned,
+                configured = want,
+                "{key}: the pinned {map} of an earlier agent is adopted with its size (and its entries); \
+                 stop the agent without --keep-attached to size it anew"
+            ),
+            _ => {}
+        }
+    }
     tracing::info!(
         flows = flows_max,
         cpus,
@@ -152,23 +180,30 @@ async fn serve(
     }));
     let listener = api::bind(&cfg.api.socket).await?;
     let app = api::router(ApiState { engine: engine.clone(), info: info.clone() });
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "API server stopped");
-        }
-    });
-    tracing::info!(socket = %cfg.api.socket.display(), "API listening");
+    let limits = server::Limits {
+        max_connections: cfg.api.max_connections,
+        header_timeout: cfg.api.header_timeout,
+        request_timeout: cfg.api.request_timeout,
+        idle_timeout: cfg.api.idle_timeout,
+    };
+    tokio::spawn(server::serve(listener, app, limits, "api"));
+    tracing::info!(
+        socket = %cfg.api.socket.display(),
+        max_connections = limits.max_connections,
+        header_timeout = ?limits.header_timeout,
+        request_timeout = ?limits.request_timeout,
+        idle_timeout = ?limits.idle_timeout,
+        "API listening"
+    );
     if !cfg.metrics.listen.is_empty() {
         let tcp = tokio::net::TcpListener::bind(&cfg.metrics.listen)
             .await
             .with_context(|| format!("binding metrics.listen {}", cfg.metrics.listen))?;
-        let app = metrics::router(engine.clone());
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(tcp, app).await {
-                tracing::error!(error = %e, "metrics server stopped");
-            }
-        });
-        tracing::info!(listen = %cfg.metrics.listen, "metrics listening");
+        let app = metrics::router(engine.clone(), cfg.metrics.rule_text);
+        // A scrape is one quick request: the API's timeouts, fewer connections.
+        let limits = server::Limits { max_connections: crate::config::METRICS_CONNECTIONS, ..limits };
+        tokio::spawn(server::serve(tcp, app, limits, "metrics"));
+        tracing::info!(listen = %cfg.metrics.listen, rule_text = cfg.metrics.rule_text, "metrics listening");
     }
 
     let (tx, mut rx) = mpsc::channel(1024);
@@ -231,7 +266,7 @@ async fn on_link_event(
         LinkEvent::Gone { ifindex, name } => {
             known.remove(&ifindex);
             if sink.owns(&name) && name == sink.name() {
-                tracing::warn!(interface = %name, "mirror sink vanished: recreating");
+                tracing::warn!(interface = %name, "{}", sink.vanished());
                 set_sink(engine, info, None).await;
                 match sink.ensure().await {
                     Ok(i) => {

@@ -18,15 +18,30 @@ fn is_bpffs(path: &Path) -> bool {
     unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC }
 }
 
+/// Whether `pin_path` (or its nearest existing ancestor) is on a bpffs.
+fn on_bpffs(pin_path: &Path) -> bool {
+    let existing = pin_path.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+    is_bpffs(existing)
+}
+
+/// Whether pins can go to `pin_path`: it is on a bpffs, or below /sys/fs/bpf where
+/// [`ensure`] mounts one.
+pub fn check(pin_path: &Path) -> Result<(), String> {
+    if on_bpffs(pin_path) || pin_path.starts_with(BPFFS) {
+        Ok(())
+    } else {
+        Err(format!("{} is not on a BPF filesystem (mount -t bpf bpf DIR)", pin_path.display()))
+    }
+}
+
 /// Checks that `pin_path` (or its nearest existing ancestor) is on a bpffs; mounts one on
 /// /sys/fs/bpf when the pin path is below it and nothing is mounted there.
 pub fn ensure(pin_path: &Path) -> anyhow::Result<()> {
-    let existing = pin_path.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
-    if is_bpffs(existing) {
+    if on_bpffs(pin_path) {
         return Ok(());
     }
-    if !pin_path.starts_with(BPFFS) {
-        bail!("bpf.pin_path {} is not on a BPF filesystem (mount -t bpf bpf DIR)", pin_path.display());
+    if let Err(e) = check(pin_path) {
+        bail!("bpf.pin_path {e}");
     }
     std::fs::create_dir_all(BPFFS).with_context(|| format!("creating {BPFFS}"))?;
     let (src, dir, fs) = (c"bpf", CString::new(BPFFS)?, c"bpf");

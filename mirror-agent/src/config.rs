@@ -1,12 +1,16 @@
 //! The agent's configuration: YAML, every key optional with the default shown in
 //! `config/agent.yaml`; unknown keys and bad values are refused with the key's path.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
-use mirror_bpf::{AttachMode, MirrorMethod, Rule};
+use mirror_bpf::{AttachMode, MirrorMethod};
+
+use crate::capacity::{self, Host, RuleCapacity, TableMemory, HASH_MAX_ENTRIES};
 
 /// A configuration that cannot be used: where, and why.
 #[derive(Debug, thiserror::Error)]
@@ -137,13 +141,48 @@ impl Default for Mirror {
 pub struct Api {
     /// Unix socket of the HTTP/JSON API (mode 0600).
     pub socket: PathBuf,
+    /// Connections served at once; more wait to be accepted until one closes.
+    pub max_connections: u32,
+    /// A request's line and headers must arrive within this, counted from the connection's
+    /// start or the previous answer: idle keep-alive connections close after it too.
+    #[serde(deserialize_with = "duration")]
+    pub header_timeout: Duration,
+    /// A request's body and its handling; past it the answer is 408.
+    #[serde(deserialize_with = "duration")]
+    pub request_timeout: Duration,
+    /// A connection on which nothing is read or written for this long while it waits is
+    /// closed (a client that stops reading its answer); longer than `request_timeout`.
+    #[serde(deserialize_with = "duration")]
+    pub idle_timeout: Duration,
 }
 
 impl Default for Api {
     fn default() -> Self {
-        Self { socket: PathBuf::from(DEFAULT_SOCKET) }
+        Self {
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            max_connections: 128,
+            header_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(120),
+        }
     }
 }
+
+/// A duration such as `500ms`, `10s`, `2m` (a YAML string).
+fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    match mirror_bpf::rule::parse_duration(&text) {
+        Ok(v) if !v.is_zero() => Ok(v),
+        Ok(_) => Err(serde::de::Error::custom(format!("'{text}': must be more than 0"))),
+        Err(_) => Err(serde::de::Error::custom(format!("'{text}' is not a duration (e.g. 500ms, 10s, 2m)"))),
+    }
+}
+
+/// The longest of the API's timeouts.
+const MAX_API_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Descriptors the agent keeps for itself beyond its connections: maps, programs, links of
+/// the attached interfaces' hooks, netlink, the state and lock files.
+const RESERVED_FDS: u64 = 256;
 
 /// The API socket unless configured otherwise (mirrorctl's default too).
 pub const DEFAULT_SOCKET: &str = "/run/mirror-agent/api.sock";
@@ -154,11 +193,14 @@ pub const DEFAULT_SOCKET: &str = "/run/mirror-agent/api.sock";
 pub struct Metrics {
     /// Address of the Prometheus endpoint (`/metrics`); empty disables it.
     pub listen: String,
+    /// Whether `mirror_rule_hits_total` carries each rule's text (label `rule`) beside its
+    /// `rule_id`; whoever can reach the endpoint reads it.
+    pub rule_text: bool,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self { listen: "127.0.0.1:9464".into() }
+        Self { listen: "127.0.0.1:9464".into(), rule_text: true }
     }
 }
 
@@ -351,15 +393,22 @@ pub struct Config {
 }
 
 impl Config {
-    /// Reads and checks a configuration file.
+    /// Reads a configuration file and checks it, against this host too: what `--check`
+    /// says, and what the agent checks before it loads anything.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|e| err(path.display().to_string(), e.to_string()))?;
-        Self::parse(&text)
+        let cfg = Self::parse(&text)?;
+        let host =
+            Host::this().map_err(|e| err("config", format!("reading this host's CPUs and memory: {e:#}")))?;
+        cfg.check_host(&host)?;
+        Ok(cfg)
     }
 
-    /// Parses and checks configuration text.
+    /// Parses and checks configuration text (everything that does not depend on the host).
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        // Editors on some systems start UTF-8 files with a byte order mark: not YAML content.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         // An empty file is the defaults.
         let cfg: Config = if text.trim().is_empty() {
             Config::default()
@@ -395,8 +444,14 @@ impl Config {
             }
         }
         let name = &self.mirror.interface;
-        if name.is_empty() || name.len() > 15 || name.contains(['/', ' ', ':']) {
-            return Err(err("mirror.interface", format!("'{name}' is not a link name (1-15 characters)")));
+        if !valid_link_name(name) {
+            return Err(err(
+                "mirror.interface",
+                format!(
+                    "'{}' is not a link name (1-15 bytes, not '.' or '..', no '/', ':' or white space)",
+                    name.escape_debug()
+                ),
+            ));
         }
         if self.mirror.create == SinkCreate::Veth && name.len() > 14 {
             return Err(err(
@@ -419,6 +474,39 @@ impl Config {
                 .parse::<SocketAddr>()
                 .map_err(|e| err("metrics.listen", format!("'{}': {e}", self.metrics.listen)))?;
         }
+        self.validate_paths()?;
+        self.validate_api()?;
+        // Hash maps: the kernel refuses more entries (E2BIG) whatever the memory.
+        for (key, n) in [
+            (
+                "flows.max",
+                match self.flows.max {
+                    FlowsMax::Fixed(n) => n,
+                    FlowsMax::Auto => FlowsMax::AUTO_MAX,
+                },
+            ),
+            ("flows.marks_max", self.flows.marks_max),
+        ] {
+            if n < 64 {
+                return Err(err(key, format!("{n}: at least 64")));
+            }
+            if n > HASH_MAX_ENTRIES {
+                return Err(err(
+                    key,
+                    format!(
+                        "{n}: more than {HASH_MAX_ENTRIES}, the most entries the kernel gives a hash map"
+                    ),
+                ));
+            }
+        }
+        if self.latency.stack_sample == 0 {
+            return Err(err("latency.stack_sample", "must be at least 1 (1: every packet)"));
+        }
+        self.validate_rules()
+    }
+
+    /// Paths: absolute, within the kernel's limits on names, and for the socket on sun_path.
+    fn validate_paths(&self) -> Result<(), ConfigError> {
         for (key, p) in [
             ("api.socket", &self.api.socket),
             ("bpf.pin_path", &self.bpf.pin_path),
@@ -427,18 +515,163 @@ impl Config {
             if !p.is_absolute() {
                 return Err(err(key, format!("'{}' must be an absolute path", p.display())));
             }
+            // The state file is written beside itself as <name>.tmp first.
+            let longest = p
+                .components()
+                .map(|c| c.as_os_str().len())
+                .chain(p.with_extension("tmp").file_name().map(|n| n.len()))
+                .max()
+                .unwrap_or(0);
+            if longest > NAME_MAX {
+                return Err(err(
+                    key,
+                    format!("'{}' has a name of {longest} bytes: at most {NAME_MAX} in a path", p.display()),
+                ));
+            }
+            // Files go below the pin path (links/<ifindex>-<hook>): keep room for them.
+            if p.as_os_str().len() > PATH_MAX - 256 {
+                return Err(err(
+                    key,
+                    format!(
+                        "{} bytes: at most {} (PATH_MAX, less room for files below it)",
+                        p.as_os_str().len(),
+                        PATH_MAX - 256
+                    ),
+                ));
+            }
         }
-        if matches!(self.flows.max, FlowsMax::Fixed(n) if n < 64) || self.flows.marks_max < 64 {
-            return Err(err("flows", "max and marks_max must be at least 64"));
-        }
-        if self.latency.stack_sample == 0 {
-            return Err(err("latency.stack_sample", "must be at least 1 (1: every packet)"));
-        }
-        for (i, r) in self.rules.iter().enumerate() {
-            r.parse::<Rule>().map_err(|e| err(format!("rules[{i}]"), e.to_string()))?;
+        let socket = self.api.socket.as_os_str().len();
+        if socket > SUN_PATH_MAX {
+            return Err(err(
+                "api.socket",
+                format!(
+                    "'{}' is {socket} bytes: a Unix socket's path has at most {SUN_PATH_MAX}",
+                    self.api.socket.display()
+                ),
+            ));
         }
         Ok(())
     }
+
+    fn validate_api(&self) -> Result<(), ConfigError> {
+        let api = &self.api;
+        if !(1..=65_536).contains(&api.max_connections) {
+            return Err(err("api.max_connections", format!("{} is outside 1-65536", api.max_connections)));
+        }
+        for (key, d) in [
+            ("api.header_timeout", api.header_timeout),
+            ("api.request_timeout", api.request_timeout),
+            ("api.idle_timeout", api.idle_timeout),
+        ] {
+            if d > MAX_API_TIMEOUT {
+                return Err(err(key, format!("{d:?}: at most 1h")));
+            }
+        }
+        if api.idle_timeout <= api.request_timeout {
+            return Err(err(
+                "api.idle_timeout",
+                format!(
+                    "{:?} must be longer than api.request_timeout ({:?}): a connection waits that long while its request is handled",
+                    api.idle_timeout, api.request_timeout
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Each rule parses within the agent's bounds, none is given twice, and all fit the
+    /// classifier's rule maps at once.
+    fn validate_rules(&self) -> Result<(), ConfigError> {
+        let mut parsed = Vec::with_capacity(self.rules.len());
+        let mut seen = HashMap::with_capacity(self.rules.len());
+        for (i, text) in self.rules.iter().enumerate() {
+            let rule = crate::rules::parse(text).map_err(|e| err(format!("rules[{i}]"), e.to_string()))?;
+            if let Some(first) = seen.insert(rule.clone(), i) {
+                return Err(err(
+                    format!("rules[{i}]"),
+                    format!("the same rule as rules[{first}] ({rule}): give it once"),
+                ));
+            }
+            parsed.push(rule);
+        }
+        crate::rules::check_fits(&parsed, RuleCapacity::classifier()).map_err(|e| err("rules", e.to_string()))
+    }
+
+    /// What depends on the host: the memory the sized tables take, the descriptors the API's
+    /// connections take, where the pins go.
+    pub fn check_host(&self, host: &Host) -> Result<(), ConfigError> {
+        let flows =
+            self.flows.max.resolve(host.cpus, std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32);
+        let mem = TableMemory::of(flows, self.flows.marks_max, host.cpus);
+        let budget = host.map_budget();
+        if mem.total() > budget {
+            // The key that can bring it down; none when the fixed maps alone are too much.
+            let key = if mem.fixed >= budget {
+                "config"
+            } else if mem.flows >= mem.marks {
+                "flows.max"
+            } else {
+                "flows.marks_max"
+            };
+            let (largest, largest_bytes) = &mem.largest_fixed;
+            return Err(err(
+                key,
+                format!(
+                    "the classifier's maps take {} of kernel memory on {} CPUs: {} for {flows} flows (flows.max), \
+                     {} for {} marks (flows.marks_max), {} for the other maps (the largest: {largest}, {}): \
+                     more than {}, {}",
+                    capacity::human(mem.total()),
+                    host.cpus,
+                    capacity::human(mem.flows),
+                    capacity::human(mem.marks),
+                    self.flows.marks_max,
+                    capacity::human(mem.fixed),
+                    capacity::human(*largest_bytes),
+                    capacity::human(budget),
+                    host.map_budget_text(),
+                ),
+            ));
+        }
+        let metrics = if self.metrics.listen.is_empty() { 0 } else { u64::from(METRICS_CONNECTIONS) };
+        let fds = u64::from(self.api.max_connections) + metrics + RESERVED_FDS;
+        if fds > host.open_files {
+            return Err(err(
+                "api.max_connections",
+                format!(
+                    "{} connections (with {metrics} for metrics and {RESERVED_FDS} descriptors the agent keeps) need \
+                     {fds} descriptors: more than the {} this process may open (RLIMIT_NOFILE)",
+                    self.api.max_connections, host.open_files
+                ),
+            ));
+        }
+        crate::bpffs::check(&self.bpf.pin_path).map_err(|e| err("bpf.pin_path", e))?;
+        // Programs for TCX do not load on a kernel without it. (The query needs root: without
+        // it, the agent could not start anyway.)
+        // SAFETY: geteuid has no preconditions.
+        if self.attach.mode == AttachModeCfg::Tcx
+            && unsafe { libc::geteuid() } == 0
+            && !mirror_bpf::tcx_supported()
+        {
+            return Err(err("attach.mode", "tcx: this kernel has no TCX (Linux 6.6+): use auto or tc"));
+        }
+        Ok(())
+    }
+}
+
+/// Connections the metrics endpoint serves at once.
+pub const METRICS_CONNECTIONS: u32 = 32;
+
+/// NAME_MAX and PATH_MAX of Linux, and the longest path a Unix socket's sun_path holds.
+const NAME_MAX: usize = 255;
+const PATH_MAX: usize = 4096;
+const SUN_PATH_MAX: usize = 107;
+
+/// Whether the kernel takes `name` for a link (dev_valid_name): 1-15 bytes, not `.` or `..`,
+/// no `/`, `:` or white space.
+fn valid_link_name(name: &str) -> bool {
+    // The kernel's isspace() also takes 0xa0 (Latin-1 no-break space).
+    let bad = |b: u8| b == b'/' || b == b':' || b.is_ascii_whitespace() || b == 0x0b || b == 0xa0;
+    !name.is_empty() && name.len() <= 15 && name != "." && name != ".." && !name.bytes().any(bad)
 }
 
 #[cfg(test)]
@@ -480,7 +713,23 @@ mod tests {
             ("colour: red\n", "colour", "unknown field `colour`"),
             ("flows:\n  max: lots\n", "flows.max", "a number of flows or `auto`"),
             ("flows:\n  max: -5\n", "flows.max", "must be positive"),
-            ("flows:\n  max: 10\n", "flows", "at least 64"),
+            ("flows:\n  max: 10\n", "flows.max", "at least 64"),
+            ("flows:\n  marks_max: 4294967295\n", "flows.marks_max", "the most entries the kernel gives"),
+            ("flows:\n  max: 268435457\n", "flows.max", "268435456"),
+            ("mirror:\n  interface: \"..\"\n", "mirror.interface", "not a link name"),
+            ("mirror:\n  interface: \"m\\t0\"\n", "mirror.interface", "not a link name"),
+            (
+                "rules: [\"status=500\", \"status=5xx\", \"status=500 packets=10k\"]\n",
+                "rules[2]",
+                "same rule as rules[0]",
+            ),
+            ("rules: [\"status=500 duration=99999999999999h\"]\n", "rules[0]", "longer than 24h"),
+            ("api:\n  header_timeout: soon\n", "api.header_timeout", "not a duration"),
+            ("api:\n  request_timeout: \"0\"\n", "api.request_timeout", "more than 0"),
+            ("api:\n  idle_timeout: 30s\n", "api.idle_timeout", "longer than api.request_timeout"),
+            ("api:\n  max_connections: 0\n", "api.max_connections", "outside"),
+            ("api:\n  header_timeout: 2h\n", "api.header_timeout", "at most 1h"),
+            ("metrics:\n  rule_txt: false\n", "metrics.rule_txt", "unknown field"),
             ("rules: [\"status=500\", \"status=999\"]\n", "rules[1]", "outside"),
             ("metrics:\n  listen: here\n", "metrics.listen", "here"),
             ("interfaces:\n  include: [\"veth[\"]\n", "interfaces.include[0]", "bad glob"),
@@ -493,6 +742,108 @@ mod tests {
             assert_eq!(e.path, path, "{text}: {e}");
             assert!(e.reason.contains(reason), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn paths_within_the_kernels_limits() {
+        let long = format!("/run/{}/api.sock", "d".repeat(100));
+        let e = Config::parse(&format!("api:\n  socket: {long}\n")).unwrap_err();
+        assert_eq!(e.path, "api.socket", "{e}");
+        assert!(e.reason.contains("at most 107"), "{e}");
+        let e = Config::parse(&format!("state:\n  path: /var/{}\n", "n".repeat(256))).unwrap_err();
+        assert_eq!(e.path, "state.path", "{e}");
+        assert!(e.reason.contains("at most 255"), "{e}");
+        // state.tmp is written beside it.
+        let e = Config::parse(&format!("state:\n  path: /var/{}\n", "n".repeat(252))).unwrap_err();
+        assert_eq!(e.path, "state.path", "{e}");
+        Config::parse(&format!("state:\n  path: /var/{}.yaml\n", "n".repeat(245))).unwrap();
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_not_content() {
+        for text in
+            ["flows:\n  max: 1000\n", "---\nflows:\n  max: 1000\n", "%YAML 1.2\n---\nflows:\n  max: 1000\n"]
+        {
+            let cfg = Config::parse(&format!("\u{feff}{text}")).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            assert_eq!(cfg.flows.max, FlowsMax::Fixed(1000));
+        }
+        assert_eq!(Config::parse("\u{feff}").unwrap(), Config::default());
+        let example = include_str!("../../config/agent.yaml");
+        assert_eq!(Config::parse(&format!("\u{feff}{example}")).unwrap(), Config::parse(example).unwrap());
+    }
+
+    #[test]
+    fn rules_must_fit_the_rule_maps() {
+        // 16,384 rules: one more than the hit-counter slots.
+        let many: Vec<String> = (0..16_384).map(|i| format!("status=500 packets={}", i + 1)).collect();
+        let e = Config::parse(&format!("rules: {}\n", serde_json::to_string(&many).unwrap())).unwrap_err();
+        assert_eq!(e.path, "rules", "{e}");
+        assert!(e.reason.contains("16384 rules, more than the 16383"), "{e}");
+        // 132 ports x 500 statuses: more (port, status) pairs than port_rules holds.
+        let ports: Vec<String> = (1..=132).map(|p| format!("port={p} status=100-599")).collect();
+        let e = Config::parse(&format!("rules: {}\n", serde_json::to_string(&ports).unwrap())).unwrap_err();
+        assert_eq!(e.path, "rules", "{e}");
+        assert!(e.reason.contains("66000 distinct (port, status) pairs, more than the 65536"), "{e}");
+        Config::parse(&format!("rules: {}\n", serde_json::to_string(&ports[..131]).unwrap())).unwrap();
+    }
+
+    fn host(cpus: u32, memory: u64) -> Host {
+        Host { cpus, memory, cgroup: None, open_files: 1024 }
+    }
+
+    fn cgroup(cpus: u32, limit: u64) -> Host {
+        Host { cgroup: Some("/sys/fs/cgroup/agent".into()), ..host(cpus, limit) }
+    }
+
+    impl Host {
+        #[track_caller]
+        fn check_host_ok(&self, cfg: &Config) {
+            cfg.check_host(self).unwrap_or_else(|e| panic!("{self:?}: {e}"));
+        }
+    }
+
+    #[test]
+    fn tables_must_fit_the_memory() {
+        let gib = 1u64 << 30;
+        let pins = "bpf:\n  pin_path: /sys/fs/bpf/mirror-test\n";
+        let cfg = |flows: &str| Config::parse(&format!("{pins}flows:\n  {flows}\n")).unwrap();
+        // The defaults fit a small node, and auto fits a big one (whose per-CPU latency
+        // histograms alone take 2 GiB on 256 CPUs).
+        Config::parse(pins).unwrap().check_host(&host(2, gib)).unwrap();
+        Config::parse(pins).unwrap().check_host(&host(256, 8 * gib)).unwrap();
+        // 65536 flows on 256 CPUs: 1.8 GiB of flow tables more.
+        let e = cfg("max: 65536").check_host(&host(256, 6 * gib)).unwrap_err();
+        assert_eq!(e.path, "flows.max", "{e}");
+        assert!(e.reason.contains("more than 3.0 GiB, half of the host's memory (6.0 GiB)"), "{e}");
+        cfg("max: 65536").check_host(&host(256, 10 * gib)).unwrap();
+        let e = cfg("marks_max: 10000000").check_host(&host(2, 2 * gib)).unwrap_err();
+        assert_eq!(e.path, "flows.marks_max", "{e}");
+        // A cgroup's limit, 256 MiB (the DaemonSet's), less 16 MiB for the agent itself.
+        cgroup(2, 256 << 20).check_host_ok(&Config::parse(pins).unwrap());
+        cgroup(20, 256 << 20).check_host_ok(&Config::parse(pins).unwrap());
+        // On 24 CPUs the defaults take 273 MiB; fewer flows fit.
+        let e = Config::parse(pins).unwrap().check_host(&cgroup(24, 256 << 20)).unwrap_err();
+        assert_eq!(e.path, "flows.max", "{e}");
+        cgroup(24, 256 << 20).check_host_ok(&cfg("max: 4096"));
+        let e = cfg("max: 262144").check_host(&cgroup(2, 256 << 20)).unwrap_err();
+        assert_eq!(e.path, "flows.max", "{e}");
+        assert!(e.reason.contains("more than 240.0 MiB, the memory limit of the agent's cgroup"), "{e}");
+        // On 64 CPUs the per-CPU latency histograms alone take more than 256 MiB: no
+        // flows.max helps.
+        let e = cfg("max: 4096").check_host(&cgroup(64, 256 << 20)).unwrap_err();
+        assert_eq!(e.path, "config", "{e}");
+        assert!(e.reason.contains("(the largest: latency_hists, "), "{e}");
+        let mut small = host(2, gib);
+        small.open_files = 300;
+        let e = Config::parse(pins).unwrap().check_host(&small).unwrap_err();
+        assert_eq!(e.path, "api.max_connections", "{e}");
+        assert!(e.reason.contains("RLIMIT_NOFILE"), "{e}");
+        let e = Config::parse("bpf:\n  pin_path: /var/tmp/pins\n")
+            .unwrap()
+            .check_host(&host(2, gib))
+            .unwrap_err();
+        assert_eq!(e.path, "bpf.pin_path", "{e}");
+        assert!(e.reason.contains("not on a BPF filesystem"), "{e}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use mirror_bpf::{
 use crate::api::types::{
     CpuShareView, DirView, FlowView, GroupView, HistogramView, InterfaceView, LatencyView, NatView, RuleView,
 };
+use crate::capacity::RuleCapacity;
 use crate::groups::Group;
 use crate::state::{SavedRule, SavedState};
 
@@ -68,7 +69,7 @@ enum Cmd {
     Attach { ifindex: u32, name: String, since: Instant, reply: Reply<InterfaceView> },
     Detach { ifindex: u32, reply: Reply<bool> },
     SetMirror { ifindex: u32, reply: Reply<()> },
-    AddRule { rule: Rule, reply: Reply<RuleView> },
+    AddRule { rule: Rule, reply: Reply<AddedRule> },
     DelRule { id: u32, reply: Reply<RuleView> },
     Rules { reply: Reply<Vec<RuleView>> },
     Flows { reply: Reply<Vec<FlowView>> },
@@ -78,6 +79,15 @@ enum Cmd {
     DropStalePins { reply: Reply<usize> },
     SetCreatedSink { created: bool, reply: Reply<()> },
     Shutdown { keep_attached: bool, reply: Reply<()> },
+}
+
+/// What adding a rule did.
+#[derive(Debug, Clone)]
+pub struct AddedRule {
+    /// The rule: the new one, or the same one installed before.
+    pub view: RuleView,
+    /// Whether it was added now (`false`: the same rule was there already, under `view.id`).
+    pub created: bool,
 }
 
 /// A handle to the engine thread; cheap to clone.
@@ -131,8 +141,10 @@ impl Engine {
         self.call(|reply| Cmd::SetMirror { ifindex, reply }).await
     }
 
-    /// Adds a rule; it is saved at once.
-    pub async fn add_rule(&self, rule: Rule) -> anyhow::Result<RuleView> {
+    /// Adds a rule; it is saved at once. The same rule given again is not added twice: its
+    /// existing id is returned. A rule that would not fit the rule maps is refused with a
+    /// [`crate::rules::Overflow`], and nothing changes.
+    pub async fn add_rule(&self, rule: Rule) -> anyhow::Result<AddedRule> {
         self.call(|reply| Cmd::AddRule { rule, reply }).await
     }
 
@@ -464,10 +476,24 @@ impl Worker {
         self.state.save(&self.cfg.state_path)
     }
 
-    fn add_rule(&mut self, rule: Rule) -> anyhow::Result<RuleView> {
+    fn add_rule(&mut self, rule: Rule) -> anyhow::Result<AddedRule> {
+        let present = self.dp.rule_slots();
+        if let Some((id, _, _)) = present.iter().find(|(_, _, r)| *r == rule) {
+            let hits = self.dp.rules()?.into_iter().find(|r| r.id == *id).map_or(0, |r| r.hits);
+            return Ok(AddedRule {
+                view: RuleView { id: *id, rule: rule.to_string(), hits },
+                created: false,
+            });
+        }
+        // Checked before anything is written: a map that fills halfway would leave the rule
+        // partly installed.
+        crate::rules::check_fits(
+            present.iter().map(|(_, _, r)| r).chain([&rule]),
+            RuleCapacity::classifier(),
+        )?;
         let id = self.dp.add_rule(rule.clone())?;
         self.save()?;
-        Ok(RuleView { id, rule: rule.to_string(), hits: 0 })
+        Ok(AddedRule { view: RuleView { id, rule: rule.to_string(), hits: 0 }, created: true })
     }
 
     fn del_rule(&mut self, id: u32) -> anyhow::Result<RuleView> {

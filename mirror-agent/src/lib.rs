@@ -4,11 +4,14 @@
 pub mod agent;
 pub mod api;
 pub mod bpffs;
+pub mod capacity;
 pub mod config;
 pub mod ctl;
 pub mod engine;
 pub mod groups;
 pub mod links;
 pub mod metrics;
+pub mod rules;
+pub mod server;
 pub mod sink;
 pub mod state;

@@ -44,8 +44,16 @@ const EXPORTED: &[(&str, &str, &str)] = &[
     ("nat_flows", "nat_flows", "Connections found translated by conntrack: one flow, two tuples"),
 ];
 
-async fn scrape(State(engine): State<Engine>) -> impl IntoResponse {
-    match render(&engine).await {
+/// What a scrape reads.
+#[derive(Clone)]
+struct Scrape {
+    engine: Engine,
+    /// Whether rule hits carry the rule's text.
+    rule_text: bool,
+}
+
+async fn scrape(State(s): State<Scrape>) -> impl IntoResponse {
+    match render(&s.engine, s.rule_text).await {
         Ok(body) => {
             (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
         }
@@ -92,7 +100,7 @@ fn fold(h: &HistogramView) -> KernelHistogram {
     KernelHistogram { sum: h.sum_seconds, count: h.count, buckets }
 }
 
-async fn render(engine: &Engine) -> anyhow::Result<String> {
+async fn render(engine: &Engine, rule_text: bool) -> anyhow::Result<String> {
     let status = engine.status().await?;
     let rules = engine.rules().await?;
     let hists = engine.latency().await?;
@@ -103,8 +111,11 @@ async fn render(engine: &Engine) -> anyhow::Result<String> {
     }
     let hits = Family::<Vec<(String, String)>, prometheus_client::metrics::counter::Counter>::default();
     for r in &rules {
-        hits.get_or_create(&vec![("rule_id".into(), r.id.to_string()), ("rule".into(), r.rule.clone())])
-            .inc_by(r.hits);
+        let mut labels = vec![("rule_id".into(), r.id.to_string())];
+        if rule_text {
+            labels.push(("rule".into(), r.rule.clone()));
+        }
+        hits.get_or_create(&labels).inc_by(r.hits);
     }
     reg.register("rule_hits", "Flows triggered, per rule", hits);
     let attached = Gauge::<i64>::default();
@@ -155,7 +166,7 @@ async fn render(engine: &Engine) -> anyhow::Result<String> {
     Ok(out)
 }
 
-/// The metrics routes.
-pub fn router(engine: Engine) -> Router {
-    Router::new().route("/metrics", get(scrape)).with_state(engine)
+/// The metrics routes; `rule_text`: rule hits carry each rule's text (label `rule`).
+pub fn router(engine: Engine, rule_text: bool) -> Router {
+    Router::new().route("/metrics", get(scrape)).with_state(Scrape { engine, rule_text })
 }

@@ -45,6 +45,16 @@ impl Sink {
         &self.cfg.interface
     }
 
+    /// What happens now that the sink has vanished, for the log.
+    pub fn vanished(&self) -> &'static str {
+        match self.cfg.create {
+            SinkCreate::None => {
+                "mirror sink vanished: waiting for it to appear again (mirror.create: none, the agent does not create it)"
+            }
+            SinkCreate::Dummy | SinkCreate::Veth => "mirror sink vanished: recreating",
+        }
+    }
+
     /// Whether `name` is the sink or its peer (never to be attached).
     pub fn owns(&self, name: &str) -> bool {
         name == self.cfg.interface

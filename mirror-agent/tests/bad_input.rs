@@ -43,10 +43,25 @@ fn bad_configs_are_refused_naming_the_key() {
         ("flows:\n  max: lots\n", "flows.max", "invalid"),
         ("rules: [\"status=500\", \"status=999\"]\n", "rules[1]", "bad rule at 'status=999'"),
         ("rules: [\"colour=red\"]\n", "rules[0]", "bad rule at 'colour=red'"),
+        (
+            "flows:\n  marks_max: 4294967295\n",
+            "flows.marks_max",
+            "the most entries the kernel gives a hash map",
+        ),
+        ("flows:\n  max: 4294967295\n", "flows.max", "the most entries the kernel gives a hash map"),
+        ("flows:\n  max: 200000000\n", "flows.max", "of kernel memory"),
+        ("rules: [\"status=500\", \"status=500\"]\n", "rules[1]", "same rule as rules[0]"),
+        ("rules: [\"status=500 duration=99999999999999h\"]\n", "rules[0]", "longer than 24h"),
+        ("mirror:\n  interface: \"..\"\n", "mirror.interface", "not a link name"),
     ];
-    for (i, (text, key, reason)) in cases.into_iter().enumerate() {
+    let many: Vec<String> = (1..=200_001).map(|n| format!("status=500 packets={n}")).collect();
+    let many = format!("rules: {}\n", serde_json::to_string(&many).unwrap());
+    let cases: Vec<(&str, &str, &str)> =
+        cases.into_iter().chain([(many.as_str(), "rules", "200001 rules, more than the 16383")]).collect();
+    for (i, (text, key, reason)) in cases.iter().copied().enumerate() {
         let path = dir.path().join(format!("bad-{i}.yaml"));
         std::fs::write(&path, format!("{confined}{text}")).unwrap();
+        let text = &text[..text.len().min(120)];
         for check in [false, true] {
             let (out, said) = agent(&bins, &path, check);
             assert_eq!(out.status.code(), Some(2), "{text} (--check {check}): {said}");
@@ -64,11 +79,127 @@ fn bad_configs_are_refused_naming_the_key() {
 }
 
 #[test]
+fn a_broken_state_file_stops_the_start_before_anything_is_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let pins = format!("/sys/fs/bpf/mirror-e2e-state-{}", std::process::id());
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!("api:\n  socket: {d}/api.sock\nbpf:\n  pin_path: {pins}\nstate:\n  path: {d}/state.yaml\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("state.yaml"), "rules: 5\n").unwrap();
+    let (out, said) = agent(&bins(), &config, false);
+    assert!(!out.status.success() && said.contains("reading state") && said.contains("state.yaml"), "{said}");
+    assert!(!Path::new(&pins).exists(), "pins were created: {said}");
+    std::fs::write(dir.path().join("state.yaml"), "rules:\n- {id: 1, slot: 1, rule: status=999}\n").unwrap();
+    let (out, said) = agent(&bins(), &config, false);
+    assert!(!out.status.success() && said.contains("saved rule 1 in the state file"), "{said}");
+    assert!(!Path::new(&pins).exists(), "pins were created: {said}");
+}
+
+/// A memory cgroup of its own with a limit (v2, or v1's memory controller), removed on drop.
+struct MemoryCgroup(std::path::PathBuf);
+
+impl MemoryCgroup {
+    fn new(limit: u64) -> MemoryCgroup {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let v1 =
+            own.lines().any(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == "memory")));
+        let (root, file) = if v1 {
+            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+        } else {
+            ("/sys/fs/cgroup", "memory.max")
+        };
+        let dir = Path::new(root).join(format!("mirror-e2e-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        std::fs::write(dir.join(file), limit.to_string()).unwrap_or_else(|e| {
+            panic!("no memory limit on {} ({e}): memory controller missing?", dir.display())
+        });
+        MemoryCgroup(dir)
+    }
+
+    /// `program args...` run inside it.
+    fn command(&self, program: &Path) -> Command {
+        let mut c = Command::new("timeout");
+        c.args(["20", "sh", "-c", r#"echo $$ > "$0/cgroup.procs" && exec "$@""#]).arg(&self.0).arg(program);
+        c
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn maps_beyond_the_cgroups_memory_are_refused_before_loading() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let pins = format!("/sys/fs/bpf/mirror-e2e-cg-{}", std::process::id());
+    let config = dir.path().join("agent.yaml");
+    // Nothing to attach to and no sink to create: only the maps and the socket.
+    std::fs::write(
+        &config,
+        format!(
+            "interfaces:\n  include: [\"none-such*\"]\nmirror:\n  create: none\nmetrics:\n  listen: \"\"\n\
+             api:\n  socket: {d}/api.sock\nbpf:\n  pin_path: {pins}\nstate:\n  path: {d}/state.yaml\n"
+        ),
+    )
+    .unwrap();
+    // 64 MiB: the default maps take more than that less the agent's own 16 MiB; the kernel
+    // would have refused them (or left the agent nothing) once loading.
+    let small = MemoryCgroup::new(64 << 20);
+    for check in [true, false] {
+        let mut cmd = small.command(&bins().agent);
+        cmd.arg("--config").arg(&config);
+        if check {
+            cmd.arg("--check");
+        }
+        let (out, said) = run(&mut cmd);
+        assert_eq!(out.status.code(), Some(2), "--check {check}: {said}");
+        assert!(
+            said.contains("flows.max: the classifier's maps take")
+                && said.contains("the memory limit of the agent's cgroup"),
+            "--check {check}: {said}"
+        );
+        assert!(!Path::new(&pins).exists(), "pins were created: {said}");
+    }
+    // 192 MiB: they fit, and the agent starts and stops.
+    let roomy = MemoryCgroup::new(192 << 20);
+    let mut cmd = roomy.command(&bins().agent);
+    cmd.arg("--config").arg(&config).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
+    let agent = cmd.spawn().unwrap();
+    let socket = dir.path().join("api.sock");
+    let up = mirror_e2e::proc::wait_until(std::time::Duration::from_secs(15), || {
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    });
+    // timeout(1) passes SIGTERM on to the agent.
+    // SAFETY: kill only sends a signal to our child.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
+    let out = agent.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(up && out.status.success(), "the agent did not start within 192 MiB: {log}");
+    assert!(!Path::new(&pins).exists(), "pins left: {log}");
+}
+
+#[test]
 fn the_example_config_is_valid() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/agent.yaml");
     let (out, said) = agent(&bins(), &example, true);
     assert!(out.status.success(), "{said}");
     assert_eq!(said, "configuration is valid\n");
+    // Saved by an editor that starts UTF-8 files with a byte order mark: the same.
+    let dir = tempfile::tempdir().unwrap();
+    let bom = dir.path().join("agent.yaml");
+    std::fs::write(&bom, [&b"\xef\xbb\xbf---\n"[..], &std::fs::read(&example).unwrap()].concat()).unwrap();
+    let (out, said) = agent(&bins(), &bom, true);
+    assert!(out.status.success(), "{said}");
 }
 
 #[test]
@@ -93,10 +224,12 @@ fn mirrorctl_refuses_bad_rules_and_unknown_ids() {
     let before = rules(&env);
     assert_eq!(before.len(), 1, "the configured rule: {before:?}");
 
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["rules", "add", "status=999"], "bad rule at 'status=999'"),
         (&["rules", "add", "colour=red"], "bad rule at 'colour=red'"),
         (&["rules", "add", "status=500", "packets=lots"], "bad rule at 'packets=lots'"),
+        (&["rules", "add", "status=500", "duration=99999999999999h"], "longer than 24h"),
+        (&["rules", "add", "latency>2h"], "bad rule at 'latency>2h' (byte 0): longer than 1h"),
         (&["rules", "del", "12345"], "no rule with id 12345"),
         (&["rules", "del", "first"], "invalid value 'first'"),
     ];
@@ -105,19 +238,129 @@ fn mirrorctl_refuses_bad_rules_and_unknown_ids() {
         assert!(!out.status.success(), "{args:?}: {out:?}");
         assert!(out.stdout.is_empty() && out.stderr.contains(message), "{args:?}: {out:?}");
     }
-    // The agent checks too, for clients other than mirrorctl: 400 with the same message.
+    // The agent checks too, for clients other than mirrorctl: 400 with the same message; and
+    // a request with a field it does not know is refused naming the field.
     let socket = env.socket();
-    let mut curl = Command::new("curl");
-    curl.args(["-sS", "--max-time", "5", "-w", " %{http_code}", "-H", "content-type: application/json"])
-        .arg("--unix-socket")
-        .arg(&socket)
-        .args(["-d", r#"{"rule": "status=999"}"#, "http://agent/v1/rules"]);
-    let (out, said) = run(&mut curl);
-    assert!(
-        out.status.success() && said.contains("bad rule at 'status=999'") && said.ends_with(" 400"),
-        "{said}"
-    );
+    let curl = |method: &str, path: &str, body: &str| {
+        let mut curl = Command::new("curl");
+        curl.args(["-sS", "--max-time", "5", "-w", " %{http_code}", "-H", "content-type: application/json"])
+            .arg("--unix-socket")
+            .arg(&socket)
+            .args(["-X", method, &format!("http://agent{path}")]);
+        if !body.is_empty() {
+            curl.args(["-d", body]);
+        }
+        run(&mut curl)
+    };
+    let cases = [
+        ("POST", "/v1/rules", r#"{"rule": "status=999"}"#, "bad rule at 'status=999'"),
+        ("POST", "/v1/rules", r#"{"rule": "status=500 duration=99999999999999h"}"#, "longer than 24h"),
+        ("POST", "/v1/rules", r#"{"rule": "status=502", "colour": "red"}"#, "unknown field `colour`"),
+        ("POST", "/v1/rules", r#"{"rules": "status=502"}"#, "unknown field `rules`"),
+        ("PUT", "/v1/latency/groups/http", r#"{"enabled": false, "now": true}"#, "unknown field `now`"),
+        ("GET", "/v1/flows?limit=5&top=1", "", "unknown field `top`"),
+    ];
+    for (method, path, body, message) in cases {
+        let (out, said) = curl(method, path, body);
+        assert!(out.status.success() && said.contains(message) && said.ends_with(" 400"), "{body}: {said}");
+    }
     assert_eq!(rules(&env), before, "a refused rule was added");
+    let groups = env.ctl_ok(&["-o", "json", "latency", "groups"]);
+    assert!(
+        groups.contains("\"group\": \"http\",\n    \"enabled\": true"),
+        "a refused request switched http off: {groups}"
+    );
+    agent.terminate();
+}
+
+#[test]
+fn the_same_rule_twice_keeps_one_id() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&[]);
+    let cfg = AgentConfig { rules: vec!["status=500".into()], ..AgentConfig::default() };
+    let env = AgentEnv::new(&bins(), &topo.node, &cfg);
+    let agent = env.start(&[]);
+    let before = rules(&env);
+    let id = before[0].id;
+    // The same rule, however written: its id, and a word on stderr.
+    for rule in [&["status=500"][..], &["status=500", "packets=10k", "duration=60s"]] {
+        let out = env.ctl(&[&["rules", "add"][..], rule].concat());
+        assert!(out.status.success(), "{rule:?}: {out:?}");
+        assert_eq!(out.stdout.trim(), id.to_string(), "{rule:?}: {out:?}");
+        assert!(out.stderr.contains(&format!("the same rule exists already as rule {id}")), "{out:?}");
+    }
+    // Through the API: 200 and the existing rule, where a new one gets 201.
+    let post = |rule: &str| {
+        let mut curl = Command::new("curl");
+        curl.args(["-sS", "--max-time", "5", "-w", " %{http_code}", "-H", "content-type: application/json"])
+            .arg("--unix-socket")
+            .arg(env.socket())
+            .args(["-d", &format!(r#"{{"rule": "{rule}"}}"#), "http://agent/v1/rules"]);
+        run(&mut curl).1
+    };
+    let said = post("status=500");
+    assert!(said.starts_with(&format!(r#"{{"id":{id},"#)) && said.ends_with(" 200"), "{said}");
+    assert_eq!(rules(&env), before, "a second copy was added");
+    // Other limits make another rule.
+    let said = post("status=500 packets=5");
+    assert!(said.ends_with(" 201"), "{said}");
+    assert_eq!(rules(&env).len(), 2);
+    agent.terminate();
+}
+
+/// One request on its own connection to the agent's socket: (status, body).
+fn request(socket: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).expect("connecting to the agent");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(format!("{head}{body}").as_bytes()).expect("sending");
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).expect("reading the reply");
+    let status = reply.get(9..12).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{reply:?}"));
+    (status, reply.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string())
+}
+
+#[test]
+fn rules_beyond_the_rule_maps_are_refused_and_nothing_changes() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&[]);
+    let env = AgentEnv::new(&bins(), &topo.node, &AgentConfig::default());
+    let agent = env.start(&[]);
+    let socket = env.socket();
+    // 131 ports x 500 statuses: 65,500 of the 65,536 (port, status) pairs port_rules holds.
+    for port in 1..=131 {
+        let (code, body) =
+            request(&socket, "POST", "/v1/rules", &format!(r#"{{"rule": "port={port} status=100-599"}}"#));
+        assert_eq!(code, 201, "port {port}: {body}");
+    }
+    let before = rules(&env);
+    let (code, body) = request(&socket, "POST", "/v1/rules", r#"{"rule": "port=132 status=100-599"}"#);
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        body.contains("rule not added") && body.contains("66000 distinct (port, status) pairs"),
+        "{body}"
+    );
+    assert_eq!(rules(&env), before, "a refused rule changed the rules");
+    // What still fits is taken: 36 more pairs.
+    let (code, body) = request(&socket, "POST", "/v1/rules", r#"{"rule": "port=132 status=500-535"}"#);
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = request(&socket, "POST", "/v1/rules", r#"{"rule": "port=133 status=500"}"#);
+    assert_eq!(code, 409, "{body}");
+    // The saved state has every accepted rule: a restart restores the same set.
+    let listed = rules(&env);
+    agent.terminate();
+    let agent = env.start(&[]);
+    assert_eq!(
+        rules(&env).iter().map(|r| (r.id, &r.rule)).collect::<Vec<_>>(),
+        listed.iter().map(|r| (r.id, &r.rule)).collect::<Vec<_>>()
+    );
     agent.terminate();
 }
 

@@ -115,3 +115,24 @@ fn restarts_keep_the_data_path_rules_and_marks() {
     assert!(!link_exists(env.sink()), "the sink outlived a clean stop");
     assert!(!env.pin_path().exists(), "pins outlived a clean stop");
 }
+
+#[test]
+fn a_table_pinned_with_another_size_is_adopted_with_a_warning() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&[]);
+    let env = AgentEnv::new(&bins(), &topo.node, &AgentConfig::default());
+    let agent = env.start(&["--keep-attached"]);
+    agent.terminate();
+    // The next agent is configured with other sizes than the pinned tables have.
+    let config = env.config_path();
+    let yaml = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{yaml}flows:\n  max: 4096\n  marks_max: 1024\n")).unwrap();
+    let agent = env.start(&[]);
+    assert!(status(&env).adopted);
+    let log = agent.terminate();
+    for key in ["flows.max: the pinned flow_table", "flows.marks_max: the pinned mirror_marks"] {
+        assert!(log.contains(key), "no warning on {key}: {log}");
+    }
+}

@@ -58,7 +58,7 @@ impl Binaries {
 }
 
 /// What varies in an agent's configuration; socket, state and pins are always its own, the
-/// sink is always a veth pair it creates.
+/// sink is a veth pair it creates unless told otherwise.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     /// `interfaces.include`.
@@ -71,8 +71,14 @@ pub struct AgentConfig {
     pub sink: String,
     /// `rules`.
     pub rules: Vec<String>,
+    /// `mirror.create`: `veth` (the sink is a veth pair the agent creates), or `none`.
+    pub sink_create: String,
     /// `metrics.listen` ("": off).
     pub metrics: String,
+    /// `metrics.rule_text`.
+    pub metrics_rule_text: bool,
+    /// More keys of the `api:` section (key, YAML value), such as its connection limits.
+    pub api: Vec<(String, String)>,
 }
 
 impl Default for AgentConfig {
@@ -83,7 +89,10 @@ impl Default for AgentConfig {
             attach_mode: "auto".into(),
             sink: "mirror0".into(),
             rules: vec![],
+            sink_create: "veth".into(),
             metrics: String::new(),
+            metrics_rule_text: true,
+            api: vec![],
         }
     }
 }
@@ -130,14 +139,17 @@ impl AgentEnv {
         };
         let yaml = format!(
             "interfaces:\n  include: {}\n  exclude: {}\nattach:\n  mode: {}\n\
-             mirror:\n  interface: {}\n  create: veth\napi:\n  socket: {}\nmetrics:\n  listen: {}\n\
+             mirror:\n  interface: {}\n  create: {}\napi:\n  socket: {}\n{}metrics:\n  listen: {}\n  rule_text: {}\n\
              bpf:\n  pin_path: {}\nstate:\n  path: {}\nrules: {}\n",
             quote(&cfg.include),
             quote(&cfg.exclude),
             quote(&cfg.attach_mode),
             quote(&cfg.sink),
+            quote(&cfg.sink_create),
             quote(&env.socket()),
+            cfg.api.iter().map(|(k, v)| format!("  {k}: {v}\n")).collect::<String>(),
             quote(&cfg.metrics),
+            cfg.metrics_rule_text,
             quote(&env.pin_path),
             quote(&env.state_path()),
             quote(&cfg.rules),

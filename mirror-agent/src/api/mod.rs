@@ -82,20 +82,30 @@ async fn list_rules(State(s): State<ApiState>) -> ApiResult<Vec<RuleView>> {
     Ok(Json(s.engine.rules().await?))
 }
 
+/// 201 and the new rule, or 200 and the rule that is the same (same canonical text): a rule
+/// is never installed twice.
 async fn add_rule(
     State(s): State<ApiState>,
     body: Result<Json<NewRule>, JsonRejection>,
 ) -> Result<(StatusCode, Json<RuleView>), ApiError> {
     let Json(body) =
         body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("expected {{\"rule\": \"...\"}}: {e}")))?;
-    let rule = body
-        .rule
-        .parse()
-        .map_err(|e: mirror_bpf::RuleError| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
-    let view = s.engine.add_rule(rule).await.map_err(|e| match e.downcast_ref::<mirror_bpf::Error>() {
-        Some(mirror_bpf::Error::TooManyRules(_)) => ApiError(StatusCode::CONFLICT, e.to_string()),
-        _ => e.into(),
+    let rule =
+        crate::rules::parse(&body.rule).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    let added = s.engine.add_rule(rule).await.map_err(|e| {
+        if let Some(o) = e.downcast_ref::<crate::rules::Overflow>() {
+            return ApiError(StatusCode::CONFLICT, format!("rule not added: {o}"));
+        }
+        match e.downcast_ref::<mirror_bpf::Error>() {
+            Some(mirror_bpf::Error::TooManyRules(_)) => ApiError(StatusCode::CONFLICT, e.to_string()),
+            _ => e.into(),
+        }
     })?;
+    let view = added.view;
+    if !added.created {
+        tracing::info!(id = view.id, rule = %view.rule, "rule given again: it exists already");
+        return Ok((StatusCode::OK, Json(view)));
+    }
     tracing::info!(id = view.id, rule = %view.rule, "rule added");
     Ok((StatusCode::CREATED, Json(view)))
 }
@@ -115,11 +125,16 @@ async fn del_rule(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct FlowQuery {
     limit: Option<usize>,
 }
 
-async fn flows(State(s): State<ApiState>, q: Query<FlowQuery>) -> ApiResult<Vec<FlowView>> {
+async fn flows(
+    State(s): State<ApiState>,
+    q: Result<Query<FlowQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Vec<FlowView>> {
+    let q = q.map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("expected ?limit=N: {e}")))?;
     let mut flows = s.engine.flows().await?;
     // Top flows: mirrored first, then by bytes.
     flows.sort_by_key(|f| (f.rule_id.is_none(), std::cmp::Reverse(f.forward.bytes + f.reverse.bytes)));

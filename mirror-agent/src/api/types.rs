@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// POST /v1/rules body.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NewRule {
     /// Rule text, as `mirrorctl rules add` takes it.
     pub rule: String,
@@ -207,6 +208,7 @@ pub struct GroupView {
 
 /// PUT /v1/latency/groups/{group} body.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SetGroup {
     /// Switch on or off.
     pub enabled: bool,

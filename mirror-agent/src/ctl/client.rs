@@ -29,6 +29,17 @@ impl<'a> Client<'a> {
         path: &str,
         body: Option<String>,
     ) -> anyhow::Result<T> {
+        Ok(self.call_with_status(method, path, body).await?.1)
+    }
+
+    /// Like [`Client::call`], with the reply's status (201 Created or 200 OK tell whether a
+    /// rule was added or was there already).
+    pub async fn call_with_status<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+    ) -> anyhow::Result<(StatusCode, T)> {
         let stream = tokio::net::UnixStream::connect(self.socket).await.with_context(|| {
             format!(
                 "cannot reach the agent at {} (is mirror-agent running? see --socket)",
@@ -52,7 +63,9 @@ impl<'a> Client<'a> {
                 .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
             return Err(ApiFailure { status, message: msg }.into());
         }
-        serde_json::from_slice(&bytes).with_context(|| format!("reading the agent's reply to {path}"))
+        let value =
+            serde_json::from_slice(&bytes).with_context(|| format!("reading the agent's reply to {path}"))?;
+        Ok((status, value))
     }
 }
 

@@ -166,9 +166,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Command::Rules { command: RulesCommand::Add { tokens } } => {
             let rule = tokens.join(" ");
             // Refuse a bad rule here, pointing at the token, before bothering the agent.
-            rule.parse::<mirror_bpf::Rule>()?;
+            crate::rules::parse(&rule)?;
             let body = serde_json::to_string(&NewRule { rule })?;
-            let r: RuleView = c.call(Method::POST, "/v1/rules", Some(body)).await?;
+            let (status, r): (_, RuleView) =
+                c.call_with_status(Method::POST, "/v1/rules", Some(body)).await?;
+            if status != hyper::StatusCode::CREATED {
+                eprintln!("mirrorctl: the same rule exists already as rule {}: nothing added", r.id);
+            }
             if json {
                 print_json(&r)?;
             } else {
