@@ -9,7 +9,7 @@ set -euo pipefail
 PACKAGES=(
     build-essential pkg-config clang llvm libelf-dev zlib1g-dev   # libbpf + BPF C
     ca-certificates                                                # https for rustup
-    iproute2 ethtool bpftool                                       # links, tc, netns, BPF
+    iproute2 ethtool bpftool linux-perf                            # links, tc, netns, BPF; bench stage profile
     iptables nftables conntrack                                    # kube-proxy-like Service NAT
     tcpdump tshark                                                 # captures on the mirror
     curl nginx-light python3 iperf3 wrk sockperf                   # servers, clients, load

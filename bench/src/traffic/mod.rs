@@ -12,6 +12,7 @@ mod footprint;
 mod loads;
 mod quiet;
 pub mod report;
+mod stageprof;
 mod topology;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -180,6 +181,8 @@ pub struct Results {
     pub profiles: Vec<Profile>,
     /// The headline ratio: its load and configuration, and its rounds.
     pub ratio: Option<(Load, Config, Vec<RatioRound>)>,
+    /// Where the classifier's time goes under the headline's load, by stage (perf sampling).
+    pub stages: Vec<stageprof::StageShare>,
     /// Load average at the start of each round.
     pub round_loads: Vec<[f64; 3]>,
     /// Per agent configuration: seconds from starting the agent to its veths attached, the
@@ -275,6 +278,7 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
         }
     }
     let mut ratio = None;
+    let mut stages = Vec::new();
     if let Some((load, cfg, rounds)) = plan.ratio {
         let what = format!("classifier against the empty program under {} ({})", load.name(), cfg.key);
         let mut done = Vec::new();
@@ -286,6 +290,12 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
             }
         }
         ratio = Some((load, cfg, done));
+        let what = format!("stage profile under {} ({})", load.name(), cfg.key);
+        if !stageprof::available() {
+            failures.push(format!("{what}: perf is not installed"));
+        } else if let Some(s) = stage(&what, &mut failures, || stage_profile(&ctx, load, &cfg, plan.secs)) {
+            stages = s;
+        }
     }
     let offloads = bed.offloads();
     let agent_starts = start_times(&ctx.agents.start_times(), &plan.cells);
@@ -318,6 +328,7 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
         attach,
         profiles,
         ratio,
+        stages,
         round_loads,
         agent_starts,
         failures,
@@ -398,6 +409,19 @@ fn ratio_round(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<Rat
         bail!("no runs counted (agent: {agent:?}, empty: {empty:?})");
     }
     Ok(RatioRound { agent, empty })
+}
+
+/// `load` under the agent of `cfg` with `perf` sampling every CPU: the samples under each
+/// entry program, by the stage they were in.
+fn stage_profile(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<Vec<stageprof::StageShare>> {
+    let configs::Setup::Agent(spec) = cfg.setup else { bail!("stage profiles are of agent configurations") };
+    let veths = ctx.bed.pod_veths();
+    let (out, _) = ctx.agents.run(spec, &veths, |_| {
+        let rec = stageprof::Recording::start(secs)?;
+        load.run(ctx.bed, secs)?;
+        rec.finish(&["tcx_ingress_mirror", "tcx_egress_mirror", "tc_ingress_mirror", "tc_egress_mirror"])
+    })?;
+    Ok(out)
 }
 
 fn describe(s: &Sample, seen: &Observed) -> String {

@@ -248,6 +248,7 @@ pub fn render(meta: &Meta<'_>, r: &Results) -> String {
     starts_table(&mut s, &r.agent_starts);
     attach_table(&mut s, &r.attach);
     profile_table(&mut s, &r.profiles);
+    stages_table(&mut s, r);
     if !r.failures.is_empty() {
         let _ = writeln!(s, "### Runs retried and stages that failed\n");
         for f in &r.failures {
@@ -574,6 +575,36 @@ fn ratio_table(s: &mut String, r: &Results) {
     );
 }
 
+/// Where the classifier's time goes, by stage, under the headline's load.
+fn stages_table(s: &mut String, r: &Results) {
+    let (Some((load, cfg, _)), false) = (&r.ratio, r.stages.is_empty()) else { return };
+    table_head(
+        s,
+        "Where the classifier's time goes, by stage (perf sampling)",
+        &format!(
+            "{} under ({}) {}, `perf record -a -g` with bpf_jit_kallsyms on: each sample under an \
+             entry program goes to the innermost BPF function on its stack (each stage is a global \
+             function; the helpers a stage calls count with it).",
+            load.name(),
+            cfg.key,
+            cfg.label
+        ),
+        &[(L, "entry program"), (L, "stage"), (R, "samples"), (R, "share of the entry's")],
+    );
+    for st in &r.stages {
+        let total: u64 = r.stages.iter().filter(|x| x.entry == st.entry).map(|x| x.samples).sum();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.1}% |",
+            st.entry,
+            st.stage,
+            st.samples,
+            100.0 * st.samples as f64 / total.max(1) as f64
+        );
+    }
+    let _ = writeln!(s);
+}
+
 fn profile_table(s: &mut String, profiles: &[Profile]) {
     if profiles.is_empty() {
         return;
@@ -664,6 +695,7 @@ mod tests {
             attach: vec![],
             profiles: vec![],
             ratio: None,
+            stages: vec![],
             round_loads: vec![[0.1, 0.2, 0.3]; 3],
             agent_starts: vec![(PASS_10K, vec![120.0, 3.0, 4.0, 3.5])],
             failures: vec!["attaching to 1000 veths: timed out".into()],
