@@ -385,7 +385,13 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
         pos->off += r;
         return 0;
     }
-    __u32 loaded = http_load(skb, s, at, avail);
+    /* Where no message is known to start (a stream not yet followed, or lost), most segments
+     * start none (bulk data): their first bytes are enough to tell, and the header block is
+     * read only for a message. Where the framing says one starts, it is read at once. */
+    __u32 first = avail;
+    if (pos->state == HTTP_SCAN && !pos->partial && avail > HTTP_PARTIAL_LEN)
+        first = HTTP_PARTIAL_LEN;
+    __u32 loaded = http_load(skb, s, at, first);
     /* The first line, after the bytes kept from earlier segments when it continues them. */
     struct http_stream *kept = pos->partial && t ? &t->stream[dir] : NULL;
     __u32 kept_len = 0;
@@ -431,6 +437,8 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
         pos->created = 1;
     }
 
+    if (first < avail)
+        loaded = http_load(skb, s, at, avail);
     struct http_framing f = {};
     int found = http_headers(s, loaded, &f);
     __u32 body = f.has_length ? f.content_length : 0;
