@@ -117,7 +117,9 @@ impl DirStats {
             first_seen_ns: d.first_seen_ns,
             last_seen_ns: d.last_seen_ns,
             tcp_flags: d.tcp_flags,
-            _pad: [0; 7],
+            http_kind: 0,
+            http_misses: 0,
+            _pad: [0; 5],
         });
     }
 }

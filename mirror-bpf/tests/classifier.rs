@@ -383,3 +383,44 @@ fn responses_are_found_wherever_they_start_in_the_stream() {
     let b = response_segments(&dp, 61003, body);
     assert_eq!((b.get(S::STAT_HTTP_RESPONSES), b.get(S::STAT_TRIGGERS)), (1, 0), "a body segment");
 }
+
+/// Pins the calling thread to one CPU: what the classifier learns per CPU stays in one slot.
+fn pin_to_one_cpu() {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and sched_setaffinity only read/write it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+    }
+}
+
+#[test]
+fn a_direction_that_never_began_a_message_is_no_longer_looked_at() {
+    let Some(mut dp) = load() else { return };
+    pin_to_one_cpu();
+    dp.add_rule("status=500".parse().unwrap()).unwrap();
+    let fail: &[u8] = b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n";
+    let other = [0x17u8; 100]; // TLS application data records, say
+    let n = mirror_bpf::types::mirror_limits::HTTP_GIVE_UP.0 as usize;
+
+    // Given up after HTTP_GIVE_UP segments that began no message: what follows is not read.
+    let mut segs: Vec<&[u8]> = vec![&other; n];
+    segs.push(fail);
+    let c = response_segments(&dp, 61010, &segs);
+    assert_eq!((c.get(S::STAT_HTTP_RESPONSES), c.get(S::STAT_TRIGGERS)), (0, 0), "given up");
+
+    // One segment fewer: still looked at.
+    let mut segs: Vec<&[u8]> = vec![&other; n - 1];
+    segs.push(fail);
+    let c = response_segments(&dp, 61011, &segs);
+    assert_eq!((c.get(S::STAT_HTTP_RESPONSES), c.get(S::STAT_TRIGGERS)), (1, 1), "not yet given up");
+
+    // A direction that spoke HTTP is always looked at, even after its framing was lost (a
+    // header block longer than the scan) and many segments that begin nothing.
+    let long_head = format!("HTTP/1.1 200 OK\r\nX-Long: {}\r\nContent-Length: 10\r\n\r\n", "a".repeat(600));
+    let mut segs: Vec<&[u8]> = vec![long_head.as_bytes()];
+    segs.extend(std::iter::repeat_n(&other[..], 2 * n));
+    segs.push(fail);
+    let c = response_segments(&dp, 61012, &segs);
+    assert_eq!((c.get(S::STAT_HTTP_RESPONSES), c.get(S::STAT_TRIGGERS)), (2, 1), "spoke HTTP");
+}

@@ -56,6 +56,7 @@ enum mirror_method _mirror_method = 0;
 enum flow_dir _flow_dir = 0;
 enum stat_idx _stat_idx = 0;
 enum http_stream_state _http_stream_state = 0;
+enum http_dir_kind _http_dir_kind = 0;
 struct flow_nat _flow_nat = {};
 
 /*

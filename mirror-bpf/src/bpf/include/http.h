@@ -343,7 +343,8 @@ struct http_pos {
     __u8 stop;       /* nothing more to look at in this segment */
     __u8 kept;       /* the stream state was written here (kept bytes): leave it */
     __u8 created;    /* the flow's shared entry was created here */
-    __u8 _pad[2];
+    __u8 seen;       /* a request or status line was found */
+    __u8 _pad[1];
 };
 
 /*
@@ -432,6 +433,7 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
         pos->state = HTTP_SCAN;
         return 0;
     }
+    pos->seen = 1;
     if (!t) {
         t = timing_get(&m->key, 1, cnt);
         pos->created = 1;
@@ -503,6 +505,10 @@ static __always_inline int http_segment(struct __sk_buff *skb, struct pkt_meta *
     if (!skb || !m || !cnt)
         return 0;
     __u32 len = m->payload_len, seq = m->seq, dir = m->dir & 1;
+    /* A direction taken for another protocol costs nothing more here. */
+    struct flow_dir_stats *ds = fs ? &fs->dir[dir] : NULL;
+    if (ds && ds->http_kind == HTTP_DIR_OTHER)
+        return 0;
     struct flow_timing *t = bpf_map_lookup_elem(&flow_timing, &m->key);
     struct http_pos pos = {.hook = hook};
     __u32 was = HTTP_SCAN;
@@ -541,6 +547,13 @@ static __always_inline int http_segment(struct __sk_buff *skb, struct pkt_meta *
     }
     if (pos.unframed)
         cnt->v[STAT_HTTP_UNFRAMED]++;
+    if (ds && ds->http_kind == HTTP_DIR_UNKNOWN) {
+        if (pos.seen)
+            ds->http_kind = HTTP_DIR_SEEN;
+        else if (was == HTTP_SCAN && pos.state == HTTP_SCAN && !pos.kept &&
+                 ++ds->http_misses >= HTTP_GIVE_UP)
+            ds->http_kind = HTTP_DIR_OTHER;
+    }
     if (pos.created)
         t = bpf_map_lookup_elem(&flow_timing, &m->key);
     /* Written only when there is something to say: a flow that is not HTTP never writes. */

@@ -18,6 +18,9 @@ enum mirror_limits {
     HTTP_PARTIAL_LEN = 16,
     /* Bytes of a message searched for the end of its header block (a power of two). */
     HTTP_SCAN_MAX = 512,
+    /* Payload segments of a direction without any message before it is taken for another
+     * protocol (TLS, HTTP/2, a database...) and its segments are no longer looked at. */
+    HTTP_GIVE_UP = 64,
     /* Messages (or chunk-size lines) looked at in one segment. */
     HTTP_SEGMENT_MSGS = 8,
     /* status_rules is indexed by the status code itself: 0..599. */
@@ -137,7 +140,19 @@ struct flow_dir_stats {
     __u64 first_seen_ns; /* bpf_ktime_get_ns() */
     __u64 last_seen_ns;
     __u8 tcp_flags; /* OR of every TCP flag byte seen */
-    __u8 _pad[7];
+    /* Whether this direction speaks HTTP/1.x, as far as this CPU saw: enum http_dir_kind. */
+    __u8 http_kind;
+    /* Payload segments in a row that began no message while no message was known (until
+     * HTTP_GIVE_UP: then the direction is taken for another protocol on this CPU). */
+    __u8 http_misses;
+    __u8 _pad[5];
+};
+
+/* What a direction of a flow is, for the HTTP stage. */
+enum http_dir_kind {
+    HTTP_DIR_UNKNOWN = 0,
+    HTTP_DIR_SEEN = 1,  /* a request or status line was seen: always looked at */
+    HTTP_DIR_OTHER = 2, /* HTTP_GIVE_UP segments and never a message: no longer looked at */
 };
 
 /* flow_table value: per CPU, summed in user space. */
