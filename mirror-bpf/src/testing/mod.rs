@@ -1,9 +1,11 @@
 //! Helpers for tests and benchmarks that run the classifier: loading, `BPF_PROG_TEST_RUN`,
-//! privileges, throwaway network namespaces, and the shared test addresses.
+//! privileges, throwaway network namespaces, the shared test addresses, and the fixtures that
+//! both the tests and the data-path benchmark run (with the rig that runs them).
 
 pub mod consts;
 pub mod fixtures;
 pub mod packet;
+pub mod rig;
 
 use std::mem::MaybeUninit;
 use std::process::Command;
