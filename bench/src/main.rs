@@ -77,24 +77,7 @@ fn run_datapath(quick: bool, out: Option<&Path>) -> Result<()> {
             ("pinned to CPU", cpu.to_string()),
             ("command", format!("`{command}`")),
         ],
-        method: vec![
-            "Each case is one packet run through `tc_ingress_mirror` with BPF_PROG_TEST_RUN; \
-             its flow is brought to the needed state first (flow created, request seen, or flow \
-             marked). In every run the empty tc program is timed on the same frame just before \
-             the case (empty, case, empty, case ...), and the ratio is the median over runs of \
-             case/empty within a run, so that drift between runs cancels. Counters are checked \
-             after every run to prove the case took the intended path (and that no copy, \
-             event or insert failed). The kernel reports whole ns per packet (rounded down): \
-             on an empty program of about 20 ns that is up to 5% in the ratio, so the rule-count \
-             bar compares the ns of the two rule counts measured in the same run instead."
-                .into(),
-            "Rules: the global `status=500 packets=0 bytes=0 duration=0`, plus port-scoped \
-             `port=N status=500` rules (N from 1000) up to the count shown; responses come from \
-             port 80, so they miss every port-scoped rule. Mirror copies go to one end of a \
-             veth pair whose peer is up, in a private network namespace."
-                .into(),
-            datapath::shots_method(&plan),
-        ],
+        method: datapath::method(&plan),
     };
     let mut text = report::render(&header, &rows, &checks);
     text.push_str(&datapath::loads::render(&loads));

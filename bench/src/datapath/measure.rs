@@ -1,19 +1,20 @@
 //! Timing one case beside the empty program, interleaved (empty, case, empty, case ...) so that
-//! drift in clock speed or in the machine's other load hits both alike.
+//! drift in clock speed or in the machine's other load hits both alike; and what the cases run
+//! against.
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{anyhow, ensure, Result};
 use libbpf_rs::ProgramMut;
-use mirror_bpf::testing::{run_repeat, SkbContext, VERDICT_CONTINUE};
-use mirror_bpf::Counters;
+use mirror_bpf::skel::baseline::BaselineSkel;
+use mirror_bpf::testing::fixtures::{Fixture, Repeat};
+use mirror_bpf::testing::rig::{self, Primed, Rig};
+use mirror_bpf::testing::{self, run_repeat, VERDICT_CONTINUE};
 
-use super::cases::{Case, Reset, Timing, NO_FAILURES};
-use super::fixture::{Fixture, Instance};
 use crate::stats::median;
 
 /// How much to measure.
 #[derive(Debug, Clone, Copy)]
 pub struct Plan {
-    /// Iterations of one test_run (repeated cases).
+    /// Iterations of one test_run (the cases that repeat as they are).
     pub repeat: u32,
     /// Runs per case; the report gives their median.
     pub runs: usize,
@@ -26,6 +27,13 @@ impl Plan {
     pub const QUICK: Plan = Plan { repeat: 100_000, runs: 3, shots: 2_000 };
 }
 
+/// One fixture under one rule count.
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub fx: Fixture,
+    pub rules: u32,
+}
+
 /// One run of one case: ns per packet of the case and of the empty program.
 #[derive(Debug, Clone, Copy)]
 pub struct RunSample {
@@ -36,87 +44,68 @@ pub struct RunSample {
 /// Trigger events drained after this many shots: well below the ring buffer's ~1,500.
 const DRAIN_EVERY: u32 = 256;
 
-/// Runs the frames that put the case's flow in the state it measures.
-pub fn prime(fx: &Fixture, case: &Case) -> Result<()> {
-    let inst = fx.instance(case.rules);
-    for frame in &case.prime {
-        run_once(inst.prog(), frame, fx.ctx)?;
-    }
-    Ok(())
+/// Everything the cases run against, in the calling thread's network namespace (which must be
+/// private: links are created in it): the empty tc program and one classifier per rule count
+/// (so that cases with different rule sets can be interleaved), copying to a veth.
+pub struct Bed {
+    baseline: BaselineSkel<'static>,
+    rigs: Vec<Rig>,
 }
 
-/// Measures one run of `case`, checking from the counters that it took the intended path.
-pub fn run(fx: &Fixture, case: &Case, plan: &Plan) -> Result<RunSample> {
-    let inst = fx.instance(case.rules);
-    let before = inst.counters()?;
-    let sample = match case.timing {
-        Timing::Repeated => repeated(fx, inst, case, plan.repeat)?,
-        Timing::Shots { key, reset } => {
+impl Bed {
+    pub fn new(rule_counts: &[u32]) -> Result<Self> {
+        let mirror = rig::mirror_veth();
+        let rigs = rule_counts.iter().map(|&n| Rig::new(n, mirror)).collect();
+        Ok(Bed { baseline: testing::empty_program()?, rigs })
+    }
+
+    fn rig(&self, rules: u32) -> &Rig {
+        self.rigs.iter().find(|r| r.rules == rules).expect("a classifier per rule count")
+    }
+
+    /// Decides the case's fixture once, as the tests do, which leaves its flow primed.
+    pub fn prime(&self, case: Case) -> Result<(Case, Primed)> {
+        let primed =
+            self.rig(case.rules).decide(&case.fx).map_err(|e| anyhow!("{e} ({} rules)", case.rules))?;
+        Ok((case, primed))
+    }
+
+    /// Measures one run of a case, checking from the counters that every packet of it took the
+    /// fixture's decision.
+    pub fn run(&self, (case, primed): &(Case, Primed), plan: &Plan) -> Result<RunSample> {
+        let (fx, rig) = (&case.fx, self.rig(case.rules));
+        let before = rig.counters();
+        let (sample, packets) = if fx.repeat == Repeat::AsIs {
+            (self.pair(rig, fx, plan.repeat)?, plan.repeat)
+        } else {
             let mut case_ns = Vec::with_capacity(plan.shots as usize);
             let mut empty_ns = Vec::with_capacity(plan.shots as usize);
             for shot in 0..plan.shots {
-                match reset {
-                    Reset::Flow => inst.forget(&key)?,
-                    Reset::Stream | Reset::StreamAndMark => inst.rewind(&key)?,
-                }
-                let s = repeated(fx, inst, case, 1)?;
-                if reset == Reset::StreamAndMark {
-                    inst.unmark(&key)?;
-                }
+                rig.reset(fx, primed).map_err(anyhow::Error::msg)?;
+                let s = self.pair(rig, fx, 1)?;
                 if shot % DRAIN_EVERY == 0 {
-                    inst.drain_events()?;
+                    rig.drain_events();
                 }
                 case_ns.push(s.case_ns);
                 empty_ns.push(s.empty_ns);
             }
-            inst.drain_events()?;
-            RunSample { case_ns: median(&case_ns), empty_ns: median(&empty_ns) }
-        }
-    };
-    check_path(case, &inst.counters()?.since(&before))?;
-    Ok(sample)
-}
-
-fn repeated(fx: &Fixture, inst: &Instance, case: &Case, repeat: u32) -> Result<RunSample> {
-    let (_, _, empty_ns) = run_repeat(fx.baseline(), &case.frame, fx.ctx, repeat);
-    let (verdict, _, case_ns) = run_repeat(inst.prog(), &case.frame, fx.ctx, repeat);
-    ensure!(verdict == VERDICT_CONTINUE, "{}: verdict {verdict}, not continue", case.name);
-    Ok(RunSample { case_ns, empty_ns })
-}
-
-fn run_once(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext) -> Result<()> {
-    let (verdict, _, _) = run_repeat(prog, frame, ctx, 1);
-    ensure!(verdict == VERDICT_CONTINUE, "priming: verdict {verdict}, not continue");
-    Ok(())
-}
-
-/// Whether the counters of a run show the path the case is meant to measure.
-fn check_path(case: &Case, delta: &Counters) -> Result<()> {
-    let e = &case.expect;
-    let name = |idx| {
-        let i = mirror_bpf::stats::COUNTER_NAMES.iter().find(|(s, _)| *s == idx);
-        i.map_or("?", |(_, n)| *n)
-    };
-    for &idx in e.grows {
-        if delta.get(idx) == 0 {
-            bail!(
-                "{} ({} rules): counter {} did not grow: not the path meant",
-                case.name,
-                case.rules,
-                name(idx)
-            );
-        }
+            rig.drain_events();
+            (RunSample { case_ns: median(&case_ns), empty_ns: median(&empty_ns) }, plan.shots)
+        };
+        rig::check(fx, &rig.counters().since(&before), packets.into())
+            .map_err(|e| anyhow!("{e} ({} rules): not the path meant", case.rules))?;
+        Ok(sample)
     }
-    for &idx in e.stays.iter().chain(&NO_FAILURES) {
-        if delta.get(idx) != 0 {
-            bail!(
-                "{} ({} rules): counter {} grew by {}: not the path meant",
-                case.name,
-                case.rules,
-                name(idx),
-                delta.get(idx)
-            );
-        }
+
+    /// The empty program, then the case, each `repeat` times over the frame.
+    fn pair(&self, rig: &Rig, fx: &Fixture, repeat: u32) -> Result<RunSample> {
+        let (_, _, empty_ns) = run_repeat(self.baseline(), &fx.frame, rig.ctx, repeat);
+        let (verdict, _, case_ns) = run_repeat(rig.prog(), &fx.frame, rig.ctx, repeat);
+        ensure!(verdict == VERDICT_CONTINUE, "{}: verdict {verdict}, not continue", fx.name);
+        Ok(RunSample { case_ns, empty_ns })
     }
-    Ok(())
+
+    fn baseline(&self) -> &ProgramMut<'static> {
+        &self.baseline.progs.tc_empty
+    }
 }
