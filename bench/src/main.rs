@@ -63,10 +63,7 @@ fn run_datapath(quick: bool, out: Option<&Path>) -> Result<()> {
         title: "Data-path micro-benchmark",
         host: &host,
         settings: vec![
-            (
-                "mode",
-                if quick { "quick (smoke test: numbers are indicative only)".into() } else { "full".into() },
-            ),
+            ("mode", mode(quick)),
             (
                 "repeat",
                 format!(
@@ -82,6 +79,11 @@ fn run_datapath(quick: bool, out: Option<&Path>) -> Result<()> {
     let mut text = report::render(&header, &rows, &checks);
     text.push_str(&datapath::loads::render(&loads));
     publish(&text, out)
+}
+
+/// The report's "mode" line.
+fn mode(quick: bool) -> String {
+    if quick { "quick (smoke test: numbers are indicative only)" } else { "full" }.into()
 }
 
 /// Prints the report and writes it to `out`.
@@ -145,10 +147,7 @@ fn run_traffic(args: &cli::TrafficArgs) -> Result<()> {
         host: &host,
         plan: &plan,
         settings: vec![
-            (
-                "mode",
-                if args.quick { "quick (smoke test: numbers are indicative only)".into() } else { "full".into() },
-            ),
+            ("mode", mode(args.quick)),
             ("runs", format!("{} rounds of {} s per configuration and load", plan.rounds, plan.secs)),
             (
                 "CPU pinning",

@@ -114,14 +114,7 @@ pub struct Header<'a> {
 /// The markdown report.
 pub fn render(h: &Header<'_>, rows: &[Row], checks: &[Check]) -> String {
     let mut s = String::new();
-    let host = h.host;
-    let _ = writeln!(s, "# {}\n", h.title);
-    let _ = writeln!(s, "- machine: {}, {} cores", host.cpu, host.cores);
-    let _ = writeln!(s, "- kernel: {}", host.kernel);
-    let _ = writeln!(s, "- date: {}", host.date);
-    for (label, value) in &h.settings {
-        let _ = writeln!(s, "- {label}: {value}");
-    }
+    write_head(&mut s, h.title, h.host, &h.settings);
     let _ = writeln!(s, "\n## Method\n");
     for p in &h.method {
         let _ = writeln!(s, "{p}\n");
@@ -144,6 +137,17 @@ pub fn render(h: &Header<'_>, rows: &[Row], checks: &[Check]) -> String {
     }
     write_bars(&mut s, checks);
     s
+}
+
+/// The title of a report and its list of what was measured on, and how.
+pub fn write_head(s: &mut String, title: &str, host: &Host, settings: &[(&str, String)]) {
+    let _ = writeln!(s, "# {title}\n");
+    let _ = writeln!(s, "- machine: {}, {} cores", host.cpu, host.cores);
+    let _ = writeln!(s, "- kernel: {}", host.kernel);
+    let _ = writeln!(s, "- date: {}", host.date);
+    for (label, value) in settings {
+        let _ = writeln!(s, "- {label}: {value}");
+    }
 }
 
 /// The "Bars" section of a report: each check, PASS or MISSED, and the tally.

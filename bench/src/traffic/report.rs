@@ -8,7 +8,7 @@ use super::bpfstats::hook_total;
 use super::loads::{Latency, Load};
 use super::{AttachRun, Cell, Plan, Profile, Results};
 use crate::host::Host;
-use crate::report::{fmt_count, write_bars, Check, RULES_MAX_GROWTH};
+use crate::report::{fmt_count, write_bars, write_head, Check, RULES_MAX_GROWTH};
 use crate::stats::{median, Summary};
 
 /// Throughput of the agent passing traffic, relative to no agent.
@@ -200,14 +200,12 @@ pub fn bars(r: &Results) -> Vec<Check> {
 /// The markdown report.
 pub fn render(meta: &Meta<'_>, r: &Results) -> String {
     let mut s = String::new();
-    let h = meta.host;
-    let _ = writeln!(s, "# Traffic benchmark: the overhead of monitoring and mirroring\n");
-    let _ = writeln!(s, "- machine: {}, {} cores", h.cpu, h.cores);
-    let _ = writeln!(s, "- kernel: {}", h.kernel);
-    let _ = writeln!(s, "- date: {}", h.date);
-    for (label, value) in &meta.settings {
-        let _ = writeln!(s, "- {label}: {value}");
-    }
+    write_head(
+        &mut s,
+        "Traffic benchmark: the overhead of monitoring and mirroring",
+        meta.host,
+        &meta.settings,
+    );
     let _ = writeln!(s, "- offloads of the pod veths: {}", r.offloads);
     let _ = writeln!(s, "- static mirror filter: {}", r.static_filter);
     let loads: Vec<String> = r.round_loads.iter().map(|l| format!("{:.2}", l[0])).collect();
