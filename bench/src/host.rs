@@ -40,22 +40,6 @@ fn utc_now() -> String {
         .map_or_else(|| "unknown".into(), |o| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
-/// Pins the calling thread to `cpu`, so that the per-CPU flow table entry a case primed is the
-/// one it measures and the caches stay warm.
-pub fn pin_thread(cpu: usize) -> std::io::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes inside it.
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

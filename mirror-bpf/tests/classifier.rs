@@ -322,20 +322,11 @@ fn response_segments(dp: &Dp, cport: u16, segments: &[&[u8]]) -> Counters {
     dp.counters().unwrap().since(&before)
 }
 
-/// Pins the calling thread to one CPU: what the classifier learns per CPU stays in one slot.
-fn pin_to_one_cpu() {
-    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and sched_setaffinity only read/write it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(0, &mut set);
-        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
-    }
-}
-
 #[test]
 fn a_direction_that_never_began_a_message_is_no_longer_looked_at() {
     let Some(mut dp) = load() else { return };
-    pin_to_one_cpu();
+    // What the classifier learns of a direction is kept per CPU: one CPU, one slot.
+    testing::pin_thread(0).unwrap();
     dp.add_rule("status=500".parse().unwrap()).unwrap();
     let fail: &[u8] = b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n";
     let other = [0x17u8; 100]; // TLS application data records, say

@@ -11,7 +11,6 @@ use mirror_bpf::testing::{self, fixtures};
 
 pub use measure::Plan;
 
-use crate::host;
 use crate::report::Row;
 use measure::{Bed, Case, RunSample};
 
@@ -59,7 +58,7 @@ pub fn method(plan: &Plan) -> Vec<String> {
 pub fn run(plan: Plan, cpu: usize) -> Result<Vec<Row>> {
     std::thread::spawn(move || {
         testing::enter_private_netns();
-        host::pin_thread(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
+        testing::pin_thread(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
         measure_all(&plan)
     })
     .join()
