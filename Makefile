@@ -4,7 +4,7 @@
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: deps build test demo bench bench-traffic bench-quick lint
+.PHONY: deps build test demo bench bench-traffic bench-mirror bench-quick lint
 
 deps:
 	@scripts/install-deps.sh
@@ -32,6 +32,12 @@ bench: deps
 # mirror and tcpdump, in network namespaces; results in bench/RESULTS.md (about 30 minutes).
 bench-traffic: deps
 	$(CARGO) run --release -p mirror-bench -- traffic --out bench/RESULTS.md
+
+# What one copied packet costs per sink kind and way of copying (clone to a sink's egress or
+# ingress, act_mirred): BPF_PROG_TEST_RUN, real traffic, perf, captures; results in
+# bench/RESULTS-mirror-path.md (about 12 minutes).
+bench-mirror: deps
+	$(CARGO) run --release -p mirror-bench -- mirror-path --out bench/RESULTS-mirror-path.md
 
 # Both benchmarks in their quick mode: a smoke test of the runners (about 2 minutes).
 bench-quick: deps

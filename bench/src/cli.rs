@@ -6,6 +6,7 @@ pub const USAGE: &str = "\
 usage: mirror-bench datapath [--quick] [--out FILE]
        mirror-bench traffic [--quick] [--out FILE] [--cpus CLIENT,SERVER] [--no-wait]
                             [--only STAGE,...]
+       mirror-bench mirror-path [--quick] [--out FILE] [--only test-run|traffic]
 
   datapath     ns/packet of the classifier per case, beside the empty tc program
                (BPF_PROG_TEST_RUN; needs root)
@@ -13,18 +14,23 @@ usage: mirror-bench datapath [--quick] [--out FILE]
                agent, qdiscs only, the agent passing or mirroring, a static tc mirror,
                tcpdump, and the mirred method; attach time and agent footprint for 1, 100
                and 1,000 veths (needs root)
+  mirror-path  ns per copied packet by sink kind and way of copying (clone to a sink's
+               egress or ingress, act_mirred): BPF_PROG_TEST_RUN and real HTTP traffic,
+               perf's breakdown, what a capture on the sink sees (needs root)
   --quick      short runs, fewer repetitions (a smoke test)
   --out FILE   also write the markdown report to FILE
   --cpus C,S   traffic: pin clients to CPU C and servers to CPU S (default: both on the
                last CPU)
   --no-wait    traffic: start at once instead of waiting for a quiet machine (full mode)
-  --only S,..  traffic: run only these stages: loads (the alternating runs), attach, profile";
+  --only S,..  traffic: run only these stages: loads (the alternating runs), attach, profile;
+               mirror-path: test-run or traffic";
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     Datapath { quick: bool, out: Option<PathBuf> },
     Traffic(TrafficArgs),
+    MirrorPath { quick: bool, out: Option<PathBuf>, test_run: bool, traffic: bool },
     Help,
 }
 
@@ -63,6 +69,7 @@ fn parse_stages(s: &str) -> Result<Vec<Stage>, String> {
 pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
     let mut args = args.into_iter();
     let traffic = match args.next().as_deref() {
+        Some("mirror-path") => return parse_mirror_path(args),
         Some("datapath") => false,
         Some("traffic") => true,
         Some("-h" | "--help" | "help") => return Ok(Command::Help),
@@ -82,6 +89,24 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
         }
     }
     Ok(if traffic { Command::Traffic(t) } else { Command::Datapath { quick: t.quick, out: t.out } })
+}
+
+fn parse_mirror_path(mut args: impl Iterator<Item = String>) -> Result<Command, String> {
+    let (mut quick, mut out, mut test_run, mut traffic) = (false, None, true, true);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--out" => out = Some(args.next().ok_or("--out needs a file")?.into()),
+            "--only" => match args.next().as_deref() {
+                Some("test-run") => traffic = false,
+                Some("traffic") => test_run = false,
+                other => return Err(format!("--only takes test-run or traffic, not {other:?}")),
+            },
+            "-h" | "--help" => return Ok(Command::Help),
+            _ => return Err(format!("unknown argument '{arg}'")),
+        }
+    }
+    Ok(Command::MirrorPath { quick, out, test_run, traffic })
 }
 
 fn parse_cpus(s: &str) -> Result<(usize, usize), String> {
@@ -131,6 +156,20 @@ mod tests {
                 only: vec![Stage::Loads, Stage::Profile],
             }))
         );
+    }
+
+    #[test]
+    fn mirror_path_options() {
+        assert_eq!(
+            p(&["mirror-path"]),
+            Ok(Command::MirrorPath { quick: false, out: None, test_run: true, traffic: true })
+        );
+        assert_eq!(
+            p(&["mirror-path", "--quick", "--only", "traffic", "--out", "m.md"]),
+            Ok(Command::MirrorPath { quick: true, out: Some("m.md".into()), test_run: false, traffic: true })
+        );
+        assert!(p(&["mirror-path", "--only", "loads"]).is_err());
+        assert!(p(&["mirror-path", "--cpus", "0,1"]).is_err());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 mod cli;
 mod datapath;
 mod host;
+mod mirrorpath;
 mod report;
 mod stats;
 mod traffic;
@@ -29,6 +30,12 @@ fn main() -> ExitCode {
         }
         Ok(cli::Command::Traffic(args)) => {
             if let Err(e) = run_traffic(&args) {
+                eprintln!("mirror-bench: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        }
+        Ok(cli::Command::MirrorPath { quick, out, test_run, traffic }) => {
+            if let Err(e) = run_mirror_path(quick, out.as_deref(), test_run, traffic) {
                 eprintln!("mirror-bench: {e:#}");
                 return ExitCode::FAILURE;
             }
@@ -84,6 +91,20 @@ fn run_datapath(quick: bool, out: Option<&Path>) -> Result<()> {
 /// The report's "mode" line.
 fn mode(quick: bool) -> String {
     if quick { "quick (smoke test: numbers are indicative only)" } else { "full" }.into()
+}
+
+fn run_mirror_path(quick: bool, out: Option<&Path>, test_run: bool, traffic: bool) -> Result<()> {
+    if !mirror_bpf::testing::require_root() {
+        anyhow::bail!("the mirror-path benchmark needs root (BPF, network namespaces, perf)");
+    }
+    let plan = if quick { mirrorpath::Plan::QUICK } else { mirrorpath::Plan::FULL };
+    let host = Host::probe();
+    // The last CPU runs the load (the first takes most interrupts); the first one the rest.
+    let cpu = host.cores.saturating_sub(1);
+    let other = if cpu > 0 { 0 } else { cpu };
+    let tr = test_run.then(|| mirrorpath::testrun::run(plan.test_run, cpu)).transpose()?;
+    let tf = traffic.then(|| mirrorpath::traffic::run(plan.traffic, cpu, other)).transpose()?;
+    publish(&mirrorpath::report::render(&host, &command_line(), tr.as_ref(), tf.as_ref()), out)
 }
 
 /// Prints the report and writes it to `out`.

@@ -9,7 +9,7 @@ use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
-use mirror_bpf::{DatapathOptions, Rule};
+use mirror_bpf::{DatapathOptions, MirrorDelivery, Rule};
 
 use crate::api::types::MirrorView;
 use crate::api::{self, AgentInfo, ApiState};
@@ -18,7 +18,7 @@ use crate::engine::{Engine, EngineConfig};
 use crate::links::{self, LinkEvent};
 use crate::metrics;
 use crate::server;
-use crate::sink::Sink;
+use crate::sink::{Sink, Target};
 use crate::state::SavedState;
 
 /// Runs the agent until SIGTERM or SIGINT.
@@ -161,7 +161,7 @@ async fn serve(
     int: &mut tokio::signal::unix::Signal,
 ) -> anyhow::Result<()> {
     let mirror_ifindex = sink.ensure().await?;
-    engine.set_mirror(mirror_ifindex.unwrap_or(0)).await?;
+    let target = point_at_sink(engine, sink, mirror_ifindex).await?;
     if mirror_ifindex.is_none() {
         tracing::warn!(
             interface = sink.name(),
@@ -170,13 +170,17 @@ async fn serve(
     }
     engine.set_created_sink(sink.created).await?;
 
+    let mut mirror = MirrorView {
+        interface: cfg.mirror.interface.clone(),
+        ifindex: mirror_ifindex,
+        created: sink.created,
+        copies_to: None,
+        delivery: None,
+    };
+    mirror.set_target(target.as_ref());
     let info = Arc::new(Mutex::new(AgentInfo {
         attach_mode: format!("{:?}", cfg.attach.mode).to_lowercase(),
-        mirror: MirrorView {
-            interface: cfg.mirror.interface.clone(),
-            ifindex: mirror_ifindex,
-            created: sink.created,
-        },
+        mirror,
     }));
     let listener = api::bind(&cfg.api.socket).await?;
     let app = api::router(ApiState { engine: engine.clone(), info: info.clone() });
@@ -249,7 +253,7 @@ async fn on_link_event(
         LinkEvent::Present { ifindex, name, at } => {
             let renamed = known.insert(ifindex, name.clone()).is_some_and(|old| old != name);
             if name == sink.name() {
-                set_sink(engine, info, Some(ifindex)).await;
+                set_sink(engine, sink, info, Some(ifindex)).await;
             }
             if sink.owns(&name) {
                 return;
@@ -267,10 +271,10 @@ async fn on_link_event(
             known.remove(&ifindex);
             if sink.owns(&name) && name == sink.name() {
                 tracing::warn!(interface = %name, "{}", sink.vanished());
-                set_sink(engine, info, None).await;
+                set_sink(engine, sink, info, None).await;
                 match sink.ensure().await {
                     Ok(i) => {
-                        set_sink(engine, info, i).await;
+                        set_sink(engine, sink, info, i).await;
                         info.lock().expect("info lock").mirror.created = sink.created;
                         if let Err(e) = engine.set_created_sink(sink.created).await {
                             tracing::warn!(error = format!("{e:#}"), "recording the recreated sink");
@@ -292,15 +296,51 @@ async fn on_link_event(
     }
 }
 
-async fn set_sink(engine: &Engine, info: &Arc<Mutex<AgentInfo>>, ifindex: Option<u32>) {
+impl MirrorView {
+    /// Shows where copies go (nowhere: `None`).
+    fn set_target(&mut self, target: Option<&Target>) {
+        self.copies_to = target.map(|t| t.name.clone());
+        self.delivery = target.map(|t| {
+            match t.delivery {
+                MirrorDelivery::Egress => "egress",
+                MirrorDelivery::Ingress => "ingress",
+            }
+            .to_string()
+        });
+    }
+}
+
+/// Points the data path at the sink whose ifindex is `ifindex` (`None`: no sink, copies are
+/// only counted), handing copies to it, or to its peer, the way its kind calls for.
+async fn point_at_sink(engine: &Engine, sink: &Sink, ifindex: Option<u32>) -> anyhow::Result<Option<Target>> {
+    let target = match ifindex {
+        Some(i) => Some(sink.target(i).await?),
+        None => None,
+    };
+    let (i, delivery) = target.as_ref().map_or((0, MirrorDelivery::Egress), |t| (t.ifindex, t.delivery));
+    engine.set_mirror(i, delivery).await?;
+    if let Some(t) = &target {
+        tracing::info!(
+            interface = sink.name(),
+            copies_to = %t.name,
+            delivery = ?t.delivery,
+            "mirror interface set"
+        );
+    }
+    Ok(target)
+}
+
+async fn set_sink(engine: &Engine, sink: &Sink, info: &Arc<Mutex<AgentInfo>>, ifindex: Option<u32>) {
     let current = info.lock().expect("info lock").mirror.ifindex;
     if current == ifindex {
         return;
     }
-    if let Err(e) = engine.set_mirror(ifindex.unwrap_or(0)).await {
-        tracing::error!(error = format!("{e:#}"), "setting the mirror interface");
-        return;
+    match point_at_sink(engine, sink, ifindex).await {
+        Ok(target) => {
+            let mut info = info.lock().expect("info lock");
+            info.mirror.ifindex = ifindex;
+            info.mirror.set_target(target.as_ref());
+        }
+        Err(e) => tracing::error!(error = format!("{e:#}"), "setting the mirror interface"),
     }
-    info.lock().expect("info lock").mirror.ifindex = ifindex;
-    tracing::info!(ifindex, "mirror interface set");
 }

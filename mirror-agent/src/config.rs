@@ -115,6 +115,26 @@ impl From<MethodCfg> for MirrorMethod {
     }
 }
 
+/// How copies are handed to the sink.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeliverCfg {
+    /// The cheapest way that keeps captures where they read for this sink: `peer-ingress` for
+    /// the veth pair the agent creates (captures read its peer), `ingress` for an ifb (which
+    /// would hand copies sent to it back to the interface they came from), `egress` otherwise
+    /// and with the mirred method.
+    #[default]
+    Auto,
+    /// Transmitted by the sink: a capture on it sees them going out, one on a veth sink's peer
+    /// coming in.
+    Egress,
+    /// Received by the sink, as if from the wire: captures on the sink see them coming in.
+    Ingress,
+    /// Received by the peer of the veth sink (`<interface>p`) without crossing the veth:
+    /// captures on the peer see them as before.
+    PeerIngress,
+}
+
 /// `mirror:` section.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -125,13 +145,21 @@ pub struct Mirror {
     pub create: SinkCreate,
     /// clone | mirred.
     pub method: MethodCfg,
+    /// auto | egress | ingress | peer-ingress.
+    pub deliver: DeliverCfg,
     /// MTU set on a sink we create: large enough for the GSO packets that get mirrored.
     pub mtu: u32,
 }
 
 impl Default for Mirror {
     fn default() -> Self {
-        Self { interface: "mirror0".into(), create: SinkCreate::Dummy, method: MethodCfg::Clone, mtu: 65535 }
+        Self {
+            interface: "mirror0".into(),
+            create: SinkCreate::Dummy,
+            method: MethodCfg::Clone,
+            deliver: DeliverCfg::Auto,
+            mtu: 65535,
+        }
     }
 }
 
@@ -468,6 +496,23 @@ impl Config {
                 "mirred needs attach.mode tc or auto (a classic filter carries the action)",
             ));
         }
+        match (self.mirror.deliver, self.mirror.method, self.mirror.create) {
+            (DeliverCfg::Ingress | DeliverCfg::PeerIngress, MethodCfg::Mirred, _) => {
+                return Err(err(
+                    "mirror.deliver",
+                    "the mirred method copies to the sink's egress only (act_mirred's ingress mirror \
+                     leaves the copy addressed to this node, which would route it again)",
+                ));
+            }
+            (DeliverCfg::PeerIngress, _, create) if create != SinkCreate::Veth => {
+                return Err(err(
+                    "mirror.deliver",
+                    "peer-ingress needs create: veth (the peer is <interface>p); for a veth pair of \
+                     your own, name the end captures read as the interface and use ingress",
+                ));
+            }
+            _ => {}
+        }
         if !self.metrics.listen.is_empty() {
             self.metrics
                 .listen
@@ -736,6 +781,9 @@ mod tests {
             ("api:\n  socket: relative.sock\n", "api.socket", "absolute"),
             ("attach:\n  mode: tcx\nmirror:\n  method: mirred\n", "mirror.method", "mirred"),
             ("mirror:\n  interface: a-very-long-name0\n", "mirror.interface", "1-15"),
+            ("mirror:\n  deliver: peer\n", "mirror.deliver", "unknown variant"),
+            ("mirror:\n  method: mirred\n  deliver: ingress\n", "mirror.deliver", "egress only"),
+            ("mirror:\n  create: dummy\n  deliver: peer-ingress\n", "mirror.deliver", "create: veth"),
         ];
         for (text, path, reason) in cases {
             let e = Config::parse(text).expect_err(text);

@@ -13,7 +13,8 @@ use tokio::sync::oneshot;
 
 use mirror_bpf::flow::monotonic_ns;
 use mirror_bpf::{
-    AttachMode, Attachment, Datapath, DatapathOptions, MirrorMethod, Rule, TraceGroup, Tracing, TriggerEvent,
+    AttachMode, Attachment, Datapath, DatapathOptions, MirrorDelivery, MirrorMethod, Rule, TraceGroup,
+    Tracing, TriggerEvent,
 };
 
 use crate::api::types::{
@@ -68,7 +69,7 @@ type Reply<T> = oneshot::Sender<anyhow::Result<T>>;
 enum Cmd {
     Attach { ifindex: u32, name: String, since: Instant, reply: Reply<InterfaceView> },
     Detach { ifindex: u32, reply: Reply<bool> },
-    SetMirror { ifindex: u32, reply: Reply<()> },
+    SetMirror { ifindex: u32, delivery: MirrorDelivery, reply: Reply<()> },
     AddRule { rule: Rule, reply: Reply<AddedRule> },
     DelRule { id: u32, reply: Reply<RuleView> },
     Rules { reply: Reply<Vec<RuleView>> },
@@ -136,9 +137,10 @@ impl Engine {
         self.call(|reply| Cmd::Detach { ifindex, reply }).await
     }
 
-    /// Sets the mirror interface (0: none).
-    pub async fn set_mirror(&self, ifindex: u32) -> anyhow::Result<()> {
-        self.call(|reply| Cmd::SetMirror { ifindex, reply }).await
+    /// Sets the interface copies are handed to (0: none) and whether it transmits or receives
+    /// them.
+    pub async fn set_mirror(&self, ifindex: u32, delivery: MirrorDelivery) -> anyhow::Result<()> {
+        self.call(|reply| Cmd::SetMirror { ifindex, delivery, reply }).await
     }
 
     /// Adds a rule; it is saved at once. The same rule given again is not added twice: its
@@ -328,8 +330,8 @@ impl Worker {
             Cmd::Detach { ifindex, reply } => {
                 let _ = reply.send(self.detach(ifindex));
             }
-            Cmd::SetMirror { ifindex, reply } => {
-                let _ = reply.send(self.set_mirror(ifindex));
+            Cmd::SetMirror { ifindex, delivery, reply } => {
+                let _ = reply.send(self.set_mirror(ifindex, delivery));
             }
             Cmd::AddRule { rule, reply } => {
                 let _ = reply.send(self.add_rule(rule));
@@ -437,8 +439,8 @@ impl Worker {
         Ok(true)
     }
 
-    fn set_mirror(&mut self, ifindex: u32) -> anyhow::Result<()> {
-        self.dp.set_mirror_ifindex(ifindex)?;
+    fn set_mirror(&mut self, ifindex: u32, delivery: MirrorDelivery) -> anyhow::Result<()> {
+        self.dp.set_mirror_target(ifindex, delivery)?;
         // act_mirred carries the ifindex itself: point every filter at the new sink.
         if self.cfg.method == MirrorMethod::Mirred && ifindex != 0 {
             let links: Vec<_> = self.attached.iter().map(|(i, a)| (*i, a.name.clone())).collect();

@@ -87,9 +87,17 @@ fn rules_from_mirrorctl_act_on_live_traffic() {
     assert_eq!(st.counters["triggers"], 1, "{st:?}");
     assert_eq!(st.counters["mirrored_packets"], rec.mirror.packets.len() as u64, "{st:?}");
     assert_eq!((st.counters["mirror_errors"], st.counters["mirror_no_target"]), (0, 0), "{st:?}");
+    // The veth sink the agent created: copies go straight into its peer's receive path.
+    let m = &st.mirror;
+    assert_eq!(
+        (m.copies_to.as_deref(), m.delivery.as_deref()),
+        (Some(sink.as_str()), Some("ingress")),
+        "{m:?}"
+    );
     let table = env.ctl_ok(&["status"]);
     assert!(VETHS.iter().all(|v| table.contains(v)), "{table}");
     assert!(table.contains(&format!("mirror interface {}", env.sink())), "{table}");
+    assert!(table.contains(&format!("copies received by {sink}")), "{table}");
 
     let metrics = topo.node.sh(&format!("curl -sS --max-time 5 http://{METRICS}/metrics"));
     assert_eq!(sample(&metrics, "mirror_triggers_total"), Some(1), "{metrics}");

@@ -26,6 +26,8 @@ fn a_sink_the_agent_does_not_create_is_waited_for() {
     let agent = env.start(&[]);
     let first = status(&env).mirror;
     assert!(first.ifindex.is_some() && !first.created, "{first:?}");
+    // Not the agent's veth: a capture may read either end, so copies go out of the sink.
+    assert_eq!((first.copies_to.as_deref(), first.delivery.as_deref()), (Some("mirrorop"), Some("egress")));
 
     topo.node.sh("ip link del mirrorop");
     let gone = wait_until(Duration::from_secs(5), || status(&env).mirror.ifindex.is_none());

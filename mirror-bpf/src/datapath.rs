@@ -11,8 +11,10 @@ use std::time::Duration;
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, OpenObject, RingBuffer};
 
-use crate::attach::{AttachMode, Attacher, Attachment, MirrorMethod, LINKS_DIR};
-use crate::error::{Context, Result};
+use crate::attach::{
+    AttachMode, Attacher, Attachment, MirrorDelivery, MirrorMethod, BPF_F_INGRESS, LINKS_DIR,
+};
+use crate::error::{Context, Error, Result};
 use crate::event::{self, TriggerEvent};
 use crate::flow::{self, Flow, FlowKey, MirrorMark};
 use crate::latency::{self, Histogram};
@@ -179,6 +181,34 @@ impl<'obj> Datapath<'obj> {
     /// Sets the interface that mirrored packets are copied to (0: none, packets are only counted).
     pub fn set_mirror_ifindex(&self, ifindex: u32) -> Result<()> {
         settings::update(&self.skel.maps.settings, |s| s.mirror_ifindex = ifindex)
+    }
+
+    /// Sets where mirrored packets go: `ifindex` (0: none, packets are only counted), and
+    /// whether it transmits them or receives them. The way is set before the interface, so
+    /// that a packet copied meanwhile goes the new way, if to the old interface. With the
+    /// mirred method, act_mirred carries both: attach again to apply them.
+    pub fn set_mirror_target(&mut self, ifindex: u32, delivery: MirrorDelivery) -> Result<()> {
+        let flags = match delivery {
+            MirrorDelivery::Egress => 0,
+            MirrorDelivery::Ingress => BPF_F_INGRESS,
+        };
+        let data = self
+            .skel
+            .maps
+            .data_data
+            .as_deref_mut()
+            .ok_or_else(|| Error::Unsupported("the classifier's .data is not mapped".into()))?;
+        data.mirror_clone_flags = flags;
+        self.set_mirror_ifindex(ifindex)
+    }
+
+    /// How copies reach the mirror interface.
+    pub fn mirror_delivery(&self) -> MirrorDelivery {
+        if settings::clone_flags(&self.skel) & BPF_F_INGRESS != 0 {
+            MirrorDelivery::Ingress
+        } else {
+            MirrorDelivery::Egress
+        }
     }
 
     /// Switches a timing group on or off at run time.

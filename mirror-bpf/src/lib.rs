@@ -25,7 +25,7 @@ pub mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use attach::{tcx_supported, AttachMode, Attachment, MirrorMethod};
+pub use attach::{tcx_supported, AttachMode, Attachment, MirrorDelivery, MirrorMethod};
 pub use datapath::{Datapath, DatapathOptions};
 pub use error::{Error, Result};
 pub use event::TriggerEvent;

@@ -5,6 +5,7 @@ use libbpf_rs::{MapCore, MapFlags, MapMut};
 
 use crate::error::{Context, Result};
 use crate::shared::{bytes_of, read_plain, types, ZERO};
+use crate::skel::classifier::ClassifierSkel;
 
 /// Groups of timing measurements that can be switched at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,4 +63,9 @@ pub(crate) fn set_timing(map: &MapMut<'_>, group: TimingGroup, on: bool) -> Resu
 /// Whether timing `group` is on in the settings of `map`.
 pub(crate) fn timing(map: &MapMut<'_>, group: TimingGroup) -> Result<bool> {
     Ok(read(map)?.timing & group.bit() != 0)
+}
+
+/// The flags the classifier passes to `bpf_clone_redirect` (its `.data`; 0 when unreadable).
+pub(crate) fn clone_flags(skel: &ClassifierSkel<'_>) -> u32 {
+    skel.maps.data_data.as_deref().map_or(0, |d| d.mirror_clone_flags)
 }

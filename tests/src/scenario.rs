@@ -1,7 +1,7 @@
 //! The scenario most tests share, run with different attach modes, mirror methods and IP
 //! families.
 
-use mirror_bpf::{AttachMode, MirrorMethod};
+use mirror_bpf::{AttachMode, MirrorDelivery, MirrorMethod};
 
 use crate::client::{self, url};
 use crate::oracle::Expected;
@@ -28,9 +28,20 @@ pub struct Outcome {
 /// mirrored). Checks the mirror against the client's capture, the classifier's counters, flow
 /// table and trigger event.
 pub fn keepalive_pod_to_pod(mode: AttachMode, method: MirrorMethod, v6: bool) -> Outcome {
+    keepalive_pod_to_pod_via(mode, method, v6, MirrorDelivery::Egress)
+}
+
+/// [`keepalive_pod_to_pod`] with the copies handed to the sink as `delivery` says (see
+/// [`Testbed::mirror_to_sink_via`]); the capture reads the sink's peer either way.
+pub fn keepalive_pod_to_pod_via(
+    mode: AttachMode,
+    method: MirrorMethod,
+    v6: bool,
+    delivery: MirrorDelivery,
+) -> Outcome {
     let mut bed = Testbed::new(&PODS);
     bed.nginx("server", HTTP);
-    bed.mirror_to_sink();
+    bed.mirror_to_sink_via(delivery);
     let rule = bed.add_rule("status=500");
     bed.attach(mode, method);
     let events = bed.events();

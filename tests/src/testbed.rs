@@ -10,8 +10,8 @@ use libbpf_rs::RingBuffer;
 use mirror_bpf::testing::{self, ifindex};
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{
-    AttachMode, Attachment, Counters, Datapath, DatapathOptions, HistKind, Histogram, MirrorMethod, RuleId,
-    TriggerEvent,
+    AttachMode, Attachment, Counters, Datapath, DatapathOptions, HistKind, Histogram, MirrorDelivery,
+    MirrorMethod, RuleId, TriggerEvent,
 };
 use tempfile::TempDir;
 
@@ -82,6 +82,17 @@ impl Testbed {
     /// Makes the classifier copy to the mirror sink.
     pub fn mirror_to_sink(&self) {
         self.dp.set_mirror_ifindex(ifindex(MIRROR_DEV)).expect("setting the mirror interface");
+    }
+
+    /// Makes the classifier copy to the mirror sink's peer, where captures read, either out of
+    /// the sink (`Egress`, what [`Testbed::mirror_to_sink`] does) or into the peer's receive
+    /// path directly (`Ingress`).
+    pub fn mirror_to_sink_via(&mut self, delivery: MirrorDelivery) {
+        let target = match delivery {
+            MirrorDelivery::Egress => MIRROR_DEV,
+            MirrorDelivery::Ingress => MIRROR_SINK,
+        };
+        self.dp.set_mirror_target(ifindex(target), delivery).expect("setting the mirror interface");
     }
 
     /// Adds a rule.

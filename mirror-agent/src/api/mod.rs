@@ -151,7 +151,8 @@ async fn status(State(s): State<ApiState>) -> ApiResult<StatusView> {
         tcx_available: st.tcx_available.unwrap_or(false),
         adopted: st.adopted,
         interfaces: st.interfaces,
-        mirror: MirrorView { ifindex: (st.mirror_ifindex != 0).then_some(st.mirror_ifindex), ..info.mirror },
+        // The data path's word on whether copies go anywhere; the sink's own ifindex.
+        mirror: MirrorView { ifindex: info.mirror.ifindex.filter(|_| st.mirror_ifindex != 0), ..info.mirror },
         counters: st.counters,
         attach_latency: st.attach_latency,
         tracing: st.tracing,

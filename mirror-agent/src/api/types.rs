@@ -129,6 +129,12 @@ pub struct MirrorView {
     pub ifindex: Option<u32>,
     /// Whether the agent created it.
     pub created: bool,
+    /// The interface copies are handed to: the sink, or the peer of a veth sink.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copies_to: Option<String>,
+    /// "egress" (transmitted by `copies_to`) or "ingress" (received by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<String>,
 }
 
 /// Attach latency (link event received to classifier attached), milliseconds.

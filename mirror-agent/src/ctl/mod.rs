@@ -206,8 +206,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             );
             let m = &s.mirror;
             let state = m.ifindex.map_or("absent".to_string(), |i| format!("ifindex {i}"));
+            let how = match (m.copies_to.as_deref(), m.delivery.as_deref()) {
+                (Some(to), Some("ingress")) => format!("; copies received by {to}"),
+                (Some(to), Some(_)) => format!("; copies sent out of {to}"),
+                _ => String::new(),
+            };
             println!(
-                "mirror interface {} ({state}{})",
+                "mirror interface {} ({state}{}{how})",
                 m.interface,
                 if m.created { ", created by the agent" } else { "" }
             );

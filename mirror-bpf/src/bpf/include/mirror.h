@@ -98,6 +98,14 @@ end:
 }
 
 /*
+ * How bpf_clone_redirect hands a copy to the mirror interface: 0, transmitted by it (a capture
+ * on it sees it going out, one on its veth peer sees it coming in); BPF_F_INGRESS, received by
+ * it as if from the wire (no transmit path, no veth crossing: a capture on it sees it coming
+ * in). Set by user space through the mmapped .data, before the interface in settings.
+ */
+volatile __u32 mirror_clone_flags SEC(".data") = 0;
+
+/*
  * mirror_copy - copy the packet to the mirror interface.
  * With MIRROR_MIRRED the classic filter's act_mirred copies (on the program's match): we
  * only count.
@@ -116,7 +124,7 @@ static __always_inline int mirror_copy(struct __sk_buff *skb, enum mirror_method
             cnt->v[STAT_MIRROR_NO_TARGET]++;
             return 0;
         }
-        if (bpf_clone_redirect(skb, set->mirror_ifindex, 0)) {
+        if (bpf_clone_redirect(skb, set->mirror_ifindex, mirror_clone_flags & BPF_F_INGRESS)) {
             cnt->v[STAT_MIRROR_ERRORS]++;
             return 0;
         }
