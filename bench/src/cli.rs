@@ -6,7 +6,7 @@ pub const USAGE: &str = "\
 usage: mirror-bench datapath [--quick] [--out FILE]
        mirror-bench traffic [--quick] [--out FILE] [--cpus CLIENT,SERVER] [--no-wait]
                             [--only STAGE,...]
-       mirror-bench mirror-path [--quick] [--out FILE] [--only test-run|traffic]
+       mirror-bench mirror-path [--quick] [--out FILE] [--only test-run|traffic] [--rounds N]
 
   datapath     ns/packet of the classifier per case, beside the empty tc program
                (BPF_PROG_TEST_RUN; needs root)
@@ -23,14 +23,15 @@ usage: mirror-bench datapath [--quick] [--out FILE]
                last CPU)
   --no-wait    traffic: start at once instead of waiting for a quiet machine (full mode)
   --only S,..  traffic: run only these stages: loads (the alternating runs), attach, profile;
-               mirror-path: test-run or traffic";
+               mirror-path: test-run or traffic
+  --rounds N   mirror-path: rounds of traffic runs (default 7)";
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     Datapath { quick: bool, out: Option<PathBuf> },
     Traffic(TrafficArgs),
-    MirrorPath { quick: bool, out: Option<PathBuf>, test_run: bool, traffic: bool },
+    MirrorPath { quick: bool, out: Option<PathBuf>, test_run: bool, traffic: bool, rounds: Option<usize> },
     Help,
 }
 
@@ -92,7 +93,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
 }
 
 fn parse_mirror_path(mut args: impl Iterator<Item = String>) -> Result<Command, String> {
-    let (mut quick, mut out, mut test_run, mut traffic) = (false, None, true, true);
+    let (mut quick, mut out, mut test_run, mut traffic, mut rounds) = (false, None, true, true, None);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => quick = true,
@@ -102,11 +103,15 @@ fn parse_mirror_path(mut args: impl Iterator<Item = String>) -> Result<Command, 
                 Some("traffic") => test_run = false,
                 other => return Err(format!("--only takes test-run or traffic, not {other:?}")),
             },
+            "--rounds" => {
+                let n = args.next().ok_or("--rounds needs a number")?;
+                rounds = Some(n.parse().ok().filter(|n| *n > 0).ok_or(format!("--rounds: '{n}'"))?);
+            }
             "-h" | "--help" => return Ok(Command::Help),
             _ => return Err(format!("unknown argument '{arg}'")),
         }
     }
-    Ok(Command::MirrorPath { quick, out, test_run, traffic })
+    Ok(Command::MirrorPath { quick, out, test_run, traffic, rounds })
 }
 
 fn parse_cpus(s: &str) -> Result<(usize, usize), String> {
@@ -162,14 +167,21 @@ mod tests {
     fn mirror_path_options() {
         assert_eq!(
             p(&["mirror-path"]),
-            Ok(Command::MirrorPath { quick: false, out: None, test_run: true, traffic: true })
+            Ok(Command::MirrorPath { quick: false, out: None, test_run: true, traffic: true, rounds: None })
         );
         assert_eq!(
-            p(&["mirror-path", "--quick", "--only", "traffic", "--out", "m.md"]),
-            Ok(Command::MirrorPath { quick: true, out: Some("m.md".into()), test_run: false, traffic: true })
+            p(&["mirror-path", "--quick", "--only", "traffic", "--out", "m.md", "--rounds", "20"]),
+            Ok(Command::MirrorPath {
+                quick: true,
+                out: Some("m.md".into()),
+                test_run: false,
+                traffic: true,
+                rounds: Some(20)
+            })
         );
         assert!(p(&["mirror-path", "--only", "loads"]).is_err());
         assert!(p(&["mirror-path", "--cpus", "0,1"]).is_err());
+        assert!(p(&["mirror-path", "--rounds", "0"]).is_err());
     }
 
     #[test]

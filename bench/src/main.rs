@@ -34,8 +34,8 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         }
-        Ok(cli::Command::MirrorPath { quick, out, test_run, traffic }) => {
-            if let Err(e) = run_mirror_path(quick, out.as_deref(), test_run, traffic) {
+        Ok(cli::Command::MirrorPath { quick, out, test_run, traffic, rounds }) => {
+            if let Err(e) = run_mirror_path(quick, out.as_deref(), test_run, traffic, rounds) {
                 eprintln!("mirror-bench: {e:#}");
                 return ExitCode::FAILURE;
             }
@@ -93,18 +93,32 @@ fn mode(quick: bool) -> String {
     if quick { "quick (smoke test: numbers are indicative only)" } else { "full" }.into()
 }
 
-fn run_mirror_path(quick: bool, out: Option<&Path>, test_run: bool, traffic: bool) -> Result<()> {
+fn run_mirror_path(
+    quick: bool,
+    out: Option<&Path>,
+    test_run: bool,
+    traffic: bool,
+    rounds: Option<usize>,
+) -> Result<()> {
     if !mirror_bpf::testing::require_root() {
         anyhow::bail!("the mirror-path benchmark needs root (BPF, network namespaces, perf)");
     }
-    let plan = if quick { mirrorpath::Plan::QUICK } else { mirrorpath::Plan::FULL };
+    let mut plan = if quick { mirrorpath::Plan::QUICK } else { mirrorpath::Plan::FULL };
+    if let Some(n) = rounds {
+        plan.traffic.rounds = n;
+    }
     let host = Host::probe();
     // The last CPU runs the load (the first takes most interrupts); the first one the rest.
     let cpu = host.cores.saturating_sub(1);
     let other = if cpu > 0 { 0 } else { cpu };
     let tr = test_run.then(|| mirrorpath::testrun::run(plan.test_run, cpu)).transpose()?;
     let tf = traffic.then(|| mirrorpath::traffic::run(plan.traffic, cpu, other)).transpose()?;
-    publish(&mirrorpath::report::render(&host, &command_line(), tr.as_ref(), tf.as_ref()), out)
+    // The variants chosen by the environment are part of the command.
+    let command = match std::env::var("MIRROR_BENCH_VARIANTS") {
+        Ok(v) if !v.is_empty() => format!("MIRROR_BENCH_VARIANTS={v} {}", command_line()),
+        _ => command_line(),
+    };
+    publish(&mirrorpath::report::render(&host, &command, tr.as_ref(), tf.as_ref()), out)
 }
 
 /// Prints the report and writes it to `out`.

@@ -127,6 +127,14 @@ impl Sink {
         let name = self.cfg.interface.clone();
         let kind = self.link(&name).await?.and_then(|(_, k)| k);
         let deliver = deliver_for(&self.cfg, kind.as_deref());
+        if kind.as_deref() == Some("ifb") && matches!(deliver, DeliverCfg::Egress | DeliverCfg::Auto) {
+            tracing::warn!(
+                interface = %name,
+                "the sink is an ifb, which sends what it is given back to the interface it came \
+                 from: copies sent to it re-enter the node and reach the pods twice (use the clone \
+                 method with mirror.deliver: auto or ingress)"
+            );
+        }
         let (ifindex, name, delivery) = match deliver {
             DeliverCfg::Egress | DeliverCfg::Auto => (ifindex, name, MirrorDelivery::Egress),
             DeliverCfg::Ingress => (ifindex, name, MirrorDelivery::Ingress),

@@ -196,6 +196,26 @@ pub fn render(
             );
             stage_table(&mut s, "per copy (total)", &rows);
         }
+        let _ = writeln!(
+            s,
+            "Load CPU µs per request in each round (the spread behind the per-copy figures; a \
+             round's variants run back to back):\n"
+        );
+        let _ =
+            writeln!(s, "| variant |{}", (1..=t.plan.rounds).map(|i| format!(" {i} |")).collect::<String>());
+        let _ = writeln!(s, "|---|{}", "--:|".repeat(t.plan.rounds));
+        for r in &t.rows {
+            let _ = writeln!(
+                s,
+                "| {} |{}",
+                r.variant.key,
+                r.runs
+                    .iter()
+                    .map(|run| format!(" {:.2} |", run.per_request(run.cpu_ns) / 1000.0))
+                    .collect::<String>()
+            );
+        }
+        s.push('\n');
         let caps: Vec<&traffic::Row> = t.rows.iter().filter(|r| r.capture.is_some()).collect();
         if !caps.is_empty() {
             let _ = writeln!(
