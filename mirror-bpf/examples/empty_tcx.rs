@@ -17,20 +17,11 @@ fn main() {
     let skel = BaselineSkelBuilder::default().open(storage).and_then(|o| o.load()).expect("load");
     let mut links = Vec::new();
     for name in &names {
-        let ifindex = nix_ifindex(name);
+        let ifindex = mirror_bpf::testing::ifindex(name);
         links.push(attach_tcx(&skel.progs.tcx_empty_ingress, ifindex).expect("attach ingress"));
         links.push(attach_tcx(&skel.progs.tcx_empty_egress, ifindex).expect("attach egress"));
     }
     println!("attached");
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
     drop(links);
-}
-
-fn nix_ifindex(name: &str) -> u32 {
-    let c = std::ffi::CString::new(name).expect("name");
-    // SAFETY: a valid NUL-terminated string.
-    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
-        0 => panic!("no interface {name}"),
-        i => i,
-    }
 }
