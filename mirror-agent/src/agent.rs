@@ -19,9 +19,15 @@ use crate::links::{self, LinkEvent};
 use crate::metrics;
 use crate::server;
 use crate::sink::{Sink, Target};
-use crate::state::SavedState;
+use crate::state::StateStore;
 
-/// Runs the agent until SIGTERM or SIGINT.
+/// Runs the agent until SIGTERM or SIGINT. The start, in this order:
+///
+/// 1. the signal handlers (a signal during the start then undoes it, not kills it halfway);
+/// 2. the single-instance lock ([`crate::instance::lock`]): nothing is touched before it is held;
+/// 3. the configured rules and the state file are read and checked (nothing loaded yet);
+/// 4. the engine loads or adopts the data path and takes the state file's one writer;
+/// 5. the sink, the API, the metrics, and the link events (see [`serve`]).
 pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     // Before anything is created: a signal during start-up then waits for the main loop,
     // which undoes the start-up, instead of killing the agent halfway.
@@ -29,22 +35,68 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     let mut int = signal(SignalKind::interrupt())?;
     // First of all: one agent per API socket. A second one refuses before it touches anything
     // (pins, groups, the socket of the running one).
-    let _instance = lock_instance(&cfg.api.socket)?;
+    let _instance = crate::instance::lock(&cfg.api.socket)?;
     let initial_rules: Vec<Rule> =
         cfg.rules.iter().map(|r| crate::rules::parse(r)).collect::<Result<_, _>>()?;
     // Read before anything is loaded: a state file that cannot be used stops the start here.
-    if let Some(saved) = SavedState::load(&cfg.state.path)? {
-        for r in &saved.rules {
-            r.rule.parse::<Rule>().with_context(|| {
-                format!(
-                    "saved rule {} in the state file {} (fix or remove it)",
-                    r.id,
-                    cfg.state.path.display()
-                )
-            })?;
-        }
-    }
+    // Its one writer goes to the engine and comes back when the engine stops.
+    let state = StateStore::open(&cfg.state.path)?;
+    let created_sink = state.created_sink();
     crate::bpffs::ensure(&cfg.bpf.pin_path)?;
+    let flows_max = flow_table_size(&cfg)?;
+    let engine = Engine::start(
+        EngineConfig {
+            datapath: DatapathOptions {
+                flows_max,
+                marks_max: cfg.flows.marks_max,
+                pin_path: Some(cfg.bpf.pin_path.clone()),
+                only: Some((cfg.attach.mode.into(), cfg.mirror.method.into())),
+                ..Default::default()
+            },
+            mode: cfg.attach.mode.into(),
+            method: cfg.mirror.method.into(),
+            initial_rules,
+            groups: cfg.latency.groups(),
+            stack_sample: cfg.latency.stack_sample,
+        },
+        state,
+    )
+    .await?;
+
+    // A start that fails from here on is undone like a stop, except that state adopted from
+    // an earlier agent is left as it was found.
+    let adopted = engine.status().await?.adopted;
+    let mut sink = Sink::new(cfg.mirror.clone(), created_sink)?;
+    let served = serve(&cfg, &engine, &mut sink, &mut term, &mut int).await;
+    if let Err(e) = &served {
+        tracing::error!(error = format!("{e:#}"), "stopping on an error");
+    }
+    let keep = keep_attached || cfg.keep_attached || (served.is_err() && adopted);
+    tracing::info!(keep_attached = keep, "stopping");
+    let res = match engine.shutdown(keep).await {
+        Ok(stopped) => {
+            if !keep {
+                sink.remove().await?;
+                // The engine has stopped and handed the state file back: ours to write now.
+                let mut state = stopped.state;
+                state.set_created_sink(false)?;
+            }
+            stopped.result
+        }
+        Err(e) => {
+            if !keep {
+                sink.remove().await?;
+            }
+            Err(e)
+        }
+    };
+    let _ = std::fs::remove_file(&cfg.api.socket);
+    served.and(res)
+}
+
+/// The flow table's size (`flows.max`, `auto` resolved for this host), with a warning when
+/// pinned tables of an earlier agent, adopted with their size, differ from the configuration.
+fn flow_table_size(cfg: &Config) -> anyhow::Result<u32> {
     // Flow values are per possible CPU: `auto` keeps the table's memory bounded on big nodes.
     let cpus = mirror_bpf::possible_cpus()?;
     let flow_bytes = std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32;
@@ -73,83 +125,7 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
         auto = cfg.flows.max == crate::config::FlowsMax::Auto,
         "flow table size (values per CPU)"
     );
-    let engine = Engine::start(EngineConfig {
-        datapath: DatapathOptions {
-            flows_max,
-            marks_max: cfg.flows.marks_max,
-            pin_path: Some(cfg.bpf.pin_path.clone()),
-            only: Some((cfg.attach.mode.into(), cfg.mirror.method.into())),
-            ..Default::default()
-        },
-        mode: cfg.attach.mode.into(),
-        method: cfg.mirror.method.into(),
-        state_path: cfg.state.path.clone(),
-        initial_rules,
-        groups: cfg.latency.groups(),
-        stack_sample: cfg.latency.stack_sample,
-    })
-    .await?;
-
-    // A start that fails from here on is undone like a stop, except that state adopted from
-    // an earlier agent is left as it was found.
-    let adopted = engine.status().await?.adopted;
-    let created_sink = SavedState::load(&cfg.state.path)?.is_some_and(|s| s.created_sink);
-    let mut sink = Sink::new(cfg.mirror.clone(), created_sink)?;
-    let served = serve(&cfg, &engine, &mut sink, &mut term, &mut int).await;
-    if let Err(e) = &served {
-        tracing::error!(error = format!("{e:#}"), "stopping on an error");
-    }
-    let keep = keep_attached || cfg.keep_attached || (served.is_err() && adopted);
-    tracing::info!(keep_attached = keep, "stopping");
-    let res = engine.shutdown(keep).await;
-    if !keep {
-        sink.remove().await?;
-        // The engine, which writes the state file, has stopped: the file is ours now.
-        remember_sink(&cfg, false)?;
-    }
-    let _ = std::fs::remove_file(&cfg.api.socket);
-    served.and(res)
-}
-
-/// Takes the single-instance lock `<api.socket>.lock` (flock, held while the agent runs; the
-/// kernel releases it when the process dies, so a killed agent never blocks the next).
-fn lock_instance(socket: &std::path::Path) -> anyhow::Result<std::fs::File> {
-    use std::io::{Read, Seek, Write};
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::PermissionsExt;
-
-    if let Some(dir) = socket.parent() {
-        if !dir.exists() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-        }
-    }
-    let path = std::path::PathBuf::from(format!("{}.lock", socket.display()));
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: flock on a descriptor we own; it changes nothing but the lock.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
-            anyhow::bail!(
-                "another mirror-agent (pid {}) runs with api.socket {}: refusing to start, nothing was changed",
-                holder.trim(),
-                socket.display()
-            );
-        }
-        return Err(err).with_context(|| format!("locking {}", path.display()));
-    }
-    file.set_len(0)?;
-    file.rewind()?;
-    write!(file, "{}", std::process::id())?;
-    Ok(file)
+    Ok(flows_max)
 }
 
 /// Creates the sink, serves the API and metrics, and follows link events until a signal.
@@ -228,15 +204,6 @@ async fn serve(
                 on_link_event(cfg, engine, sink, &info, &mut known, ev).await;
             }
         }
-    }
-    Ok(())
-}
-
-fn remember_sink(cfg: &Config, created: bool) -> anyhow::Result<()> {
-    let mut s = SavedState::load(&cfg.state.path)?.unwrap_or_default();
-    if s.created_sink != created {
-        s.created_sink = created;
-        s.save(&cfg.state.path)?;
     }
     Ok(())
 }
