@@ -15,6 +15,8 @@ use crate::api::types::MirrorView;
 use crate::api::{self, AgentInfo, ApiState};
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
+use crate::event_log::{self, EventLog};
+use crate::health::Readiness;
 use crate::links::{self, LinkEvent};
 use crate::metrics;
 use crate::server;
@@ -44,6 +46,7 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     let created_sink = state.created_sink();
     crate::bpffs::ensure(&cfg.bpf.pin_path)?;
     let flows_max = flow_table_size(&cfg)?;
+    let events = Arc::new(EventLog::new(cfg.events.recent, event_log::Output::open(&cfg.events)?));
     let engine = Engine::start(
         EngineConfig {
             datapath: DatapathOptions {
@@ -60,6 +63,7 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
             stack_sample: cfg.latency.stack_sample,
         },
         state,
+        events.clone(),
     )
     .await?;
 
@@ -67,7 +71,7 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     // an earlier agent is left as it was found.
     let adopted = engine.status().await?.adopted;
     let mut sink = Sink::new(cfg.mirror.clone(), created_sink)?;
-    let served = serve(&cfg, &engine, &mut sink, &mut term, &mut int).await;
+    let served = serve(&cfg, &engine, &events, &mut sink, &mut term, &mut int).await;
     if let Err(e) = &served {
         tracing::error!(error = format!("{e:#}"), "stopping on an error");
     }
@@ -132,6 +136,7 @@ fn flow_table_size(cfg: &Config) -> anyhow::Result<u32> {
 async fn serve(
     cfg: &Config,
     engine: &Engine,
+    events: &Arc<EventLog>,
     sink: &mut Sink,
     term: &mut tokio::signal::unix::Signal,
     int: &mut tokio::signal::unix::Signal,
@@ -158,8 +163,9 @@ async fn serve(
         attach_mode: format!("{:?}", cfg.attach.mode).to_lowercase(),
         mirror,
     }));
+    let ready = Readiness::default();
     let listener = api::bind(&cfg.api.socket).await?;
-    let app = api::router(ApiState { engine: engine.clone(), info: info.clone() });
+    let app = api::router(ApiState { engine: engine.clone(), info: info.clone(), events: events.clone() });
     let limits = server::Limits {
         max_connections: cfg.api.max_connections,
         header_timeout: cfg.api.header_timeout,
@@ -179,7 +185,8 @@ async fn serve(
         let tcp = tokio::net::TcpListener::bind(&cfg.metrics.listen)
             .await
             .with_context(|| format!("binding metrics.listen {}", cfg.metrics.listen))?;
-        let app = metrics::router(engine.clone(), cfg.metrics.rule_text);
+        let app = metrics::router(engine.clone(), cfg.metrics.rule_text)
+            .merge(crate::health::router(engine.clone(), ready.clone()));
         // A scrape is one quick request: the API's timeouts, fewer connections.
         let limits = server::Limits { max_connections: crate::config::METRICS_CONNECTIONS, ..limits };
         tokio::spawn(server::serve(tcp, app, limits, "metrics"));
@@ -201,7 +208,7 @@ async fn serve(
             _ = int.recv() => break,
             ev = rx.recv() => {
                 let Some(ev) = ev else { anyhow::bail!("link events stopped") };
-                on_link_event(cfg, engine, sink, &info, &mut known, ev).await;
+                on_link_event(cfg, engine, sink, &info, &ready, &mut known, ev).await;
             }
         }
     }
@@ -213,6 +220,7 @@ async fn on_link_event(
     engine: &Engine,
     sink: &mut Sink,
     info: &Arc<Mutex<AgentInfo>>,
+    ready: &Readiness,
     known: &mut BTreeMap<u32, String>,
     ev: LinkEvent,
 ) {
@@ -226,16 +234,24 @@ async fn on_link_event(
                 return;
             }
             if cfg.interfaces.matches(&name) {
-                if let Err(e) = engine.attach(ifindex, name.clone(), at.into_std()).await {
-                    tracing::warn!(%name, ifindex, error = format!("{e:#}"), "attach failed");
+                match engine.attach(ifindex, name.clone(), at.into_std()).await {
+                    Ok(_) => ready.settled(ifindex),
+                    Err(e) => {
+                        tracing::warn!(%name, ifindex, error = format!("{e:#}"), "attach failed");
+                        ready.pending(ifindex, &name, "attach failed");
+                    }
                 }
-            } else if renamed {
-                // Renamed out of the include set.
-                let _ = engine.detach(ifindex).await;
+            } else {
+                ready.settled(ifindex);
+                if renamed {
+                    // Renamed out of the include set.
+                    let _ = engine.detach(ifindex).await;
+                }
             }
         }
         LinkEvent::Gone { ifindex, name } => {
             known.remove(&ifindex);
+            ready.settled(ifindex);
             if sink.owns(&name) && name == sink.name() {
                 tracing::warn!(interface = %name, "{}", sink.vanished());
                 set_sink(engine, sink, info, None).await;
@@ -255,11 +271,14 @@ async fn on_link_event(
                 tracing::warn!(%name, ifindex, error = format!("{e:#}"), "forgetting a vanished link");
             }
         }
-        LinkEvent::Synced => match engine.drop_stale_pins().await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(links = n, "removed pinned links of interfaces gone meanwhile"),
-            Err(e) => tracing::warn!(error = format!("{e:#}"), "removing stale pins"),
-        },
+        LinkEvent::Synced => {
+            ready.set_synced();
+            match engine.drop_stale_pins().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(links = n, "removed pinned links of interfaces gone meanwhile"),
+                Err(e) => tracing::warn!(error = format!("{e:#}"), "removing stale pins"),
+            }
+        }
     }
 }
 

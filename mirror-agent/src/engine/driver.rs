@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::mem::MaybeUninit;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -15,6 +16,7 @@ use super::events::Events;
 use super::{view, AddedRule, EngineConfig, EngineStatus, Stopped};
 use crate::api::types::{GroupView, InterfaceView, RuleView};
 use crate::capacity::RuleCapacity;
+use crate::event_log::EventLog;
 use crate::groups::Group;
 use crate::state::{SavedRule, StateStore};
 
@@ -39,7 +41,7 @@ pub(super) struct Driver {
 }
 
 impl Driver {
-    pub(super) fn new(cfg: EngineConfig, state: StateStore) -> anyhow::Result<Self> {
+    pub(super) fn new(cfg: EngineConfig, state: StateStore, log: Arc<EventLog>) -> anyhow::Result<Self> {
         // The object lives as long as the process: one per agent.
         let storage = Box::leak(Box::new(MaybeUninit::uninit()));
         let mut dp = Datapath::load(storage, &cfg.datapath)?;
@@ -61,7 +63,7 @@ impl Driver {
             tcx_in_kernel = mirror_bpf::tcx_supported(),
             "data path loaded"
         );
-        let events = Events::open(&dp)?;
+        let events = Events::open(&dp, log)?;
         let mut tracing = Tracing::load(&dp).map_err(|e| e.to_string());
         match &mut tracing {
             Ok(t) => {
@@ -125,7 +127,7 @@ impl Driver {
 
     /// What runs between commands: the trigger events and the CPU sample.
     pub(super) fn tick(&mut self) {
-        self.events.drain();
+        self.events.drain(&self.dp, &self.attached);
         if let Ok(t) = &self.tracing {
             self.cpu.sample(t);
         }
@@ -301,7 +303,7 @@ impl Driver {
     }
 
     fn stop(&mut self, keep_attached: bool) -> anyhow::Result<()> {
-        self.events.drain();
+        self.events.drain(&self.dp, &self.attached);
         let attached = std::mem::take(&mut self.attached);
         let n = attached.len();
         if keep_attached {

@@ -13,7 +13,7 @@ mod events;
 mod view;
 
 use std::collections::BTreeMap;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
@@ -24,6 +24,7 @@ use mirror_bpf::{AttachMode, DatapathOptions, MirrorDelivery, MirrorMethod, Rule
 use crate::api::types::{
     CpuShareView, FlowView, GroupView, HistogramView, InterfaceView, LatencyView, RuleView,
 };
+use crate::event_log::EventLog;
 use crate::groups::Group;
 use crate::state::StateStore;
 use driver::Driver;
@@ -58,6 +59,9 @@ pub struct EngineStatus {
     pub tcx_available: Option<bool>,
     /// Attach latency.
     pub attach_latency: LatencyView,
+    /// Attach latency as a histogram: (upper bound in seconds, attachments up to it, not
+    /// cumulative), and the sum in seconds.
+    pub attach_buckets: (Vec<(f64, u64)>, f64),
     /// The mirror ifindex in use (0: none).
     pub mirror_ifindex: u32,
     /// Share of each CPU spent in the network stack over the last second (cpu group on).
@@ -114,12 +118,17 @@ const EVENT_POLL: Duration = Duration::from_millis(20);
 impl Engine {
     /// Starts the engine thread: loads (or adopts) the data path and restores the rules of
     /// `state`, which the engine writes from now on (until [`Engine::shutdown`] returns it).
-    pub async fn start(cfg: EngineConfig, state: StateStore) -> anyhow::Result<Engine> {
+    /// Trigger events go to `events`.
+    pub async fn start(
+        cfg: EngineConfig,
+        state: StateStore,
+        events: Arc<EventLog>,
+    ) -> anyhow::Result<Engine> {
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = oneshot::channel();
         std::thread::Builder::new()
             .name("datapath".into())
-            .spawn(move || match Driver::new(cfg, state) {
+            .spawn(move || match Driver::new(cfg, state, events) {
                 Ok(d) => {
                     let _ = ready_tx.send(Ok(()));
                     run(d, rx);

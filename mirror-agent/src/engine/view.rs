@@ -111,6 +111,24 @@ pub(super) struct StatusParts<'a> {
     pub tracing: &'a Result<Tracing, String>,
 }
 
+/// The attach latencies (microseconds) in buckets of powers of two from 64 µs to 16 s, plus
+/// the rest (`+Inf`), and their sum in seconds.
+fn attach_buckets(h: &hdrhistogram::Histogram<u64>) -> (Vec<(f64, u64)>, f64) {
+    let bounds: Vec<u64> = (6..=24).map(|p| 1u64 << p).collect();
+    let mut counts = vec![0u64; bounds.len() + 1];
+    let mut sum_us = 0f64;
+    for v in h.iter_recorded() {
+        let us = h.highest_equivalent(v.value_iterated_to());
+        let i = bounds.iter().position(|b| us <= *b).unwrap_or(bounds.len());
+        counts[i] += v.count_at_value();
+        sum_us += us as f64 * v.count_at_value() as f64;
+    }
+    let mut buckets: Vec<(f64, u64)> =
+        bounds.iter().map(|b| *b as f64 / 1e6).zip(counts.iter().copied()).collect();
+    buckets.push((f64::INFINITY, counts[bounds.len()]));
+    (buckets, sum_us / 1e6)
+}
+
 /// Interfaces, counters and the like.
 pub(super) fn status(dp: &Datapath<'_>, p: StatusParts<'_>) -> anyhow::Result<EngineStatus> {
     let counters = dp.counters()?.iter().map(|(k, v)| (k.to_string(), v)).collect();
@@ -127,6 +145,7 @@ pub(super) fn status(dp: &Datapath<'_>, p: StatusParts<'_>) -> anyhow::Result<En
             p99_ms: ms(h.value_at_quantile(0.99)),
             max_ms: ms(h.max()),
         },
+        attach_buckets: attach_buckets(h),
         mirror_ifindex: dp.settings()?.mirror_ifindex,
         net_cpu: p.net_cpu.to_vec(),
         tracing: tracing(p.tracing),
