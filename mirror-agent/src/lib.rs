@@ -8,6 +8,7 @@ pub mod capacity;
 pub mod community_id;
 pub mod config;
 pub mod ctl;
+pub mod duration;
 pub mod engine;
 pub mod event_log;
 pub mod groups;

@@ -252,6 +252,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let rows: Vec<Vec<String>> =
                 s.counters.iter().map(|(k, v)| vec![k.clone(), v.to_string()]).collect();
             print!("{}", table::render(&["COUNTER", "VALUE"], &rows));
+            println!(
+                "(duplicate: packets seen a second time, on the other pod's veth, and skipped there so \
+                 that each is mirrored once; non_tcp: ARP, ICMP, UDP and the like, passed on untouched)"
+            );
             if !s.net_cpu.is_empty() {
                 let pct = |v: f64| format!("{:.1}%", v * 100.0);
                 let rows: Vec<Vec<String>> = s

@@ -69,12 +69,14 @@ impl Driver {
             Ok(t) => {
                 t.set_stack_sampling(cfg.stack_sample);
                 match t.fexit() {
-                    Ok(()) => {
-                        tracing::info!("tracing programs: fexit available (clones inherit stamps) + tp_btf")
-                    }
+                    Ok(()) => tracing::info!(
+                        "latency tracing uses fexit and tp_btf: clones of a packet keep its stack-latency stamp"
+                    ),
                     Err(why) => tracing::info!(
-                        fexit = %why,
-                        "tracing programs: fexit refused; tp_btf and raw tracepoints only"
+                        kernel_said = %why,
+                        "latency tracing uses tp_btf tracepoints: this kernel does not allow fexit programs \
+                         (lockdown, usual on distribution kernels), which is expected and works; only \
+                         clones of a packet are not followed by the stack group"
                     ),
                 }
                 if !t.socket_io_counted() {
@@ -156,9 +158,9 @@ impl Driver {
         } else if self.state.created_qdisc(ifindex) {
             att.created_qdisc = true;
         }
-        let ms = since.elapsed().as_secs_f64() * 1e3;
-        let _ = self.latency.record((ms * 1000.0) as u64); // microseconds
-        tracing::info!(%name, ifindex, mode = ?att.mode, attach_ms = format!("{ms:.2}"), "attached");
+        let took = since.elapsed();
+        let _ = self.latency.record(took.as_micros() as u64);
+        tracing::info!(%name, ifindex, mode = ?att.mode, "attached in {}", crate::duration::round(took));
         let a = Attached { name, att };
         let view = view::interface(ifindex, &a);
         self.attached.insert(ifindex, a);

@@ -66,7 +66,7 @@ pub struct EngineStatus {
     pub mirror_ifindex: u32,
     /// Share of each CPU spent in the network stack over the last second (cpu group on).
     pub net_cpu: Vec<CpuShareView>,
-    /// How the tracing programs run: "fexit + tp_btf", "tp_btf (fexit refused: ...)", or why not.
+    /// How the tracing programs run: "fexit + tp_btf", "tp_btf (this kernel refuses fexit: ...)", or why not.
     pub tracing: String,
 }
 

@@ -93,7 +93,7 @@ pub(super) fn tracing(tracing: &Result<Tracing, String>) -> String {
         Ok(t) => {
             let how = match t.fexit() {
                 Ok(()) => "fexit + tp_btf".into(),
-                Err(why) => format!("tp_btf (fexit refused: {why})"),
+                Err(why) => format!("tp_btf (this kernel refuses fexit: {why}; expected, works without it)"),
             };
             format!("{how}; stack group samples 1 in {} packets", t.stack_sampling())
         }
