@@ -12,9 +12,9 @@ pub fn round(d: Duration) -> String {
         n => (n / 1e9, "s"),
     };
     if v < 10.0 {
-        format!("{:.1}{unit}", v)
+        format!("{v:.1}{unit}")
     } else {
-        format!("{:.0}{unit}", v)
+        format!("{v:.0}{unit}")
     }
 }
 

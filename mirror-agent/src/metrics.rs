@@ -94,6 +94,9 @@ impl prometheus_client::encoding::EncodeMetric for KernelHistogram {
     }
 }
 
+/// The labels a histogram kind adds beside `interface` (`None`: not of this family).
+type ExtraLabels = fn(&str) -> Option<Vec<(String, String)>>;
+
 /// Histograms of one name, one per label set.
 #[derive(Debug)]
 struct LabeledHistograms(Vec<(Vec<(String, String)>, KernelHistogram)>);
@@ -149,7 +152,7 @@ async fn render(engine: &Engine, rule_text: bool) -> anyhow::Result<String> {
     // One family per name, its label sets under one HELP/TYPE (a registry per label set would
     // repeat them, which OpenMetrics and Prometheus's parser refuse).
     let label = |k: &str, v: String| (k.to_string(), v);
-    let family = |kind: fn(&str) -> Option<Vec<(String, String)>>| {
+    let family = |kind: ExtraLabels| {
         LabeledHistograms(
             hists
                 .iter()
