@@ -4,13 +4,23 @@
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: deps build test demo bench bench-traffic bench-mirror bench-quick lint
+.PHONY: deps build install test demo bench bench-traffic bench-mirror bench-quick lint
 
 deps:
 	@scripts/install-deps.sh
 
 build: deps
 	$(CARGO) build --workspace --all-targets --release
+
+# mirror-agent and mirrorctl into $(PREFIX)/bin (default /usr/local/bin, on the PATH), the
+# example configuration into /etc/mirror-agent/agent.yaml unless one is there.
+PREFIX ?= /usr/local
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+install: deps
+	$(CARGO) build --release -p mirror-agent --bins
+	install -D -m 0755 $(TARGET_DIR)/release/mirror-agent $(DESTDIR)$(PREFIX)/bin/mirror-agent
+	install -D -m 0755 $(TARGET_DIR)/release/mirrorctl $(DESTDIR)$(PREFIX)/bin/mirrorctl
+	test -e $(DESTDIR)/etc/mirror-agent/agent.yaml || install -D -m 0644 config/agent.yaml $(DESTDIR)/etc/mirror-agent/agent.yaml
 
 # Every test: unit tests, BPF_PROG_TEST_RUN tests and end-to-end tests in network namespaces.
 # Needs root; with CI=true a test that lacks a privilege fails instead of skipping.

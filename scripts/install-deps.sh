@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building, testing and the demo need on Debian/Ubuntu: the BPF toolchain, the
 # network tools the tests and benchmarks drive (iproute2, iptables, nftables, conntrack, tcpdump,
-# tshark, curl, nginx, python3, iperf3, wrk, sockperf), the Go toolchain and Node.js for the
+# tshark, curl, nginx, python3, iperf3, wrk, sockperf; Python's Prometheus parser and the
+# reference Community ID hashing), the Go toolchain and Node.js for the
 # accuracy test's server stacks (when no go/node is found already), and Rust. Idempotent: only what is
 # missing is installed. Run as root.
 set -euo pipefail
@@ -13,6 +14,7 @@ PACKAGES=(
     iptables nftables conntrack                                    # kube-proxy-like Service NAT
     tcpdump tshark                                                 # captures on the mirror
     curl nginx-light python3 iperf3 wrk sockperf                   # servers, clients, load
+    python3-pip python3-prometheus-client                          # checks: Community IDs, /metrics parsed
     procps psmisc util-linux coreutils git                         # sysctl, taskset, nsenter, timeout
 )
 
@@ -37,6 +39,14 @@ fi
 if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
     echo "installing Rust (rustup, stable, minimal profile)"
     curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy
+fi
+
+# The reference implementation of Community ID hashing (PyPI `communityid`, pure Python), which
+# the events test checks the agent's IDs against; kept out of the system's Python packages.
+PYLIB=/usr/local/lib/mirror-tests/python
+if ! PYTHONPATH=$PYLIB /usr/bin/python3 -c "import communityid" 2>/dev/null; then
+    echo "installing communityid (Python) into $PYLIB"
+    /usr/bin/python3 -m pip install -q --target "$PYLIB" communityid==1.5.0
 fi
 
 # The kernel must expose BTF for CO-RE.

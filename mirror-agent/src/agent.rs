@@ -15,13 +15,21 @@ use crate::api::types::MirrorView;
 use crate::api::{self, AgentInfo, ApiState};
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
+use crate::event_log::{self, EventLog};
+use crate::health::Readiness;
 use crate::links::{self, LinkEvent};
 use crate::metrics;
 use crate::server;
 use crate::sink::{Sink, Target};
-use crate::state::SavedState;
+use crate::state::StateStore;
 
-/// Runs the agent until SIGTERM or SIGINT.
+/// Runs the agent until SIGTERM or SIGINT. The start, in this order:
+///
+/// 1. the signal handlers (a signal during the start then undoes it, not kills it halfway);
+/// 2. the single-instance lock ([`crate::instance::lock`]): nothing is touched before it is held;
+/// 3. the configured rules and the state file are read and checked (nothing loaded yet);
+/// 4. the engine loads or adopts the data path and takes the state file's one writer;
+/// 5. the sink, the API, the metrics, and the link events (see [`serve`]).
 pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     // Before anything is created: a signal during start-up then waits for the main loop,
     // which undoes the start-up, instead of killing the agent halfway.
@@ -29,22 +37,70 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     let mut int = signal(SignalKind::interrupt())?;
     // First of all: one agent per API socket. A second one refuses before it touches anything
     // (pins, groups, the socket of the running one).
-    let _instance = lock_instance(&cfg.api.socket)?;
+    let _instance = crate::instance::lock(&cfg.api.socket)?;
     let initial_rules: Vec<Rule> =
         cfg.rules.iter().map(|r| crate::rules::parse(r)).collect::<Result<_, _>>()?;
     // Read before anything is loaded: a state file that cannot be used stops the start here.
-    if let Some(saved) = SavedState::load(&cfg.state.path)? {
-        for r in &saved.rules {
-            r.rule.parse::<Rule>().with_context(|| {
-                format!(
-                    "saved rule {} in the state file {} (fix or remove it)",
-                    r.id,
-                    cfg.state.path.display()
-                )
-            })?;
-        }
-    }
+    // Its one writer goes to the engine and comes back when the engine stops.
+    let state = StateStore::open(&cfg.state.path)?;
+    let created_sink = state.created_sink();
     crate::bpffs::ensure(&cfg.bpf.pin_path)?;
+    let flows_max = flow_table_size(&cfg)?;
+    let events = Arc::new(EventLog::new(cfg.events.recent, event_log::Output::open(&cfg.events)?));
+    let engine = Engine::start(
+        EngineConfig {
+            datapath: DatapathOptions {
+                flows_max,
+                marks_max: cfg.flows.marks_max,
+                pin_path: Some(cfg.bpf.pin_path.clone()),
+                only: Some((cfg.attach.mode.into(), cfg.mirror.method.into())),
+                ..Default::default()
+            },
+            mode: cfg.attach.mode.into(),
+            method: cfg.mirror.method.into(),
+            initial_rules,
+            groups: cfg.latency.groups(),
+            stack_sample: cfg.latency.stack_sample,
+        },
+        state,
+        events.clone(),
+    )
+    .await?;
+
+    // A start that fails from here on is undone like a stop, except that state adopted from
+    // an earlier agent is left as it was found.
+    let adopted = engine.status().await?.adopted;
+    let mut sink = Sink::new(cfg.mirror.clone(), created_sink)?;
+    let served = serve(&cfg, &engine, &events, &mut sink, &mut term, &mut int).await;
+    if let Err(e) = &served {
+        tracing::error!(error = format!("{e:#}"), "stopping on an error");
+    }
+    let keep = keep_attached || cfg.keep_attached || (served.is_err() && adopted);
+    tracing::info!(keep_attached = keep, "stopping");
+    let res = match engine.shutdown(keep).await {
+        Ok(stopped) => {
+            if !keep {
+                sink.remove().await?;
+                // The engine has stopped and handed the state file back: ours to write now.
+                let mut state = stopped.state;
+                state.set_created_sink(false)?;
+            }
+            stopped.result
+        }
+        Err(e) => {
+            if !keep {
+                sink.remove().await?;
+            }
+            Err(e)
+        }
+    };
+    let _ = std::fs::remove_file(&cfg.api.socket);
+    served.and(res)
+}
+
+/// The flow table's size (`flows.max`, `auto` resolved for this host), with a warning when
+/// pinned tables of an earlier agent, adopted with their size, differ from the configuration.
+fn flow_table_size(cfg: &Config) -> anyhow::Result<u32> {
     // Flow values are per possible CPU: `auto` keeps the table's memory bounded on big nodes.
     let cpus = mirror_bpf::possible_cpus()?;
     let flow_bytes = std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32;
@@ -73,89 +129,14 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
         auto = cfg.flows.max == crate::config::FlowsMax::Auto,
         "flow table size (values per CPU)"
     );
-    let engine = Engine::start(EngineConfig {
-        datapath: DatapathOptions {
-            flows_max,
-            marks_max: cfg.flows.marks_max,
-            pin_path: Some(cfg.bpf.pin_path.clone()),
-            only: Some((cfg.attach.mode.into(), cfg.mirror.method.into())),
-            ..Default::default()
-        },
-        mode: cfg.attach.mode.into(),
-        method: cfg.mirror.method.into(),
-        state_path: cfg.state.path.clone(),
-        initial_rules,
-        groups: cfg.latency.groups(),
-        stack_sample: cfg.latency.stack_sample,
-    })
-    .await?;
-
-    // A start that fails from here on is undone like a stop, except that state adopted from
-    // an earlier agent is left as it was found.
-    let adopted = engine.status().await?.adopted;
-    let created_sink = SavedState::load(&cfg.state.path)?.is_some_and(|s| s.created_sink);
-    let mut sink = Sink::new(cfg.mirror.clone(), created_sink)?;
-    let served = serve(&cfg, &engine, &mut sink, &mut term, &mut int).await;
-    if let Err(e) = &served {
-        tracing::error!(error = format!("{e:#}"), "stopping on an error");
-    }
-    let keep = keep_attached || cfg.keep_attached || (served.is_err() && adopted);
-    tracing::info!(keep_attached = keep, "stopping");
-    let res = engine.shutdown(keep).await;
-    if !keep {
-        sink.remove().await?;
-        // The engine, which writes the state file, has stopped: the file is ours now.
-        remember_sink(&cfg, false)?;
-    }
-    let _ = std::fs::remove_file(&cfg.api.socket);
-    served.and(res)
-}
-
-/// Takes the single-instance lock `<api.socket>.lock` (flock, held while the agent runs; the
-/// kernel releases it when the process dies, so a killed agent never blocks the next).
-fn lock_instance(socket: &std::path::Path) -> anyhow::Result<std::fs::File> {
-    use std::io::{Read, Seek, Write};
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::PermissionsExt;
-
-    if let Some(dir) = socket.parent() {
-        if !dir.exists() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-        }
-    }
-    let path = std::path::PathBuf::from(format!("{}.lock", socket.display()));
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: flock on a descriptor we own; it changes nothing but the lock.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
-            anyhow::bail!(
-                "another mirror-agent (pid {}) runs with api.socket {}: refusing to start, nothing was changed",
-                holder.trim(),
-                socket.display()
-            );
-        }
-        return Err(err).with_context(|| format!("locking {}", path.display()));
-    }
-    file.set_len(0)?;
-    file.rewind()?;
-    write!(file, "{}", std::process::id())?;
-    Ok(file)
+    Ok(flows_max)
 }
 
 /// Creates the sink, serves the API and metrics, and follows link events until a signal.
 async fn serve(
     cfg: &Config,
     engine: &Engine,
+    events: &Arc<EventLog>,
     sink: &mut Sink,
     term: &mut tokio::signal::unix::Signal,
     int: &mut tokio::signal::unix::Signal,
@@ -182,8 +163,9 @@ async fn serve(
         attach_mode: format!("{:?}", cfg.attach.mode).to_lowercase(),
         mirror,
     }));
+    let ready = Readiness::default();
     let listener = api::bind(&cfg.api.socket).await?;
-    let app = api::router(ApiState { engine: engine.clone(), info: info.clone() });
+    let app = api::router(ApiState { engine: engine.clone(), info: info.clone(), events: events.clone() });
     let limits = server::Limits {
         max_connections: cfg.api.max_connections,
         header_timeout: cfg.api.header_timeout,
@@ -203,7 +185,8 @@ async fn serve(
         let tcp = tokio::net::TcpListener::bind(&cfg.metrics.listen)
             .await
             .with_context(|| format!("binding metrics.listen {}", cfg.metrics.listen))?;
-        let app = metrics::router(engine.clone(), cfg.metrics.rule_text);
+        let app = metrics::router(engine.clone(), cfg.metrics.rule_text)
+            .merge(crate::health::router(engine.clone(), ready.clone()));
         // A scrape is one quick request: the API's timeouts, fewer connections.
         let limits = server::Limits { max_connections: crate::config::METRICS_CONNECTIONS, ..limits };
         tokio::spawn(server::serve(tcp, app, limits, "metrics"));
@@ -225,18 +208,9 @@ async fn serve(
             _ = int.recv() => break,
             ev = rx.recv() => {
                 let Some(ev) = ev else { anyhow::bail!("link events stopped") };
-                on_link_event(cfg, engine, sink, &info, &mut known, ev).await;
+                on_link_event(cfg, engine, sink, &info, &ready, &mut known, ev).await;
             }
         }
-    }
-    Ok(())
-}
-
-fn remember_sink(cfg: &Config, created: bool) -> anyhow::Result<()> {
-    let mut s = SavedState::load(&cfg.state.path)?.unwrap_or_default();
-    if s.created_sink != created {
-        s.created_sink = created;
-        s.save(&cfg.state.path)?;
     }
     Ok(())
 }
@@ -246,6 +220,7 @@ async fn on_link_event(
     engine: &Engine,
     sink: &mut Sink,
     info: &Arc<Mutex<AgentInfo>>,
+    ready: &Readiness,
     known: &mut BTreeMap<u32, String>,
     ev: LinkEvent,
 ) {
@@ -259,16 +234,24 @@ async fn on_link_event(
                 return;
             }
             if cfg.interfaces.matches(&name) {
-                if let Err(e) = engine.attach(ifindex, name.clone(), at.into_std()).await {
-                    tracing::warn!(%name, ifindex, error = format!("{e:#}"), "attach failed");
+                match engine.attach(ifindex, name.clone(), at.into_std()).await {
+                    Ok(_) => ready.settled(ifindex),
+                    Err(e) => {
+                        tracing::warn!(%name, ifindex, error = format!("{e:#}"), "attach failed");
+                        ready.pending(ifindex, &name, "attach failed");
+                    }
                 }
-            } else if renamed {
-                // Renamed out of the include set.
-                let _ = engine.detach(ifindex).await;
+            } else {
+                ready.settled(ifindex);
+                if renamed {
+                    // Renamed out of the include set.
+                    let _ = engine.detach(ifindex).await;
+                }
             }
         }
         LinkEvent::Gone { ifindex, name } => {
             known.remove(&ifindex);
+            ready.settled(ifindex);
             if sink.owns(&name) && name == sink.name() {
                 tracing::warn!(interface = %name, "{}", sink.vanished());
                 set_sink(engine, sink, info, None).await;
@@ -288,11 +271,14 @@ async fn on_link_event(
                 tracing::warn!(%name, ifindex, error = format!("{e:#}"), "forgetting a vanished link");
             }
         }
-        LinkEvent::Synced => match engine.drop_stale_pins().await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(links = n, "removed pinned links of interfaces gone meanwhile"),
-            Err(e) => tracing::warn!(error = format!("{e:#}"), "removing stale pins"),
-        },
+        LinkEvent::Synced => {
+            ready.set_synced();
+            match engine.drop_stale_pins().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(links = n, "removed pinned links of interfaces gone meanwhile"),
+                Err(e) => tracing::warn!(error = format!("{e:#}"), "removing stale pins"),
+            }
+        }
     }
 }
 

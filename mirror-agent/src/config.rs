@@ -382,6 +382,26 @@ pub enum LogFormat {
     Json,
 }
 
+/// `events:` section: trigger events (`mirrorctl events`, `GET /v1/events`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Events {
+    /// Recent events kept in memory for the API (1 to 1,000,000).
+    pub recent: usize,
+    /// Also write each event as a JSON line: "" (no), `stdout`, or a file's path.
+    pub output: String,
+    /// A file output is rotated when it would grow past this many bytes (0: never).
+    pub max_bytes: u64,
+    /// Rotated files kept (`FILE.1` newest ... `FILE.<keep>`).
+    pub keep: u32,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Self { recent: 1024, output: String::new(), max_bytes: 10 << 20, keep: 3 }
+    }
+}
+
 /// `log:` section.
 #[derive(Debug, Clone, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -414,6 +434,8 @@ pub struct Config {
     pub rules: Vec<String>,
     /// Measurement groups on at start.
     pub latency: Latency,
+    /// Trigger events.
+    pub events: Events,
     /// Logging.
     pub log: Log,
     /// On SIGTERM, leave the data path attached and pinned for the next agent.
@@ -512,6 +534,9 @@ impl Config {
                 ));
             }
             _ => {}
+        }
+        if !(1..=1_000_000).contains(&self.events.recent) {
+            return Err(err("events.recent", format!("{} is outside 1-1000000", self.events.recent)));
         }
         if !self.metrics.listen.is_empty() {
             self.metrics

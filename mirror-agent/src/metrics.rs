@@ -1,7 +1,7 @@
-//! Prometheus metrics on `metrics.listen`: the classifier's counters, rule hits and the
-//! attached interfaces, read from the data path at each scrape.
-
-use std::fmt::Write as _;
+//! Prometheus metrics on `metrics.listen`: the classifier's counters, rule hits, the attached
+//! interfaces and the latency histograms, read from the data path at each scrape. Names
+//! follow Prometheus's conventions: `mirror_` prefix, base units (`_seconds`, `_bytes`),
+//! `_total` on counters, `_ratio` for shares of 0 to 1 (checked by a test with a real parser).
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -9,7 +9,9 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::ConstCounter;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -55,7 +57,13 @@ struct Scrape {
 async fn scrape(State(s): State<Scrape>) -> impl IntoResponse {
     match render(&s.engine, s.rule_text).await {
         Ok(body) => {
-            (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
+            // prometheus-client writes the OpenMetrics text format (counter families named
+            // without `_total`, `# EOF`): said so, or a scraper reads it as the older format.
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                body,
+            )
         }
         Err(e) => {
             (StatusCode::INTERNAL_SERVER_ERROR, [(header::CONTENT_TYPE, "text/plain")], format!("{e:#}"))
@@ -79,6 +87,26 @@ impl prometheus_client::encoding::EncodeMetric for KernelHistogram {
             &self.buckets,
             None,
         )
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Histogram
+    }
+}
+
+/// The labels a histogram kind adds beside `interface` (`None`: not of this family).
+type ExtraLabels = fn(&str) -> Option<Vec<(String, String)>>;
+
+/// Histograms of one name, one per label set.
+#[derive(Debug)]
+struct LabeledHistograms(Vec<(Vec<(String, String)>, KernelHistogram)>);
+
+impl prometheus_client::encoding::EncodeMetric for LabeledHistograms {
+    fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (labels, h) in &self.0 {
+            h.encode(encoder.encode_family(labels)?)?;
+        }
+        Ok(())
     }
 
     fn metric_type(&self) -> prometheus_client::metrics::MetricType {
@@ -121,48 +149,70 @@ async fn render(engine: &Engine, rule_text: bool) -> anyhow::Result<String> {
     let attached = Gauge::<i64>::default();
     attached.set(status.interfaces.len() as i64);
     reg.register("attached_interfaces", "Interfaces the classifier is attached to", attached);
-    let http = reg.sub_registry_with_prefix("http_response");
-    for h in hists.iter().filter(|h| h.kind == "http_response") {
-        let labels = [
-            (std::borrow::Cow::from("interface"), std::borrow::Cow::from(h.interface.clone())),
-            ("class".into(), format!("{}xx", h.class.unwrap_or(0)).into()),
-        ];
-        http.sub_registry_with_labels(labels.into_iter()).register(
-            "seconds",
-            "Request (first segment) to response status line, seen on the host-side veth",
-            fold(h),
-        );
-    }
-    let hs = reg.sub_registry_with_prefix("tcp_handshake");
-    for h in hists.iter().filter(|h| h.kind == "tcp_handshake") {
-        let labels = [(std::borrow::Cow::from("interface"), std::borrow::Cow::from(h.interface.clone()))];
-        hs.sub_registry_with_labels(labels.into_iter()).register(
-            "seconds",
-            "SYN to the ACK that completes the handshake, seen on the host-side veth",
-            fold(h),
-        );
-    }
-    let cpu = reg.sub_registry_with_prefix("net_cpu");
+    // One family per name, its label sets under one HELP/TYPE (a registry per label set would
+    // repeat them, which OpenMetrics and Prometheus's parser refuse).
+    let label = |k: &str, v: String| (k.to_string(), v);
+    let family = |kind: ExtraLabels| {
+        LabeledHistograms(
+            hists
+                .iter()
+                .filter_map(|h| kind(&h.kind).map(|extra| (h, extra)))
+                .map(|(h, extra)| {
+                    let mut labels = vec![label("interface", h.interface.clone())];
+                    labels.extend(extra);
+                    if h.kind == "http_response" {
+                        labels.push(label("class", format!("{}xx", h.class.unwrap_or(0))));
+                    }
+                    (labels, fold(h))
+                })
+                .collect(),
+        )
+    };
+    reg.register(
+        "http_response_seconds",
+        "Request (first segment) to response status line, seen on the host-side veth",
+        family(|k| (k == "http_response").then(Vec::new)),
+    );
+    reg.register(
+        "tcp_handshake_seconds",
+        "SYN to the ACK that completes the handshake, seen on the host-side veth",
+        family(|k| (k == "tcp_handshake").then(Vec::new)),
+    );
+    reg.register(
+        "stack_latency_seconds",
+        "Kernel stack latency of sampled packets entering through an attached veth, per stage (stack group on)",
+        family(|k| k.strip_prefix("stack_").map(|stage| vec![("stage".to_string(), stage.to_string())])),
+    );
+    let (buckets, sum) = status.attach_buckets.clone();
+    let count = buckets.iter().map(|(_, n)| n).sum();
+    reg.register(
+        "attach_duration_seconds",
+        "From a link's event to the classifier attached on it",
+        KernelHistogram { sum, count, buckets },
+    );
+    let cpu_seconds = Family::<Vec<(String, String)>, Counter<f64, AtomicU64>>::default();
+    let cpu_ratio = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
     for c in &status.net_cpu {
         for (kind, share, total) in [
             ("syscall", c.syscall, c.syscall_seconds_total),
             ("softirq_rx", c.softirq_rx, c.softirq_rx_seconds_total),
             ("softirq_tx", c.softirq_tx, c.softirq_tx_seconds_total),
         ] {
-            let labels = [
-                (std::borrow::Cow::from("cpu"), std::borrow::Cow::from(c.cpu.to_string())),
-                ("kind".into(), kind.into()),
-            ];
-            let sub = cpu.sub_registry_with_labels(labels.into_iter());
-            sub.register("seconds", "CPU time in the network stack (cpu group on)", ConstCounter::new(total));
-            let g = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-            g.set(share);
-            sub.register("share", "Share of the last second in the network stack (cpu group on)", g);
+            let labels = vec![label("cpu", c.cpu.to_string()), label("kind", kind.to_string())];
+            cpu_seconds.get_or_create(&labels).inc_by(total);
+            cpu_ratio.get_or_create(&labels).set(share);
         }
+    }
+    if !status.net_cpu.is_empty() {
+        reg.register("net_cpu_seconds", "CPU time in the network stack (cpu group on)", cpu_seconds);
+        reg.register(
+            "net_cpu_ratio",
+            "Share of the last second in the network stack, 0 to 1 (cpu group on)",
+            cpu_ratio,
+        );
     }
     let mut out = String::new();
     encode(&mut out, &reg)?;
-    let _ = writeln!(out);
     Ok(out)
 }
 

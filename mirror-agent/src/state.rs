@@ -1,7 +1,11 @@
 //! What the agent keeps across restarts besides the pinned maps: the rules (with their ids
 //! and hit-counter slots) and what it created, so that it removes only that.
+//!
+//! The file has one writer, a [`StateStore`]: the agent opens it once at start (after taking
+//! the single-instance lock), hands it to the engine, which records rules and qdiscs in it
+//! while it runs, and gets it back when the engine stops, to record the sink's removal.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -54,9 +58,108 @@ impl SavedState {
     }
 }
 
+/// The state file and its contents: the only thing that writes it. Not `Clone`: whoever holds
+/// it is the file's one writer.
+#[derive(Debug)]
+pub struct StateStore {
+    path: PathBuf,
+    state: SavedState,
+    first_start: bool,
+}
+
+impl StateStore {
+    /// Reads the state file (a missing one: first start) and checks that every saved rule
+    /// parses, so that a file that cannot be used stops the start before anything is loaded.
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        let saved = SavedState::load(path)?;
+        let first_start = saved.is_none();
+        let state = saved.unwrap_or_default();
+        for r in &state.rules {
+            r.rule.parse::<mirror_bpf::Rule>().with_context(|| {
+                format!("saved rule {} in the state file {} (fix or remove it)", r.id, path.display())
+            })?;
+        }
+        Ok(Self { path: path.to_path_buf(), state, first_start })
+    }
+
+    /// Whether there was no state file (the configured rules are installed then).
+    pub fn first_start(&self) -> bool {
+        self.first_start
+    }
+
+    /// The saved rules.
+    pub fn rules(&self) -> &[SavedRule] {
+        &self.state.rules
+    }
+
+    /// Whether an agent created the mirror sink (and so removes it at exit).
+    pub fn created_sink(&self) -> bool {
+        self.state.created_sink
+    }
+
+    /// Whether an agent created the clsact qdisc on `ifindex`.
+    pub fn created_qdisc(&self, ifindex: u32) -> bool {
+        self.state.created_qdiscs.contains(&ifindex)
+    }
+
+    /// Records the rules installed now and writes the file.
+    pub fn save_rules(&mut self, rules: Vec<SavedRule>) -> anyhow::Result<()> {
+        self.state.rules = rules;
+        self.save()
+    }
+
+    /// Records whether we created the clsact qdisc on `ifindex`; writes the file if it changed.
+    pub fn set_created_qdisc(&mut self, ifindex: u32, created: bool) -> anyhow::Result<()> {
+        if self.created_qdisc(ifindex) == created {
+            return Ok(());
+        }
+        if created {
+            self.state.created_qdiscs.push(ifindex);
+        } else {
+            self.state.created_qdiscs.retain(|i| *i != ifindex);
+        }
+        self.save()
+    }
+
+    /// Forgets every created qdisc (all removed); written with the next save.
+    pub fn clear_created_qdiscs(&mut self) {
+        self.state.created_qdiscs.clear();
+    }
+
+    /// Records whether we created the mirror sink; writes the file if it changed.
+    pub fn set_created_sink(&mut self, created: bool) -> anyhow::Result<()> {
+        if self.state.created_sink != created {
+            self.state.created_sink = created;
+            self.save()?;
+        }
+        Ok(())
+    }
+
+    fn save(&self) -> anyhow::Result<()> {
+        self.state.save(&self.path)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_store_writes_what_it_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.yaml");
+        let mut store = StateStore::open(&path).unwrap();
+        assert!(store.first_start());
+        store.save_rules(vec![SavedRule { id: 1, slot: 0, rule: "status=500".into() }]).unwrap();
+        store.set_created_qdisc(4, true).unwrap();
+        store.set_created_sink(true).unwrap();
+        let again = StateStore::open(&path).unwrap();
+        assert!(!again.first_start() && again.created_sink() && again.created_qdisc(4));
+        assert_eq!(again.rules().len(), 1);
+        std::fs::write(&path, "rules: [{id: 2, slot: 0, rule: 'status=999'}]").unwrap();
+        let err = format!("{:#}", StateStore::open(&path).unwrap_err());
+        assert!(err.contains("saved rule 2"), "{err}");
+    }
 
     #[test]
     fn round_trips_through_the_file() {

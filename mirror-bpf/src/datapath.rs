@@ -316,6 +316,12 @@ impl<'obj> Datapath<'obj> {
         flow::read_flows(&maps.flow_table, &maps.mirror_marks, &maps.flow_nat)
     }
 
+    /// The client's and the server's tuples of `key`'s connection when the node's conntrack
+    /// translated it (a Service); `None` otherwise.
+    pub fn nat_tuples(&self, key: &FlowKey) -> Result<Option<flow::NatTuples>> {
+        flow::read_nat_tuples(&self.skel.maps.flow_nat, key)
+    }
+
     /// Every latency histogram, summed over CPUs.
     pub fn histograms(&self) -> Result<Vec<Histogram>> {
         latency::read_histograms(&self.skel.maps.latency_hists)

@@ -292,6 +292,31 @@ pub(crate) fn read_nat_pair(nat: &MapMut<'_>, key: &FlowKey) -> Result<Option<Na
     Ok(v.map(|b| NatPair::from_raw(&read_plain(&b), raw.family, raw.proto)))
 }
 
+/// The two tuples of a connection translated by the node's conntrack, each as its side sees
+/// the connection: (client, server) endpoints of the client-to-server direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NatTuples {
+    /// As the client sent it (before DNAT): (client, service), e.g. `client:port`, `VIP:80`.
+    pub client_side: (SocketAddr, SocketAddr),
+    /// As the server received it (after DNAT, and SNAT if any): e.g. `client:port`, `pod:80`.
+    pub server_side: (SocketAddr, SocketAddr),
+}
+
+/// The client's and the server's tuples of `key`'s connection, from the `flow_nat` map, when
+/// conntrack translated it.
+pub(crate) fn read_nat_tuples(nat: &MapMut<'_>, key: &FlowKey) -> Result<Option<NatTuples>> {
+    let raw = key.to_raw();
+    let v = nat.lookup(bytes_of(&raw), MapFlags::ANY).context(|| "reading flow_nat".into())?;
+    Ok(v.map(|b| {
+        let v: types::flow_nat = read_plain(&b);
+        let ep = |a: &[u32; 4], port: u16| SocketAddr::new(addr(a, raw.family), port);
+        NatTuples {
+            client_side: (ep(&v.orig.src, v.orig.sport), ep(&v.orig.dst, v.orig.dport)),
+            server_side: (ep(&v.reply.dst, v.reply.dport), ep(&v.reply.src, v.reply.sport)),
+        }
+    }))
+}
+
 /// Every flow of the `flow_table` map, with traffic summed over CPUs and its mark; the two
 /// tuples of a connection translated by conntrack (`flow_nat`) are one flow.
 pub(crate) fn read_flows(table: &MapMut<'_>, marks: &MapMut<'_>, nat: &MapMut<'_>) -> Result<Vec<Flow>> {

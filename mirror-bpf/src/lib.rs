@@ -29,7 +29,7 @@ pub use attach::{tcx_supported, AttachMode, Attachment, MirrorDelivery, MirrorMe
 pub use datapath::{Datapath, DatapathOptions};
 pub use error::{Error, Result};
 pub use event::TriggerEvent;
-pub use flow::{DirStats, Flow, FlowKey, MirrorMark};
+pub use flow::{DirStats, Flow, FlowKey, MirrorMark, NatTuples};
 pub use latency::{HistKind, Histogram};
 /// The ring buffer of trigger events returned by [`Datapath::events`].
 pub use libbpf_rs::RingBuffer as EventRing;

@@ -79,6 +79,8 @@ pub struct AgentConfig {
     pub metrics_rule_text: bool,
     /// More keys of the `api:` section (key, YAML value), such as its connection limits.
     pub api: Vec<(String, String)>,
+    /// More top-level sections, as YAML text (e.g. `events:`).
+    pub extra: String,
 }
 
 impl Default for AgentConfig {
@@ -93,6 +95,7 @@ impl Default for AgentConfig {
             metrics: String::new(),
             metrics_rule_text: true,
             api: vec![],
+            extra: String::new(),
         }
     }
 }
@@ -140,7 +143,7 @@ impl AgentEnv {
         let yaml = format!(
             "interfaces:\n  include: {}\n  exclude: {}\nattach:\n  mode: {}\n\
              mirror:\n  interface: {}\n  create: {}\napi:\n  socket: {}\n{}metrics:\n  listen: {}\n  rule_text: {}\n\
-             bpf:\n  pin_path: {}\nstate:\n  path: {}\nrules: {}\n",
+             bpf:\n  pin_path: {}\nstate:\n  path: {}\nrules: {}\n{}",
             quote(&cfg.include),
             quote(&cfg.exclude),
             quote(&cfg.attach_mode),
@@ -153,6 +156,7 @@ impl AgentEnv {
             quote(&env.pin_path),
             quote(&env.state_path()),
             quote(&cfg.rules),
+            cfg.extra,
         );
         std::fs::write(env.config_path(), yaml).expect("writing the agent config");
         env

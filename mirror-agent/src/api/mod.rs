@@ -9,7 +9,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -18,9 +17,11 @@ use axum::{Json, Router};
 use serde::Deserialize;
 
 use crate::engine::Engine;
+use crate::event_log::EventLog;
 use crate::groups::Group;
 use types::{
-    ErrorBody, FlowView, GroupView, HistogramView, MirrorView, NewRule, RuleView, SetGroup, StatusView,
+    ErrorBody, EventQuery, EventView, FlowView, GroupView, HistogramView, MirrorView, NewRule, RuleView,
+    SetGroup, StatusView,
 };
 
 /// What the API reports beyond the engine.
@@ -39,6 +40,8 @@ pub struct ApiState {
     pub engine: Engine,
     /// Agent facts, updated as they change.
     pub info: Arc<Mutex<AgentInfo>>,
+    /// Recent trigger events.
+    pub events: Arc<EventLog>,
 }
 
 /// An error reply.
@@ -58,12 +61,27 @@ impl From<anyhow::Error> for ApiError {
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
+/// A JSON request body, whatever its `Content-Type` says: every body the API takes is JSON,
+/// and `curl -d` sends `application/x-www-form-urlencoded` (a bare request, none), which
+/// axum's `Json` refuses.
+pub struct JsonBody<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for JsonBody<T> {
+    type Rejection = String;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, String> {
+        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|e| e.body_text())?;
+        Json::<T>::from_bytes(&bytes).map(|Json(v)| JsonBody(v)).map_err(|e| e.body_text())
+    }
+}
+
 /// The routes.
 pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/rules", get(list_rules).post(add_rule))
         .route("/v1/rules/{id}", delete(del_rule))
         .route("/v1/flows", get(flows))
+        .route("/v1/events", get(events))
         .route("/v1/status", get(status))
         .route("/v1/counters", get(counters))
         .route("/v1/latency", get(latency))
@@ -72,7 +90,7 @@ pub fn router(state: ApiState) -> Router {
         .fallback(|| async {
             ApiError(
                 StatusCode::NOT_FOUND,
-                "no such resource (see /v1/rules, /v1/flows, /v1/status, /v1/counters, /v1/latency)".into(),
+                "no such resource (see /v1/rules, /v1/flows, /v1/events, /v1/status, /v1/counters, /v1/latency)".into(),
             )
         })
         .with_state(state)
@@ -86,9 +104,9 @@ async fn list_rules(State(s): State<ApiState>) -> ApiResult<Vec<RuleView>> {
 /// is never installed twice.
 async fn add_rule(
     State(s): State<ApiState>,
-    body: Result<Json<NewRule>, JsonRejection>,
+    body: Result<JsonBody<NewRule>, String>,
 ) -> Result<(StatusCode, Json<RuleView>), ApiError> {
-    let Json(body) =
+    let JsonBody(body) =
         body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("expected {{\"rule\": \"...\"}}: {e}")))?;
     let rule =
         crate::rules::parse(&body.rule).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
@@ -142,6 +160,25 @@ async fn flows(
     Ok(Json(flows))
 }
 
+/// Recent trigger events after `after`, oldest first; with `wait`, a request that finds none
+/// waits for the next (long poll: `mirrorctl events -f`).
+async fn events(
+    State(s): State<ApiState>,
+    q: Result<Query<EventQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Vec<EventView>> {
+    let Query(q) = q.map_err(|e| {
+        ApiError(StatusCode::BAD_REQUEST, format!("expected ?after=SEQ&limit=N&wait=SECONDS: {e}"))
+    })?;
+    let wait = std::time::Duration::from_secs(q.wait);
+    if wait > crate::event_log::MAX_WAIT {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("wait={} is more than {} seconds", q.wait, crate::event_log::MAX_WAIT.as_secs()),
+        ));
+    }
+    Ok(Json(s.events.wait_after(q.after, q.limit.unwrap_or(100), wait).await))
+}
+
 async fn status(State(s): State<ApiState>) -> ApiResult<StatusView> {
     let st = s.engine.status().await?;
     let info = s.info.lock().expect("info lock").clone();
@@ -171,9 +208,9 @@ async fn groups(State(s): State<ApiState>) -> ApiResult<Vec<GroupView>> {
 async fn set_group(
     State(s): State<ApiState>,
     UrlPath(name): UrlPath<String>,
-    body: Result<Json<SetGroup>, JsonRejection>,
+    body: Result<JsonBody<SetGroup>, String>,
 ) -> ApiResult<Vec<GroupView>> {
-    let Json(body) = body.map_err(|e| {
+    let JsonBody(body) = body.map_err(|e| {
         ApiError(StatusCode::BAD_REQUEST, format!("expected {{\"enabled\": true|false}}: {e}"))
     })?;
     let group = Group::from_name(&name).ok_or_else(|| {

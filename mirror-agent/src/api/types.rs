@@ -219,3 +219,63 @@ pub struct SetGroup {
     /// Switch on or off.
     pub enabled: bool,
 }
+
+/// One side's view of a connection: the client-to-server direction's endpoints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TupleView {
+    /// The client (`addr:port`).
+    pub client: String,
+    /// The server (`addr:port`): on the client's side of a Service, its virtual address.
+    pub server: String,
+    /// The Community ID (v1, seed 0) of this tuple, as Zeek and Suricata log it.
+    pub community_id: String,
+}
+
+/// A trigger: a response matched a rule and its flow is mirrored from there on
+/// (GET /v1/events, and the lines of `events.output`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventView {
+    /// Its number, from 1, in the order the agent read them.
+    pub seq: u64,
+    /// When the response was seen (RFC 3339, UTC, milliseconds).
+    pub time: String,
+    /// The interface it was seen on (a pod's host-side veth).
+    pub interface: String,
+    /// Its ifindex.
+    pub ifindex: u32,
+    /// ingress | egress of that interface.
+    pub hook: String,
+    /// The connection as the client sent it (before DNAT).
+    pub client_side: TupleView,
+    /// The connection as the server received it (after DNAT and SNAT); the same as
+    /// `client_side` when not translated.
+    pub server_side: TupleView,
+    /// Whether the node's conntrack translated the connection (the two sides differ).
+    pub nat: bool,
+    /// The rule that matched.
+    pub rule_id: u32,
+    /// Its text ("" when deleted since).
+    pub rule: String,
+    /// The response's status.
+    pub status: u16,
+    /// The request's method, when it was seen.
+    pub method: Option<String>,
+    /// The request's target (its first 64 bytes), when it was seen.
+    pub target: Option<String>,
+    /// Request (first segment) to status line, milliseconds, when the request was seen.
+    pub response_ms: Option<f64>,
+}
+
+/// GET /v1/events query.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventQuery {
+    /// Events numbered after this one (0: from the oldest kept).
+    #[serde(default)]
+    pub after: u64,
+    /// At most this many (the newest), default 100.
+    pub limit: Option<usize>,
+    /// When there are none yet, wait this many seconds (at most 30) for the next.
+    #[serde(default)]
+    pub wait: u64,
+}

@@ -1,6 +1,7 @@
 //! mirrorctl: the operator's CLI, one subcommand per API resource.
 
 pub mod client;
+pub mod events;
 pub mod hist;
 pub mod table;
 
@@ -52,6 +53,16 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
+    /// Trigger events: time, interface, both tuples across NAT with their Community IDs,
+    /// rule, method, target, status, response time.
+    Events {
+        /// Keep printing events as they come (JSON lines with -o json).
+        #[arg(short, long)]
+        follow: bool,
+        /// Show at most this many of the recent ones.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
     /// Latency histograms (HTTP response time, TCP handshake), and their groups.
     Latency {
         #[command(subcommand)]
@@ -80,7 +91,8 @@ enum LatencyCommand {
 
 #[derive(Subcommand)]
 enum RulesCommand {
-    /// Add a rule, e.g. `status=500`, `status=5xx`, `port=8080 status=500-504 packets=1000 duration=30s`.
+    /// Add a rule, e.g. `status=500`, `status=5xx`, `port=8080 status=500-504 packets=1000 duration=30s`,
+    /// `'latency>200ms'` (quote a rule with `>`: the shell reads it as a redirection).
     Add {
         /// The rule's key=value tokens.
         #[arg(required = true, num_args = 1..)]
@@ -240,6 +252,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let rows: Vec<Vec<String>> =
                 s.counters.iter().map(|(k, v)| vec![k.clone(), v.to_string()]).collect();
             print!("{}", table::render(&["COUNTER", "VALUE"], &rows));
+            println!(
+                "(duplicate: packets seen a second time, on the other pod's veth, and skipped there so \
+                 that each is mirrored once; non_tcp: ARP, ICMP, UDP and the like, passed on untouched)"
+            );
             if !s.net_cpu.is_empty() {
                 let pct = |v: f64| format!("{:.1}%", v * 100.0);
                 let rows: Vec<Vec<String>> = s
@@ -251,6 +267,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 print!("{}", table::render(&["CPU", "SEND/RECV CALLS", "NET_RX", "NET_TX"], &rows));
             }
         }
+        Command::Events { follow, limit } => events::run(&c, json, follow, limit).await?,
         Command::Flows { limit } => {
             let flows: Vec<FlowView> = c.call(Method::GET, &format!("/v1/flows?limit={limit}"), None).await?;
             if json {

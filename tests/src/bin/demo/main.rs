@@ -176,6 +176,9 @@ fn demo(bins: &Binaries) {
 
     step("7. The agent's status");
     mirrorctl(&env, &["status"]);
+    say("duplicate: packets seen twice on the node (leaving one pod's veth and entering the\n\
+         other's), counted once and skipped the second time, so each is mirrored once.\n\
+         non_tcp: packets that are not TCP (ARP, ICMP, UDP such as DNS): passed on, not followed.");
 
     step("8. The agent's log of the triggers");
     for line in agent.output().lines().filter(|l| l.contains("trigger")) {
@@ -190,4 +193,13 @@ fn demo(bins: &Binaries) {
          (with --keep-attached it would leave them for the next agent to adopt, mirroring\n\
          all along). The demo now deletes its namespaces."
     ));
+    // The capture outlives the demo's files: kept where the operator can open it.
+    let kept = std::env::temp_dir().join("mirror-demo.pcap");
+    match std::fs::copy(&mirror_file, &kept) {
+        Ok(_) => say(&format!(
+            "\nThe mirror's capture is kept: open it with\n    tshark -r {}\n(or Wireshark, Zeek: zeek -r FILE, Suricata: suricata -r FILE).",
+            kept.display()
+        )),
+        Err(e) => eprintln!("keeping the capture as {}: {e}", kept.display()),
+    }
 }

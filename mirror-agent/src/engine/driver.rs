@@ -1,0 +1,332 @@
+//! The data-path driver: loads (or adopts) the data path and restores the rules, attaches and
+//! detaches links, points copies at the sink, changes rules and measurement groups, and stops.
+//! It holds the state file's one writer ([`StateStore`]) while the engine runs.
+
+use std::collections::BTreeMap;
+use std::mem::MaybeUninit;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+
+use mirror_bpf::{AttachMode, Attachment, Datapath, MirrorDelivery, MirrorMethod, Rule, TraceGroup, Tracing};
+
+use super::cpu::CpuSampler;
+use super::events::Events;
+use super::{view, AddedRule, EngineConfig, EngineStatus, Stopped};
+use crate::api::types::{GroupView, InterfaceView, RuleView};
+use crate::capacity::RuleCapacity;
+use crate::event_log::EventLog;
+use crate::groups::Group;
+use crate::state::{SavedRule, StateStore};
+
+/// A link we are attached to.
+pub(super) struct Attached {
+    pub(super) name: String,
+    pub(super) att: Attachment,
+}
+
+pub(super) struct Driver {
+    dp: Datapath<'static>,
+    cfg: EngineConfig,
+    attached: BTreeMap<u32, Attached>,
+    state: StateStore,
+    tcx_available: Option<bool>,
+    /// Attach latency, microseconds.
+    latency: hdrhistogram::Histogram<u64>,
+    events: Events,
+    /// The tracing programs, or why they could not be loaded.
+    tracing: Result<Tracing, String>,
+    cpu: CpuSampler,
+}
+
+impl Driver {
+    pub(super) fn new(cfg: EngineConfig, state: StateStore, log: Arc<EventLog>) -> anyhow::Result<Self> {
+        // The object lives as long as the process: one per agent.
+        let storage = Box::leak(Box::new(MaybeUninit::uninit()));
+        let mut dp = Datapath::load(storage, &cfg.datapath)?;
+        for r in state.rules() {
+            let rule: Rule =
+                r.rule.parse().with_context(|| format!("saved rule {} in the state file", r.id))?;
+            if dp.adopted() {
+                dp.restore_rule(r.id, r.slot, rule)?;
+            } else {
+                dp.insert_rule(r.id, rule)?;
+            }
+        }
+        let path =
+            dp.loaded_programs().map_or("all", |(m, _)| if m == AttachMode::Tcx { "tcx" } else { "tc" });
+        tracing::info!(
+            rules = state.rules().len(),
+            adopted = dp.adopted(),
+            attach = path,
+            tcx_in_kernel = mirror_bpf::tcx_supported(),
+            "data path loaded"
+        );
+        let events = Events::open(&dp, log)?;
+        let mut tracing = Tracing::load(&dp).map_err(|e| e.to_string());
+        match &mut tracing {
+            Ok(t) => {
+                t.set_stack_sampling(cfg.stack_sample);
+                match t.fexit() {
+                    Ok(()) => tracing::info!(
+                        "latency tracing uses fexit and tp_btf: clones of a packet keep its stack-latency stamp"
+                    ),
+                    Err(why) => tracing::info!(
+                        kernel_said = %why,
+                        "latency tracing uses tp_btf tracepoints: this kernel does not allow fexit programs \
+                         (lockdown, usual on distribution kernels), which is expected and works; only \
+                         clones of a packet are not followed by the stack group"
+                    ),
+                }
+                if !t.socket_io_counted() {
+                    tracing::info!(
+                        "cpu group: no sock_send_length/sock_recv_length tracepoints (kernel before 6.3): \
+                         read/write/sendfile on sockets are not counted, send and recv calls are"
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "tracing programs unavailable: the stack and cpu groups cannot be switched on")
+            }
+        }
+        let first_start = state.first_start();
+        let mut d = Driver {
+            dp,
+            cfg,
+            attached: BTreeMap::new(),
+            state,
+            tcx_available: None,
+            latency: hdrhistogram::Histogram::new(3).expect("3 significant digits is valid"),
+            events,
+            tracing,
+            cpu: CpuSampler::default(),
+        };
+        for (g, on) in d.cfg.groups.clone() {
+            d.set_group(g, on)?;
+        }
+        if first_start {
+            // Saved once below, not after each rule: thousands of initial rules stay quick.
+            for rule in d.cfg.initial_rules.clone() {
+                let id = d.dp.add_rule(rule.clone())?;
+                tracing::debug!(id, %rule, "initial rule added");
+            }
+            tracing::info!(rules = d.cfg.initial_rules.len(), "initial rules added");
+        }
+        d.save_rules()?;
+        Ok(d)
+    }
+
+    /// The data path, for the views.
+    pub(super) fn datapath(&self) -> &Datapath<'static> {
+        &self.dp
+    }
+
+    /// The attached links, by ifindex.
+    pub(super) fn attached(&self) -> &BTreeMap<u32, Attached> {
+        &self.attached
+    }
+
+    /// What runs between commands: the trigger events and the CPU sample.
+    pub(super) fn tick(&mut self) {
+        self.events.drain(&self.dp, &self.attached);
+        if let Ok(t) = &self.tracing {
+            self.cpu.sample(t);
+        }
+    }
+
+    pub(super) fn attach(
+        &mut self,
+        ifindex: u32,
+        name: String,
+        since: Instant,
+    ) -> anyhow::Result<InterfaceView> {
+        if let Some(a) = self.attached.get_mut(&ifindex) {
+            a.name = name;
+            return Ok(view::interface(ifindex, a));
+        }
+        let mut att = self
+            .dp
+            .attach(ifindex, self.cfg.mode, self.cfg.method)
+            .with_context(|| format!("attaching to {name} (ifindex {ifindex})"))?;
+        if self.cfg.mode == AttachMode::Auto {
+            self.tcx_available.get_or_insert(att.mode == AttachMode::Tcx);
+        }
+        // Created by an earlier agent: still ours to remove.
+        if att.created_qdisc {
+            self.state.set_created_qdisc(ifindex, true)?;
+        } else if self.state.created_qdisc(ifindex) {
+            att.created_qdisc = true;
+        }
+        let took = since.elapsed();
+        let _ = self.latency.record(took.as_micros() as u64);
+        tracing::info!(%name, ifindex, mode = ?att.mode, "attached in {}", crate::duration::round(took));
+        let a = Attached { name, att };
+        let view = view::interface(ifindex, &a);
+        self.attached.insert(ifindex, a);
+        Ok(view)
+    }
+
+    pub(super) fn detach(&mut self, ifindex: u32) -> anyhow::Result<bool> {
+        let Some(a) = self.attached.remove(&ifindex) else { return Ok(false) };
+        let res = self.dp.detach(a.att);
+        self.state.set_created_qdisc(ifindex, false)?;
+        match res {
+            Ok(()) => tracing::info!(name = %a.name, ifindex, "detached"),
+            // The link went away with everything on it.
+            Err(e) => tracing::debug!(name = %a.name, ifindex, error = %e, "detach of a vanished link"),
+        }
+        Ok(true)
+    }
+
+    pub(super) fn set_mirror(&mut self, ifindex: u32, delivery: MirrorDelivery) -> anyhow::Result<()> {
+        self.dp.set_mirror_target(ifindex, delivery)?;
+        // act_mirred carries the ifindex itself: point every filter at the new sink.
+        if self.cfg.method == MirrorMethod::Mirred && ifindex != 0 {
+            let links: Vec<_> = self.attached.iter().map(|(i, a)| (*i, a.name.clone())).collect();
+            for (i, name) in links {
+                let a = self.attached.remove(&i).expect("listed");
+                let created = a.att.created_qdisc;
+                drop(a); // keep the filter: attach() replaces it in place
+                match self.dp.attach(i, self.cfg.mode, self.cfg.method) {
+                    Ok(mut att) => {
+                        att.created_qdisc |= created;
+                        self.attached.insert(i, Attached { name, att });
+                    }
+                    Err(e) => tracing::warn!(%name, error = %e, "re-pointing act_mirred"),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn set_created_sink(&mut self, created: bool) -> anyhow::Result<()> {
+        self.state.set_created_sink(created)
+    }
+
+    /// Records the installed rules in the state file.
+    fn save_rules(&mut self) -> anyhow::Result<()> {
+        let rules = self
+            .dp
+            .rule_slots()
+            .into_iter()
+            .map(|(id, slot, rule)| SavedRule { id, slot, rule: rule.to_string() })
+            .collect();
+        self.state.save_rules(rules)
+    }
+
+    pub(super) fn add_rule(&mut self, rule: Rule) -> anyhow::Result<AddedRule> {
+        let present = self.dp.rule_slots();
+        if let Some((id, _, _)) = present.iter().find(|(_, _, r)| *r == rule) {
+            let hits = self.dp.rules()?.into_iter().find(|r| r.id == *id).map_or(0, |r| r.hits);
+            return Ok(AddedRule {
+                view: RuleView { id: *id, rule: rule.to_string(), hits },
+                created: false,
+            });
+        }
+        // Checked before anything is written: a map that fills halfway would leave the rule
+        // partly installed.
+        crate::rules::check_fits(
+            present.iter().map(|(_, _, r)| r).chain([&rule]),
+            RuleCapacity::classifier(),
+        )?;
+        let id = self.dp.add_rule(rule.clone())?;
+        self.save_rules()?;
+        Ok(AddedRule { view: RuleView { id, rule: rule.to_string(), hits: 0 }, created: true })
+    }
+
+    pub(super) fn del_rule(&mut self, id: u32) -> anyhow::Result<RuleView> {
+        let hits = self.dp.rules()?.into_iter().find(|r| r.id == id).map_or(0, |r| r.hits);
+        let rule = self.dp.remove_rule(id)?;
+        self.save_rules()?;
+        Ok(RuleView { id, rule: rule.to_string(), hits })
+    }
+
+    pub(super) fn rules(&self) -> anyhow::Result<Vec<RuleView>> {
+        Ok(self
+            .dp
+            .rules()?
+            .into_iter()
+            .map(|r| RuleView { id: r.id, rule: r.rule.to_string(), hits: r.hits })
+            .collect())
+    }
+
+    fn set_group(&mut self, group: Group, on: bool) -> anyhow::Result<()> {
+        match group {
+            Group::Timing(g) => self.dp.set_timing(g, on)?,
+            Group::Trace(g) => match &mut self.tracing {
+                Ok(t) => t.set(&mut self.dp, g, on)?,
+                Err(why) if on => anyhow::bail!("the {} group needs the tracing programs: {why}", g.name()),
+                Err(_) => {}
+            },
+        }
+        if group == Group::Trace(TraceGroup::Cpu) {
+            self.cpu.reset();
+        }
+        tracing::info!(group = group.name(), enabled = on, "measurement group switched");
+        Ok(())
+    }
+
+    fn group_on(&self, group: Group) -> anyhow::Result<bool> {
+        Ok(match group {
+            Group::Timing(g) => self.dp.timing(g)?,
+            Group::Trace(g) => self.tracing.as_ref().is_ok_and(|t| t.is_on(g)),
+        })
+    }
+
+    pub(super) fn groups(&mut self, set: Option<(Group, bool)>) -> anyhow::Result<Vec<GroupView>> {
+        if let Some((group, on)) = set {
+            self.set_group(group, on)?;
+        }
+        Group::all().map(|g| Ok(GroupView { group: g.name().into(), enabled: self.group_on(g)? })).collect()
+    }
+
+    pub(super) fn status(&self) -> anyhow::Result<EngineStatus> {
+        view::status(
+            &self.dp,
+            view::StatusParts {
+                attached: &self.attached,
+                tcx_available: self.tcx_available,
+                attach_latency: &self.latency,
+                net_cpu: self.cpu.shares(),
+                tracing: &self.tracing,
+            },
+        )
+    }
+
+    pub(super) fn drop_stale_pins(&mut self) -> anyhow::Result<usize> {
+        Ok(self.dp.drop_stale_links(|i| self.attached.contains_key(&i))?)
+    }
+
+    /// Detaches (or with `keep_attached` releases) everything, and hands the state file back.
+    pub(super) fn shutdown(mut self, keep_attached: bool) -> Stopped {
+        let result = self.stop(keep_attached);
+        Stopped { result, state: self.state }
+    }
+
+    fn stop(&mut self, keep_attached: bool) -> anyhow::Result<()> {
+        self.events.drain(&self.dp, &self.attached);
+        let attached = std::mem::take(&mut self.attached);
+        let n = attached.len();
+        if keep_attached {
+            for (_, a) in attached {
+                self.dp.release(a.att);
+            }
+            self.save_rules()?;
+            tracing::info!(interfaces = n, "leaving the data path attached and pinned for the next agent");
+            return Ok(());
+        }
+        let mut first_err = None;
+        for (ifindex, a) in attached {
+            if let Err(e) = self.dp.detach(a.att) {
+                tracing::warn!(name = %a.name, ifindex, error = %e, "detaching");
+                first_err.get_or_insert(e);
+            }
+        }
+        self.state.clear_created_qdiscs();
+        self.save_rules()?;
+        self.dp.unpin_all()?;
+        tracing::info!(interfaces = n, "detached everywhere, pins removed");
+        first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+}

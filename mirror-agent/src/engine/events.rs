@@ -1,0 +1,114 @@
+//! Trigger events: read from the data path's ring buffer between commands, completed with
+//! what user space knows (the interface's name, the connection's other tuple across NAT, the
+//! rule's text, the wall-clock time, Community IDs), logged, and handed to the
+//! [`EventLog`] (the API's ring and `events.output`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, SystemTime};
+
+use mirror_bpf::flow::monotonic_ns;
+use mirror_bpf::{Datapath, EventRing, TriggerEvent};
+
+use super::driver::Attached;
+use crate::api::types::{EventView, TupleView};
+use crate::community_id;
+use crate::event_log::EventLog;
+
+/// The ring buffer of trigger events and what its callback has read.
+pub(super) struct Events {
+    ring: EventRing<'static>,
+    rx: mpsc::Receiver<TriggerEvent>,
+    log: Arc<EventLog>,
+}
+
+impl Events {
+    /// Opens the data path's ring buffer; events go to `log`.
+    pub(super) fn open(dp: &Datapath<'static>, log: Arc<EventLog>) -> anyhow::Result<Self> {
+        let (tx, rx) = mpsc::channel();
+        let ring = dp.events(move |e| {
+            let _ = tx.send(e);
+        })?;
+        Ok(Self { ring, rx, log })
+    }
+
+    /// Reads what the ring buffer holds, logs each trigger and records it.
+    pub(super) fn drain(&mut self, dp: &Datapath<'_>, attached: &BTreeMap<u32, Attached>) {
+        if let Err(e) = self.ring.consume() {
+            tracing::warn!(error = %e, "reading trigger events");
+        }
+        while let Ok(e) = self.rx.try_recv() {
+            let ev = complete(&e, dp, attached);
+            tracing::info!(
+                rule = e.rule_id,
+                status = e.status,
+                server = %ev.server_side.server,
+                client = %ev.client_side.client,
+                method = e.method.as_deref().unwrap_or("-"),
+                target = e.target.as_deref().unwrap_or("-"),
+                response_ms = ev.response_ms,
+                interface = %ev.interface,
+                nat = ev.nat.then(|| format!("{} -> {}", ev.client_side.server, ev.server_side.server)),
+                community_id = %ev.client_side.community_id,
+                "trigger: flow mirrored"
+            );
+            self.log.push(ev);
+        }
+    }
+}
+
+fn tuple((client, server): (SocketAddr, SocketAddr), proto: u8) -> TupleView {
+    TupleView {
+        client: client.to_string(),
+        server: server.to_string(),
+        community_id: community_id::v1(client, server, proto),
+    }
+}
+
+/// Milliseconds, rounded to the microsecond.
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// The event as the API shows it (`seq` is set by the log).
+fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &BTreeMap<u32, Attached>) -> EventView {
+    let proto = e.key.proto;
+    // The response's sender is the server of the tuple it was seen under.
+    let seen = if e.reverse { (e.key.lo, e.key.hi) } else { (e.key.hi, e.key.lo) };
+    let nat = match e.nat {
+        Some(_) => dp.nat_tuples(&e.key).unwrap_or_else(|err| {
+            tracing::debug!(error = %err, "reading the NAT tuples of a trigger");
+            None
+        }),
+        None => None,
+    };
+    let (client_side, server_side) = match nat {
+        Some(t) => (t.client_side, t.server_side),
+        None => (seen, seen),
+    };
+    let age = Duration::from_nanos(monotonic_ns().saturating_sub(e.ts_ns));
+    let when = SystemTime::now().checked_sub(age).unwrap_or_else(SystemTime::now);
+    EventView {
+        seq: 0,
+        time: chrono::DateTime::<chrono::Utc>::from(when)
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        interface: attached.get(&e.ifindex).map(|a| a.name.clone()).unwrap_or_default(),
+        ifindex: e.ifindex,
+        hook: if e.egress { "egress" } else { "ingress" }.into(),
+        client_side: tuple(client_side, proto),
+        server_side: tuple(server_side, proto),
+        nat: nat.is_some(),
+        rule_id: e.rule_id,
+        rule: dp
+            .rule_slots()
+            .into_iter()
+            .find(|(id, _, _)| *id == e.rule_id)
+            .map(|(_, _, r)| r.to_string())
+            .unwrap_or_default(),
+        status: e.status,
+        method: e.method.clone(),
+        target: e.target.clone(),
+        response_ms: e.request_to_response.map(ms),
+    }
+}

@@ -1,0 +1,283 @@
+//! The data path, owned by one thread: libbpf objects are not shared between threads, so
+//! every operation is a command sent here and answered through a oneshot channel. Between
+//! commands the thread drains the trigger ring buffer and samples CPU time.
+//!
+//! One concern per module: this one is the thread (the [`Engine`] handle, its commands and
+//! the loop that serves them); [`driver`] drives the data path (load, attach, rules, groups,
+//! stop) and is the state file's writer while the engine runs; [`view`] builds what the API
+//! shows; [`events`] reads the trigger events; [`cpu`] samples the network stack's CPU time.
+
+mod cpu;
+mod driver;
+mod events;
+mod view;
+
+use std::collections::BTreeMap;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context};
+use tokio::sync::oneshot;
+
+use mirror_bpf::{AttachMode, DatapathOptions, MirrorDelivery, MirrorMethod, Rule};
+
+use crate::api::types::{
+    CpuShareView, FlowView, GroupView, HistogramView, InterfaceView, LatencyView, RuleView,
+};
+use crate::event_log::EventLog;
+use crate::groups::Group;
+use crate::state::StateStore;
+use driver::Driver;
+
+/// How the engine is set up.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Map sizes and pin path.
+    pub datapath: DatapathOptions,
+    /// Attach mode.
+    pub mode: AttachMode,
+    /// Mirror method.
+    pub method: MirrorMethod,
+    /// Rules for a first start.
+    pub initial_rules: Vec<Rule>,
+    /// Measurement groups switched on or off at start (the others keep their defaults).
+    pub groups: Vec<(Group, bool)>,
+    /// The stack group stamps 1 in this many packets.
+    pub stack_sample: u32,
+}
+
+/// What the engine reports about itself.
+#[derive(Debug, Clone)]
+pub struct EngineStatus {
+    /// Attached interfaces.
+    pub interfaces: Vec<InterfaceView>,
+    /// Counters by name.
+    pub counters: BTreeMap<String, u64>,
+    /// Pinned state was adopted at start.
+    pub adopted: bool,
+    /// TCX worked (or was not tried yet: `None`).
+    pub tcx_available: Option<bool>,
+    /// Attach latency.
+    pub attach_latency: LatencyView,
+    /// Attach latency as a histogram: (upper bound in seconds, attachments up to it, not
+    /// cumulative), and the sum in seconds.
+    pub attach_buckets: (Vec<(f64, u64)>, f64),
+    /// The mirror ifindex in use (0: none).
+    pub mirror_ifindex: u32,
+    /// Share of each CPU spent in the network stack over the last second (cpu group on).
+    pub net_cpu: Vec<CpuShareView>,
+    /// How the tracing programs run: "fexit + tp_btf", "tp_btf (this kernel refuses fexit: ...)", or why not.
+    pub tracing: String,
+}
+
+/// What adding a rule did.
+#[derive(Debug, Clone)]
+pub struct AddedRule {
+    /// The rule: the new one, or the same one installed before.
+    pub view: RuleView,
+    /// Whether it was added now (`false`: the same rule was there already, under `view.id`).
+    pub created: bool,
+}
+
+/// What a stopped engine hands back.
+#[derive(Debug)]
+pub struct Stopped {
+    /// Whether everything was detached (or released) cleanly.
+    pub result: anyhow::Result<()>,
+    /// The state file, whose one writer is the caller from now on.
+    pub state: StateStore,
+}
+
+type Reply<T> = oneshot::Sender<anyhow::Result<T>>;
+
+enum Cmd {
+    Attach { ifindex: u32, name: String, since: Instant, reply: Reply<InterfaceView> },
+    Detach { ifindex: u32, reply: Reply<bool> },
+    SetMirror { ifindex: u32, delivery: MirrorDelivery, reply: Reply<()> },
+    AddRule { rule: Rule, reply: Reply<AddedRule> },
+    DelRule { id: u32, reply: Reply<RuleView> },
+    Rules { reply: Reply<Vec<RuleView>> },
+    Flows { reply: Reply<Vec<FlowView>> },
+    Latency { reply: Reply<Vec<HistogramView>> },
+    Groups { set: Option<(Group, bool)>, reply: Reply<Vec<GroupView>> },
+    Status { reply: Reply<EngineStatus> },
+    DropStalePins { reply: Reply<usize> },
+    SetCreatedSink { created: bool, reply: Reply<()> },
+    Shutdown { keep_attached: bool, reply: oneshot::Sender<Stopped> },
+}
+
+/// A handle to the engine thread; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    tx: mpsc::Sender<Cmd>,
+}
+
+/// How long the thread waits for a command before draining events again.
+const EVENT_POLL: Duration = Duration::from_millis(20);
+
+impl Engine {
+    /// Starts the engine thread: loads (or adopts) the data path and restores the rules of
+    /// `state`, which the engine writes from now on (until [`Engine::shutdown`] returns it).
+    /// Trigger events go to `events`.
+    pub async fn start(
+        cfg: EngineConfig,
+        state: StateStore,
+        events: Arc<EventLog>,
+    ) -> anyhow::Result<Engine> {
+        let (tx, rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("datapath".into())
+            .spawn(move || match Driver::new(cfg, state, events) {
+                Ok(d) => {
+                    let _ = ready_tx.send(Ok(()));
+                    run(d, rx);
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            })
+            .context("starting the data-path thread")?;
+        ready_rx.await.map_err(|_| anyhow!("the data-path thread died"))??;
+        Ok(Engine { tx })
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> anyhow::Result<T> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(make(reply)).map_err(|_| anyhow!("the data-path thread has stopped"))?;
+        rx.await.map_err(|_| anyhow!("the data-path thread has stopped"))?
+    }
+
+    /// Attaches (or adopts) the classifier on a link. `since`: when its event arrived.
+    pub async fn attach(&self, ifindex: u32, name: String, since: Instant) -> anyhow::Result<InterfaceView> {
+        self.call(|reply| Cmd::Attach { ifindex, name, since, reply }).await
+    }
+
+    /// Detaches from a link (gone or no longer matching). Returns whether it was attached.
+    pub async fn detach(&self, ifindex: u32) -> anyhow::Result<bool> {
+        self.call(|reply| Cmd::Detach { ifindex, reply }).await
+    }
+
+    /// Sets the interface copies are handed to (0: none) and whether it transmits or receives
+    /// them.
+    pub async fn set_mirror(&self, ifindex: u32, delivery: MirrorDelivery) -> anyhow::Result<()> {
+        self.call(|reply| Cmd::SetMirror { ifindex, delivery, reply }).await
+    }
+
+    /// Adds a rule; it is saved at once. The same rule given again is not added twice: its
+    /// existing id is returned. A rule that would not fit the rule maps is refused with a
+    /// [`crate::rules::Overflow`], and nothing changes.
+    pub async fn add_rule(&self, rule: Rule) -> anyhow::Result<AddedRule> {
+        self.call(|reply| Cmd::AddRule { rule, reply }).await
+    }
+
+    /// Deletes a rule; flows it marked stay mirrored until their limits.
+    pub async fn del_rule(&self, id: u32) -> anyhow::Result<RuleView> {
+        self.call(|reply| Cmd::DelRule { id, reply }).await
+    }
+
+    /// The rules.
+    pub async fn rules(&self) -> anyhow::Result<Vec<RuleView>> {
+        self.call(|reply| Cmd::Rules { reply }).await
+    }
+
+    /// The flows.
+    pub async fn flows(&self) -> anyhow::Result<Vec<FlowView>> {
+        self.call(|reply| Cmd::Flows { reply }).await
+    }
+
+    /// The latency histograms.
+    pub async fn latency(&self) -> anyhow::Result<Vec<HistogramView>> {
+        self.call(|reply| Cmd::Latency { reply }).await
+    }
+
+    /// The timing groups, after switching one if `set`.
+    pub async fn groups(&self, set: Option<(Group, bool)>) -> anyhow::Result<Vec<GroupView>> {
+        self.call(|reply| Cmd::Groups { set, reply }).await
+    }
+
+    /// Interfaces, counters and the like.
+    pub async fn status(&self) -> anyhow::Result<EngineStatus> {
+        self.call(|reply| Cmd::Status { reply }).await
+    }
+
+    /// Removes pinned TCX links of interfaces that are not attached (gone while we were away).
+    pub async fn drop_stale_pins(&self) -> anyhow::Result<usize> {
+        self.call(|reply| Cmd::DropStalePins { reply }).await
+    }
+
+    /// Records in the state file whether the agent created the mirror sink (and so removes
+    /// it at exit, even after a restart). The engine holds the file's one writer while it runs.
+    pub async fn set_created_sink(&self, created: bool) -> anyhow::Result<()> {
+        self.call(|reply| Cmd::SetCreatedSink { created, reply }).await
+    }
+
+    /// Detaches everything and removes pins, or with `keep_attached` leaves it all for the
+    /// next agent. The thread ends and hands the state file back.
+    pub async fn shutdown(&self, keep_attached: bool) -> anyhow::Result<Stopped> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Cmd::Shutdown { keep_attached, reply })
+            .map_err(|_| anyhow!("the data-path thread has stopped"))?;
+        rx.await.map_err(|_| anyhow!("the data-path thread has stopped"))
+    }
+}
+
+/// The thread's loop: a command, or every [`EVENT_POLL`] at the latest, the events and the
+/// CPU sample.
+fn run(mut d: Driver, rx: mpsc::Receiver<Cmd>) {
+    loop {
+        match rx.recv_timeout(EVENT_POLL) {
+            Ok(Cmd::Shutdown { keep_attached, reply }) => {
+                let _ = reply.send(d.shutdown(keep_attached));
+                return;
+            }
+            Ok(cmd) => handle(&mut d, cmd),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+        d.tick();
+    }
+}
+
+fn handle(d: &mut Driver, cmd: Cmd) {
+    match cmd {
+        Cmd::Attach { ifindex, name, since, reply } => {
+            let _ = reply.send(d.attach(ifindex, name, since));
+        }
+        Cmd::Detach { ifindex, reply } => {
+            let _ = reply.send(d.detach(ifindex));
+        }
+        Cmd::SetMirror { ifindex, delivery, reply } => {
+            let _ = reply.send(d.set_mirror(ifindex, delivery));
+        }
+        Cmd::AddRule { rule, reply } => {
+            let _ = reply.send(d.add_rule(rule));
+        }
+        Cmd::DelRule { id, reply } => {
+            let _ = reply.send(d.del_rule(id));
+        }
+        Cmd::Rules { reply } => {
+            let _ = reply.send(d.rules());
+        }
+        Cmd::Flows { reply } => {
+            let _ = reply.send(view::flows(d.datapath()));
+        }
+        Cmd::Latency { reply } => {
+            let _ = reply.send(view::latency(d.datapath(), d.attached()));
+        }
+        Cmd::Groups { set, reply } => {
+            let _ = reply.send(d.groups(set));
+        }
+        Cmd::Status { reply } => {
+            let _ = reply.send(d.status());
+        }
+        Cmd::DropStalePins { reply } => {
+            let _ = reply.send(d.drop_stale_pins());
+        }
+        Cmd::SetCreatedSink { created, reply } => {
+            let _ = reply.send(d.set_created_sink(created));
+        }
+        Cmd::Shutdown { .. } => unreachable!("handled in run"),
+    }
+}
