@@ -4,7 +4,7 @@
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: deps build test demo bench bench-traffic bench-mirror bench-quick lint
+.PHONY: deps build test demo bench bench-traffic bench-mirror bench-churn bench-quick reliability lint
 
 deps:
 	@scripts/install-deps.sh
@@ -39,10 +39,17 @@ bench-traffic: deps
 bench-mirror: deps
 	$(CARGO) run --release -p mirror-bench -- mirror-path --out bench/RESULTS-mirror-path.md
 
-# Both benchmarks in their quick mode: a smoke test of the runners (about 2 minutes).
+# Attach latency in a burst of 50 new veths under a running agent (TCX with expedited and
+# normal RCU grace periods, tc) and where one attach's time goes; results in
+# bench/RESULTS-churn.md (about 2 minutes).
+bench-churn: deps
+	$(CARGO) run --release -p mirror-bench -- churn --out bench/RESULTS-churn.md
+
+# The benchmarks in their quick mode: a smoke test of the runners (about 3 minutes).
 bench-quick: deps
 	$(CARGO) run --release -p mirror-bench -- datapath --quick
 	$(CARGO) run --release -p mirror-bench -- traffic --quick
+	$(CARGO) run --release -p mirror-bench -- churn --quick
 
 lint:
 	$(CARGO) fmt --all --check

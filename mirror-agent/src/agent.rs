@@ -45,6 +45,15 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
         }
     }
     crate::bpffs::ensure(&cfg.bpf.pin_path)?;
+    // An agent killed while it had expedited RCU on (around a TCX link change) left it on.
+    let rcu_marker = std::path::PathBuf::from(format!("{}.rcu-expedited", cfg.api.socket.display()));
+    match mirror_bpf::rcu::recover(&rcu_marker) {
+        Ok(true) => {
+            tracing::info!("put {} back to 0, left on by a killed agent", mirror_bpf::rcu::RCU_EXPEDITED)
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "putting {} back", mirror_bpf::rcu::RCU_EXPEDITED),
+    }
     // Flow values are per possible CPU: `auto` keeps the table's memory bounded on big nodes.
     let cpus = mirror_bpf::possible_cpus()?;
     let flow_bytes = std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32;
@@ -79,6 +88,7 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
             marks_max: cfg.flows.marks_max,
             pin_path: Some(cfg.bpf.pin_path.clone()),
             only: Some((cfg.attach.mode.into(), cfg.mirror.method.into())),
+            expedite_rcu: cfg.attach.expedite_rcu.then_some(rcu_marker),
             ..Default::default()
         },
         mode: cfg.attach.mode.into(),

@@ -401,6 +401,7 @@ impl Worker {
             a.name = name;
             return Ok(self.interface_view(ifindex).expect("just found"));
         }
+        let queued = since.elapsed();
         let mut att = self
             .dp
             .attach(ifindex, self.cfg.mode, self.cfg.method)
@@ -419,7 +420,9 @@ impl Worker {
         }
         let ms = since.elapsed().as_secs_f64() * 1e3;
         let _ = self.latency.record((ms * 1000.0) as u64); // microseconds
-        tracing::info!(%name, ifindex, mode = ?att.mode, attach_ms = format!("{ms:.2}"), "attached");
+        let t = att.timings;
+        tracing::info!(%name, ifindex, mode = ?att.mode, attach_ms = format!("{ms:.2}"), queued_ms = format!("{:.2}", self::ms(queued)),
+            hooks_ms = format!("{:.2}", self::ms(t.hooks)), pin_ms = format!("{:.2}", self::ms(t.pin)), maps_ms = format!("{:.2}", self::ms(t.maps)), expedited = t.expedited, "attached");
         self.attached.insert(ifindex, Attached { name, att });
         Ok(self.interface_view(ifindex).expect("just inserted"))
     }
