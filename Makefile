@@ -51,6 +51,18 @@ bench-quick: deps
 	$(CARGO) run --release -p mirror-bench -- traffic --quick
 	$(CARGO) run --release -p mirror-bench -- churn --quick
 
+# The reliability suite in its long form (`make test` runs the short one): differential
+# fuzzing of the classifier over MIRROR_FUZZ_PACKETS frames (default 1,000,000; seed
+# MIRROR_FUZZ_SEED), a burst of MIRROR_BURST_VETHS veths (default 50) and MIRROR_CHURN_VETHS
+# veths churned (default 500) under the agent. Needs root.
+MIRROR_FUZZ_PACKETS ?= 1000000
+MIRROR_BURST_VETHS ?= 50
+MIRROR_CHURN_VETHS ?= 500
+reliability: deps
+	MIRROR_FUZZ_PACKETS=$(MIRROR_FUZZ_PACKETS) $(CARGO) test --release -p mirror-bpf --test differential -- --nocapture
+	MIRROR_BURST_VETHS=$(MIRROR_BURST_VETHS) MIRROR_CHURN_VETHS=$(MIRROR_CHURN_VETHS) \
+		$(CARGO) test --release -p mirror-agent --test churn -- --nocapture --test-threads=1
+
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
