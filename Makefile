@@ -62,6 +62,7 @@ reliability: deps
 	MIRROR_FUZZ_PACKETS=$(MIRROR_FUZZ_PACKETS) $(CARGO) test --release -p mirror-bpf --test differential -- --nocapture
 	MIRROR_BURST_VETHS=$(MIRROR_BURST_VETHS) MIRROR_CHURN_VETHS=$(MIRROR_CHURN_VETHS) \
 		$(CARGO) test --release -p mirror-agent --test churn -- --nocapture --test-threads=1
+	MIRROR_INPUT_FUZZ_CASES=4096 $(CARGO) test --release -p mirror-agent --test input_fuzz -- --nocapture
 
 lint:
 	$(CARGO) fmt --all --check

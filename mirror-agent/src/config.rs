@@ -454,7 +454,8 @@ impl Config {
             let de = serde_yaml_ng::Deserializer::from_str(text);
             serde_path_to_error::deserialize(de).map_err(|e| {
                 let path = e.path().to_string();
-                let path = if path == "." { "config".to_string() } else { path };
+                // "." is the document; "" a key with an empty name (`? x` in YAML) at its top.
+                let path = if path == "." || path.is_empty() { "config".to_string() } else { path };
                 // serde_yaml prefixes the enclosing key ("mirror: unknown field ..."): the
                 // full path is given already.
                 let reason = e.into_inner().to_string();

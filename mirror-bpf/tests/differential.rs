@@ -67,7 +67,7 @@ fn classifier_agrees_with_the_reference() {
         return;
     }
     let packets = env_u64("MIRROR_FUZZ_PACKETS").unwrap_or(20_000);
-    let seed = env_u64("MIRROR_FUZZ_SEED").unwrap_or_else(|| mirror_bpf::flow::monotonic_ns());
+    let seed = env_u64("MIRROR_FUZZ_SEED").unwrap_or_else(mirror_bpf::flow::monotonic_ns);
     println!("differential fuzzing: {packets} frames, MIRROR_FUZZ_SEED={seed}");
     testing::enter_private_netns();
     let rig = Rig::new(1, rig::mirror_veth());

@@ -20,7 +20,7 @@ impl Rng {
     }
 
     /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn bits(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -29,7 +29,7 @@ impl Rng {
 
     /// A number below `n` (n > 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.bits() % n as u64) as usize
     }
 
     /// True once in `n`.
@@ -84,7 +84,7 @@ fn payload(rng: &mut Rng) -> Vec<u8> {
         0..=3 => rng.pick(&STATUS_LINES).to_vec(),
         4 => rng.pick(&REQUESTS).to_vec(),
         5 => Vec::new(),
-        _ => (0..rng.below(64)).map(|_| rng.next() as u8).collect(),
+        _ => (0..rng.below(64)).map(|_| rng.bits() as u8).collect(),
     };
     if p.starts_with(b"HTTP/") && rng.one_in(3) {
         // A status line altered where it is recognised: version, digits, separator.
@@ -135,11 +135,11 @@ fn base(rng: &mut Rng) -> Vec<u8> {
             0 => tcp_flags::SYN,
             1 => tcp_flags::SYN | tcp_flags::ACK,
             2 => tcp_flags::FIN | tcp_flags::ACK,
-            3 => rng.next() as u8,
+            3 => rng.bits() as u8,
             4..=5 => tcp_flags::ACK,
             _ => tcp_flags::ACK | tcp_flags::PSH,
         };
-        b = b.tcp(sport, dport, flags).seq(rng.next() as u32);
+        b = b.tcp(sport, dport, flags).seq(rng.bits() as u32);
         if rng.one_in(3) {
             b = b.tcp_options(rng.below(11));
         }
@@ -171,7 +171,7 @@ fn mutate(rng: &mut Rng, f: &mut Vec<u8>) {
         // Truncated anywhere (test_run needs the Ethernet header).
         0 => f.truncate(14 + rng.below(f.len().saturating_sub(14) + 1)),
         // IHL or version.
-        1 => set(f, l3, if rng.one_in(2) { 0x40 | rng.below(16) as u8 } else { rng.next() as u8 }),
+        1 => set(f, l3, if rng.one_in(2) { 0x40 | rng.below(16) as u8 } else { rng.bits() as u8 }),
         // Total length (IPv4) or payload length (IPv6).
         2 => {
             let at = if v6 { l3 + 4 } else { l3 + 2 };
@@ -190,7 +190,7 @@ fn mutate(rng: &mut Rng, f: &mut Vec<u8>) {
         // Next header / protocol.
         4 => {
             let at = if v6 { l3 + 6 } else { l3 + 9 };
-            let any = rng.next() as u8;
+            let any = rng.bits() as u8;
             set(f, at, *rng.pick(&[0u8, 6, 17, 43, 44, 51, 59, 60, any]));
         }
         // Ethertype or a VLAN's encapsulated type.
@@ -201,14 +201,14 @@ fn mutate(rng: &mut Rng, f: &mut Vec<u8>) {
             set(f, at + 1, v[1]);
         }
         // Fragment offset.
-        6 => set(f, l3 + if v6 { 40 + 2 } else { 6 }, rng.next() as u8),
+        6 => set(f, l3 + if v6 { 40 + 2 } else { 6 }, rng.bits() as u8),
         // Trailing bytes beyond the IP length (padding).
-        7 => f.extend((0..1 + rng.below(32)).map(|_| rng.next() as u8)),
+        7 => f.extend((0..1 + rng.below(32)).map(|_| rng.bits() as u8)),
         // Any byte.
         _ => {
             if !f.is_empty() {
                 let at = rng.below(f.len());
-                f[at] = rng.next() as u8;
+                f[at] = rng.bits() as u8;
             }
         }
     }
