@@ -4,7 +4,7 @@
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: deps build install test demo bench bench-traffic bench-mirror bench-quick lint
+.PHONY: deps build install test demo bench bench-traffic bench-mirror bench-churn bench-quick reliability lint
 
 deps:
 	@scripts/install-deps.sh
@@ -49,10 +49,30 @@ bench-traffic: deps
 bench-mirror: deps
 	$(CARGO) run --release -p mirror-bench -- mirror-path --out bench/RESULTS-mirror-path.md
 
-# Both benchmarks in their quick mode: a smoke test of the runners (about 2 minutes).
+# Attach latency in a burst of 50 new veths under a running agent (TCX with expedited and
+# normal RCU grace periods, tc) and where one attach's time goes; results in
+# bench/RESULTS-churn.md (about 2 minutes).
+bench-churn: deps
+	$(CARGO) run --release -p mirror-bench -- churn --out bench/RESULTS-churn.md
+
+# The benchmarks in their quick mode: a smoke test of the runners (about 3 minutes).
 bench-quick: deps
 	$(CARGO) run --release -p mirror-bench -- datapath --quick
 	$(CARGO) run --release -p mirror-bench -- traffic --quick
+	$(CARGO) run --release -p mirror-bench -- churn --quick
+
+# The reliability suite in its long form (`make test` runs the short one): differential
+# fuzzing of the classifier over MIRROR_FUZZ_PACKETS frames (default 1,000,000; seed
+# MIRROR_FUZZ_SEED), a burst of MIRROR_BURST_VETHS veths (default 50) and MIRROR_CHURN_VETHS
+# veths churned (default 500) under the agent. Needs root.
+MIRROR_FUZZ_PACKETS ?= 1000000
+MIRROR_BURST_VETHS ?= 50
+MIRROR_CHURN_VETHS ?= 500
+reliability: deps
+	MIRROR_FUZZ_PACKETS=$(MIRROR_FUZZ_PACKETS) $(CARGO) test --release -p mirror-bpf --test differential -- --nocapture
+	MIRROR_BURST_VETHS=$(MIRROR_BURST_VETHS) MIRROR_CHURN_VETHS=$(MIRROR_CHURN_VETHS) \
+		$(CARGO) test --release -p mirror-agent --test churn -- --nocapture --test-threads=1
+	MIRROR_INPUT_FUZZ_CASES=4096 $(CARGO) test --release -p mirror-agent --test input_fuzz -- --nocapture
 
 lint:
 	$(CARGO) fmt --all --check

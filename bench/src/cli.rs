@@ -7,6 +7,7 @@ usage: mirror-bench datapath [--quick] [--out FILE]
        mirror-bench traffic [--quick] [--out FILE] [--cpus CLIENT,SERVER] [--no-wait]
                             [--only STAGE,...]
        mirror-bench mirror-path [--quick] [--out FILE] [--only test-run|traffic] [--rounds N]
+       mirror-bench churn [--quick] [--out FILE] [--veths N] [--rounds N]
 
   datapath     ns/packet of the classifier per case, beside the empty tc program
                (BPF_PROG_TEST_RUN; needs root)
@@ -17,6 +18,9 @@ usage: mirror-bench datapath [--quick] [--out FILE]
   mirror-path  ns per copied packet by sink kind and way of copying (clone to a sink's
                egress or ingress, act_mirred): BPF_PROG_TEST_RUN and real HTTP traffic,
                perf's breakdown, what a capture on the sink sees (needs root)
+  churn        attach latency in a burst of new veths (default 50) under a running agent:
+               TCX with expedited or normal RCU grace periods, and tc; where the time of
+               one attach goes, by phase (needs root)
   --quick      short runs, fewer repetitions (a smoke test)
   --out FILE   also write the markdown report to FILE
   --cpus C,S   traffic: pin clients to CPU C and servers to CPU S (default: both on the
@@ -24,7 +28,9 @@ usage: mirror-bench datapath [--quick] [--out FILE]
   --no-wait    traffic: start at once instead of waiting for a quiet machine (full mode)
   --only S,..  traffic: run only these stages: loads (the alternating runs), attach, profile;
                mirror-path: test-run or traffic
-  --rounds N   mirror-path: rounds of traffic runs (default 7)";
+  --rounds N   mirror-path: rounds of traffic runs (default 7); churn: bursts per way of
+               attaching (default 3, quick 1)
+  --veths N    churn: veths per burst (default 50)";
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +38,7 @@ pub enum Command {
     Datapath { quick: bool, out: Option<PathBuf> },
     Traffic(TrafficArgs),
     MirrorPath { quick: bool, out: Option<PathBuf>, test_run: bool, traffic: bool, rounds: Option<usize> },
+    Churn { quick: bool, out: Option<PathBuf>, veths: usize, rounds: Option<usize> },
     Help,
 }
 
@@ -71,6 +78,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
     let mut args = args.into_iter();
     let traffic = match args.next().as_deref() {
         Some("mirror-path") => return parse_mirror_path(args),
+        Some("churn") => return parse_churn(args),
         Some("datapath") => false,
         Some("traffic") => true,
         Some("-h" | "--help" | "help") => return Ok(Command::Help),
@@ -112,6 +120,25 @@ fn parse_mirror_path(mut args: impl Iterator<Item = String>) -> Result<Command, 
         }
     }
     Ok(Command::MirrorPath { quick, out, test_run, traffic, rounds })
+}
+
+fn parse_churn(mut args: impl Iterator<Item = String>) -> Result<Command, String> {
+    let (mut quick, mut out, mut veths, mut rounds) = (false, None, 50, None);
+    let count = |flag: &str, v: Option<String>| -> Result<usize, String> {
+        let n = v.ok_or(format!("{flag} needs a number"))?;
+        n.parse().ok().filter(|n| *n > 0).ok_or(format!("{flag}: '{n}' is not a positive number"))
+    };
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--out" => out = Some(args.next().ok_or("--out needs a file")?.into()),
+            "--veths" => veths = count("--veths", args.next())?,
+            "--rounds" => rounds = Some(count("--rounds", args.next())?),
+            "-h" | "--help" => return Ok(Command::Help),
+            _ => return Err(format!("unknown argument '{arg}'")),
+        }
+    }
+    Ok(Command::Churn { quick, out, veths, rounds })
 }
 
 fn parse_cpus(s: &str) -> Result<(usize, usize), String> {

@@ -2,6 +2,7 @@
 //! classifier's cost per packet against the empty tc program; `mirror-bench traffic` the
 //! overhead of the agent on real traffic beside no agent and the classic alternatives.
 
+mod churn;
 mod cli;
 mod datapath;
 mod host;
@@ -40,6 +41,12 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         }
+        Ok(cli::Command::Churn { quick, out, veths, rounds }) => {
+            if let Err(e) = run_churn(quick, out.as_deref(), veths, rounds) {
+                eprintln!("mirror-bench: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        }
         Err(e) => {
             eprintln!("mirror-bench: {e}\n{}", cli::USAGE);
             return ExitCode::from(2);
@@ -52,6 +59,27 @@ fn main() -> ExitCode {
 fn command_line() -> String {
     let args: Vec<String> = std::env::args().skip(1).collect();
     format!("cargo run --release -p mirror-bench -- {}", args.join(" "))
+}
+
+fn run_churn(quick: bool, out: Option<&Path>, veths: usize, rounds: Option<usize>) -> Result<()> {
+    if !mirror_bpf::testing::require_root() {
+        anyhow::bail!("the churn benchmark needs root (network namespaces, BPF)");
+    }
+    let rounds = rounds.unwrap_or(if quick { 1 } else { 3 });
+    let bins = traffic::binaries()?;
+    let host = Host::probe();
+    let results = churn::run(&bins.bins, veths, rounds)?;
+    let settings = vec![
+        ("mode", mode(quick)),
+        ("bursts", format!("{rounds} per way of attaching, {veths} veths each")),
+        ("command", format!("`{}`", command_line())),
+    ];
+    let text = churn::render(&host, &settings, &results);
+    println!("{text}");
+    if let Some(out) = out {
+        std::fs::write(out, &text).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
 }
 
 fn run_datapath(quick: bool, out: Option<&Path>) -> Result<()> {

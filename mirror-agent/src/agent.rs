@@ -45,6 +45,15 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     let state = StateStore::open(&cfg.state.path)?;
     let created_sink = state.created_sink();
     crate::bpffs::ensure(&cfg.bpf.pin_path)?;
+    // An agent killed while it had expedited RCU on (around a TCX link change) left it on.
+    let rcu_marker = std::path::PathBuf::from(format!("{}.rcu-expedited", cfg.api.socket.display()));
+    match mirror_bpf::rcu::recover(&rcu_marker) {
+        Ok(true) => {
+            tracing::info!("put {} back to 0, left on by a killed agent", mirror_bpf::rcu::RCU_EXPEDITED)
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "putting {} back", mirror_bpf::rcu::RCU_EXPEDITED),
+    }
     let flows_max = flow_table_size(&cfg)?;
     let events = Arc::new(EventLog::new(cfg.events.recent, event_log::Output::open(&cfg.events)?));
     let engine = Engine::start(
@@ -54,6 +63,7 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
                 marks_max: cfg.flows.marks_max,
                 pin_path: Some(cfg.bpf.pin_path.clone()),
                 only: Some((cfg.attach.mode.into(), cfg.mirror.method.into())),
+                expedite_rcu: cfg.attach.expedite_rcu.then_some(rcu_marker),
                 ..Default::default()
             },
             mode: cfg.attach.mode.into(),

@@ -8,11 +8,13 @@ use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
+use std::time::{Duration, Instant};
 
 use libbpf_rs::{AsRawLibbpf, Link, MapCore, MapFlags, Program, TcHookBuilder, TC_EGRESS, TC_INGRESS};
 
 use crate::error::{Context, Error, Result};
 use crate::netlink;
+use crate::rcu::Expedited;
 use crate::settings;
 use crate::shared::types::hook_kind;
 use crate::skel::classifier::ClassifierSkel;
@@ -100,7 +102,23 @@ pub struct Attachment {
     pub method: MirrorMethod,
     /// Whether we created the clsact qdisc (tc mode).
     pub created_qdisc: bool,
+    /// Where the time of this attach went.
+    pub timings: AttachTimings,
     hooks: Vec<Hook>,
+}
+
+/// Where the time of one attach went, by phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AttachTimings {
+    /// Creating the hooks: TCX links (`bpf_link_create`, which waits for an RCU grace period
+    /// per hook under RTNL) or the clsact qdisc and cls_bpf filters (netlink), both hooks.
+    pub hooks: Duration,
+    /// Pinning the TCX links (or opening and updating those pinned by an earlier instance).
+    pub pin: Duration,
+    /// Recording the interface in `attached_ifaces` and bumping the attach epoch.
+    pub maps: Duration,
+    /// Whether expedited RCU grace periods were switched on for this attach.
+    pub expedited: bool,
 }
 
 /// Makes every entry of the classifier's cache of `attached_ifaces` stale: called after each
@@ -159,6 +177,8 @@ pub(crate) struct Attacher<'a, 'obj> {
     pub pin_path: Option<&'a Path>,
     /// The mode (resolved) and method whose programs alone were loaded; `None`: all.
     pub loaded: Option<(AttachMode, MirrorMethod)>,
+    /// Marker of expedited RCU grace periods around TCX link changes; `None`: normal ones.
+    pub expedite_rcu: Option<&'a Path>,
 }
 
 impl Attacher<'_, '_> {
@@ -200,7 +220,14 @@ impl Attacher<'_, '_> {
     /// Attaches the classifier to `ifindex`, ingress and egress.
     pub(crate) fn attach(&self, ifindex: u32, mode: AttachMode, method: MirrorMethod) -> Result<Attachment> {
         let mode = self.effective_mode(mode, method).map_err(Error::Unsupported)?;
-        let mut att = Attachment { ifindex, mode, method, created_qdisc: false, hooks: Vec::new() };
+        let mut att = Attachment {
+            ifindex,
+            mode,
+            method,
+            created_qdisc: false,
+            timings: AttachTimings::default(),
+            hooks: Vec::new(),
+        };
         let result = match mode {
             AttachMode::Tcx => self.attach_tcx_both(&mut att),
             AttachMode::Tc => self.attach_tc_both(&mut att),
@@ -218,6 +245,7 @@ impl Attacher<'_, '_> {
             let _ = self.detach_hooks(&mut att);
             return Err(e);
         }
+        let maps = Instant::now();
         let bits = (1u32 << hook_kind::HOOK_INGRESS.0) | (1u32 << hook_kind::HOOK_EGRESS.0);
         self.skel
             .maps
@@ -225,7 +253,13 @@ impl Attacher<'_, '_> {
             .update(&ifindex.to_ne_bytes(), &bits.to_ne_bytes(), MapFlags::ANY)
             .context(|| format!("recording ifindex {ifindex} as attached"))?;
         bump_attach_epoch(self.skel)?;
+        att.timings.maps = maps.elapsed();
         Ok(att)
+    }
+
+    /// Expedited RCU grace periods until the guard drops, if asked for (see [`crate::rcu`]).
+    fn expedite(&self) -> Option<Expedited> {
+        self.expedite_rcu.map(Expedited::begin)
     }
 
     fn link_pin(&self, ifindex: u32, egress: bool) -> Option<PathBuf> {
@@ -243,27 +277,48 @@ impl Attacher<'_, '_> {
     fn attach_tcx_both(&self, att: &mut Attachment) -> Result<()> {
         att.mode = AttachMode::Tcx;
         let ifindex = att.ifindex;
-        for (egress, prog) in [false, true].into_iter().zip(self.programs(AttachMode::Tcx, att.method)) {
-            let pin = self.link_pin(ifindex, egress);
+        let progs = self.programs(AttachMode::Tcx, att.method);
+        let pins = [self.link_pin(ifindex, false), self.link_pin(ifindex, true)];
+        // Held over both hooks: two grace periods, one switch.
+        let guard = pins.iter().any(|p| !p.as_ref().is_some_and(|p| p.exists())).then(|| self.expedite());
+        att.timings.expedited = guard.as_ref().is_some_and(|g| g.as_ref().is_some_and(Expedited::switched));
+        for (prog, pin) in progs.into_iter().zip(pins) {
             let link = match &pin {
-                Some(p) if p.exists() => Self::adopt_tcx(prog, p)?,
+                Some(p) if p.exists() => {
+                    let t = Instant::now();
+                    let link = Self::adopt_tcx(prog, p)?;
+                    att.timings.pin += t.elapsed();
+                    link
+                }
                 _ => {
+                    let t = Instant::now();
                     let mut link = attach_tcx(prog, ifindex)
                         .context(|| format!("attaching TCX to ifindex {ifindex}"))?;
+                    att.timings.hooks += t.elapsed();
                     if let Some(p) = &pin {
+                        let t = Instant::now();
                         let dir = p.parent().unwrap_or(p);
                         std::fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
                         link.pin(p).context(|| format!("pinning {}", p.display()))?;
+                        att.timings.pin += t.elapsed();
                     }
                     link
                 }
             };
             att.hooks.push(Hook::Tcx(link));
         }
+        drop(guard);
         Ok(())
     }
 
     fn attach_tc_both(&self, att: &mut Attachment) -> Result<()> {
+        let start = Instant::now();
+        let result = self.attach_tc_hooks(att);
+        att.timings.hooks = start.elapsed();
+        result
+    }
+
+    fn attach_tc_hooks(&self, att: &mut Attachment) -> Result<()> {
         let ifindex = att.ifindex;
         let [ingress, egress] = self.programs(AttachMode::Tc, att.method);
         // Create clsact only if absent, and remember whether we did.
@@ -342,6 +397,7 @@ impl Attacher<'_, '_> {
     fn detach_hooks(&self, att: &mut Attachment) -> Result<()> {
         let ifindex = att.ifindex;
         let mut first_err = None;
+        let _expedited = att.hooks.iter().any(|h| matches!(h, Hook::Tcx(_))).then(|| self.expedite());
         for hook in att.hooks.drain(..) {
             if let Hook::Tcx(mut link) = hook {
                 // Pinned or not, the link goes now.
@@ -406,6 +462,7 @@ impl Attacher<'_, '_> {
         let Some(dir) = self.pin_path.map(|p| p.join(LINKS_DIR)) else { return Ok(0) };
         let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(0) };
         let mut dropped = 0;
+        let mut expedited = None;
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let Some(ifindex) = name.split('-').next().and_then(|i| i.parse().ok()) else { continue };
@@ -413,6 +470,7 @@ impl Attacher<'_, '_> {
                 continue;
             }
             if let Ok(link) = Link::open(e.path()) {
+                expedited.get_or_insert_with(|| self.expedite());
                 // Already gone with its interface, or detached now.
                 let _ = link.detach();
             }

@@ -40,11 +40,21 @@ pub struct DatapathOptions {
     /// Load only the programs this attach mode and mirror method use (each costs the verifier
     /// about half a second); `None` loads them all (tests, benchmarks switching modes).
     pub only: Option<(AttachMode, MirrorMethod)>,
+    /// Expedited RCU grace periods around each TCX link created or removed (see
+    /// [`crate::rcu`]), recorded in this marker file while on; `None`: normal grace periods.
+    pub expedite_rcu: Option<PathBuf>,
 }
 
 impl Default for DatapathOptions {
     fn default() -> Self {
-        Self { flows_max: 65_536, marks_max: 16_384, ringbuf_bytes: 256 * 1024, pin_path: None, only: None }
+        Self {
+            flows_max: 65_536,
+            marks_max: 16_384,
+            ringbuf_bytes: 256 * 1024,
+            pin_path: None,
+            only: None,
+            expedite_rcu: None,
+        }
     }
 }
 
@@ -57,6 +67,8 @@ pub struct Datapath<'obj> {
     adopted: bool,
     /// The mode (resolved) and method whose programs alone were loaded; `None`: all.
     only: Option<(AttachMode, MirrorMethod)>,
+    /// Marker of expedited grace periods around TCX link changes, if asked for.
+    expedite_rcu: Option<PathBuf>,
 }
 
 /// libbpf's own messages go to `tracing` (target "libbpf") at debug level instead of stderr:
@@ -121,7 +133,14 @@ impl<'obj> Datapath<'obj> {
                 }
             }
         }
-        let dp = Self { skel, rules: InstalledRules::new(), pin_path: opts.pin_path.clone(), adopted, only };
+        let dp = Self {
+            skel,
+            rules: InstalledRules::new(),
+            pin_path: opts.pin_path.clone(),
+            adopted,
+            only,
+            expedite_rcu: opts.expedite_rcu.clone(),
+        };
         if !adopted {
             // Response and handshake times are on by default; adopted settings are kept.
             settings::update(&dp.skel.maps.settings, |s| {
@@ -232,7 +251,12 @@ impl<'obj> Datapath<'obj> {
     // Attaching.
 
     fn attacher(&self) -> Attacher<'_, 'obj> {
-        Attacher { skel: &self.skel, pin_path: self.pin_path.as_deref(), loaded: self.only }
+        Attacher {
+            skel: &self.skel,
+            pin_path: self.pin_path.as_deref(),
+            loaded: self.only,
+            expedite_rcu: self.expedite_rcu.as_deref(),
+        }
     }
 
     /// Attaches the classifier to `ifindex`, ingress and egress.

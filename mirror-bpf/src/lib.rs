@@ -15,6 +15,7 @@ pub mod flow;
 pub mod latency;
 mod netlink;
 pub mod probes;
+pub mod rcu;
 pub mod rule;
 mod rule_maps;
 mod ruleset;
@@ -25,7 +26,7 @@ pub mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use attach::{tcx_supported, AttachMode, Attachment, MirrorDelivery, MirrorMethod};
+pub use attach::{tcx_supported, AttachMode, AttachTimings, Attachment, MirrorDelivery, MirrorMethod};
 pub use datapath::{Datapath, DatapathOptions};
 pub use error::{Error, Result};
 pub use event::TriggerEvent;

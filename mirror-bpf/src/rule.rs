@@ -134,9 +134,10 @@ impl FromStr for Rule {
             (None, None) => {
                 return Err(RuleError {
                     token: text.trim().to_string(),
-                    offset: 0,
+                    // Where the rule's text starts, after leading blanks.
+                    offset: text.len() - text.trim_start().len(),
                     reason: "a rule needs status=N, status=Nxx, status=A-B or latency>DURATION".into(),
-                })
+                });
             }
         };
         Ok(Rule { status, port, latency, limits })

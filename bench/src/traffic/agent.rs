@@ -121,6 +121,14 @@ fn set_method(config: &Path, method: &str) -> Result<()> {
     Ok(std::fs::write(config, patched)?)
 }
 
+/// Adds `key: value` to the `attach:` section of the written configuration.
+pub fn set_attach_key(config: &Path, key: &str, value: &str) -> Result<()> {
+    let yaml = std::fs::read_to_string(config)?;
+    let patched = yaml.replacen("attach:\n", &format!("attach:\n  {key}: {value}\n"), 1);
+    ensure!(patched != yaml, "no attach: section in {}", config.display());
+    Ok(std::fs::write(config, patched)?)
+}
+
 /// The agents of a benchmark: one set of files per spec, kept across runs, so that the first
 /// start adds the initial rules and later ones restore them from the state file.
 pub struct Agents<'a> {

@@ -53,9 +53,15 @@ pub const METHODS: [Method; 2] = [Method::Clone, Method::CloneTc];
 
 /// Measures `veths` links appearing under a running agent, in a namespace of its own.
 pub fn measure(bins: &Binaries, veths: usize, method: Method) -> Result<AttachRun> {
+    measure_with(bins, veths, method, true)
+}
+
+/// [`measure`] with `attach.expedite_rcu` set as given (the agent's default is on).
+pub fn measure_with(bins: &Binaries, veths: usize, method: Method, expedite_rcu: bool) -> Result<AttachRun> {
     let node = Netns::new("attach");
     let spec = AgentSpec { rules: Rules::Pass(1), method, timing: Timing::Default };
     let env = agent::env(bins, &node, spec, &["vethb*"])?;
+    agent::set_attach_key(&env.config_path(), "expedite_rcu", &expedite_rcu.to_string())?;
     let agent = env.start(&[]);
     // Let the start settle (sink, rules) before the idle reading.
     std::thread::sleep(Duration::from_millis(500));

@@ -4,7 +4,7 @@
 //! time under load from the kernel's accounting.
 
 mod agent;
-mod attach;
+pub mod attach;
 mod bpfstats;
 mod cmd;
 mod configs;
@@ -23,7 +23,7 @@ use anyhow::{bail, Result};
 use crate::cli::Stage;
 use mirror_e2e::agent::Binaries;
 
-pub use agent::binaries;
+pub use agent::{binaries, Method};
 pub use attach::AttachRun;
 pub use bpfstats::ProgRun;
 pub use configs::{Config, Observed};

@@ -145,6 +145,7 @@ impl Driver {
             a.name = name;
             return Ok(view::interface(ifindex, a));
         }
+        let queued = since.elapsed();
         let mut att = self
             .dp
             .attach(ifindex, self.cfg.mode, self.cfg.method)
@@ -160,7 +161,12 @@ impl Driver {
         }
         let took = since.elapsed();
         let _ = self.latency.record(took.as_micros() as u64);
-        tracing::info!(%name, ifindex, mode = ?att.mode, "attached in {}", crate::duration::round(took));
+        let (t, round) = (att.timings, crate::duration::round);
+        tracing::info!(
+            %name, ifindex, mode = ?att.mode, queued = %round(queued), hooks = %round(t.hooks),
+            pin = %round(t.pin), maps = %round(t.maps), expedited = t.expedited,
+            "attached in {}", round(took)
+        );
         let a = Attached { name, att };
         let view = view::interface(ifindex, &a);
         self.attached.insert(ifindex, a);

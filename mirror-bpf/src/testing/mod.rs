@@ -4,7 +4,9 @@
 
 pub mod consts;
 pub mod fixtures;
+pub mod fuzz;
 pub mod packet;
+pub mod reference;
 pub mod rig;
 
 use std::mem::MaybeUninit;
@@ -65,6 +67,11 @@ pub struct SkbContext {
     pub ingress_ifindex: u32,
 }
 
+/// A flow key's bytes, as the maps take them.
+pub fn key_bytes(key: &types::flow_key) -> &[u8] {
+    crate::shared::bytes_of(key)
+}
+
 /// Runs `prog` once over `frame`; returns its verdict and the frame it left.
 pub fn run(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext) -> (u32, Vec<u8>) {
     let (ret, out, _) = run_repeat(prog, frame, ctx, 1);
@@ -75,6 +82,20 @@ pub fn run(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext) -> (u32, Vec<u8
 // ProgramInput is non-exhaustive: it can only be built from its default.
 #[allow(clippy::field_reassign_with_default)]
 pub fn run_repeat(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext, repeat: u32) -> (u32, Vec<u8>, f64) {
+    try_run_repeat(prog, frame, ctx, repeat).unwrap_or_else(|e| {
+        panic!("test_run of {} on {} bytes: {e}", prog.name().to_string_lossy(), frame.len())
+    })
+}
+
+/// [`run_repeat`], or the kernel's refusal of the run (a frame BPF_PROG_TEST_RUN cannot make
+/// an skb of).
+#[allow(clippy::field_reassign_with_default)]
+pub fn try_run_repeat(
+    prog: &ProgramMut<'_>,
+    frame: &[u8],
+    ctx: SkbContext,
+    repeat: u32,
+) -> libbpf_rs::Result<(u32, Vec<u8>, f64)> {
     // Built byte by byte: the kernel refuses any non-zero byte outside the few fields it
     // accepts, padding included.
     use std::mem::offset_of;
@@ -90,14 +111,12 @@ pub fn run_repeat(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext, repeat: 
     input.data_out = Some(&mut out);
     input.context_in = Some(&mut ctx_bytes);
     input.repeat = repeat;
-    let output = prog.test_run(input).unwrap_or_else(|e| {
-        panic!("test_run of {} on {} bytes: {e}", prog.name().to_string_lossy(), frame.len())
-    });
+    let output = prog.test_run(input)?;
     let ret = output.return_value;
     let ns = output.duration.as_nanos() as f64;
     let len = output.data.as_ref().map_or(0, |d| d.len());
     out.truncate(len.min(frame.len() + 256));
-    (ret, out, ns)
+    Ok((ret, out, ns))
 }
 
 /// Runs a command, panicking with its output when it fails.
