@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
 use crate::links::{self, LinkEvent};
 use crate::metrics;
+use crate::pods::Pods;
 use crate::server;
 use crate::sink::{Sink, Target};
 use crate::state::SavedState;
@@ -182,8 +183,10 @@ async fn serve(
         attach_mode: format!("{:?}", cfg.attach.mode).to_lowercase(),
         mirror,
     }));
+    let pods = Pods::new();
+    pods.start(engine.clone());
     let listener = api::bind(&cfg.api.socket).await?;
-    let app = api::router(ApiState { engine: engine.clone(), info: info.clone() });
+    let app = api::router(ApiState { engine: engine.clone(), info: info.clone(), pods: pods.clone() });
     let limits = server::Limits {
         max_connections: cfg.api.max_connections,
         header_timeout: cfg.api.header_timeout,
@@ -203,7 +206,7 @@ async fn serve(
         let tcp = tokio::net::TcpListener::bind(&cfg.metrics.listen)
             .await
             .with_context(|| format!("binding metrics.listen {}", cfg.metrics.listen))?;
-        let app = metrics::router(engine.clone(), cfg.metrics.rule_text);
+        let app = metrics::router(engine.clone(), pods.clone(), cfg.metrics.rule_text);
         // A scrape is one quick request: the API's timeouts, fewer connections.
         let limits = server::Limits { max_connections: crate::config::METRICS_CONNECTIONS, ..limits };
         tokio::spawn(server::serve(tcp, app, limits, "metrics"));
@@ -226,6 +229,8 @@ async fn serve(
             ev = rx.recv() => {
                 let Some(ev) = ev else { anyhow::bail!("link events stopped") };
                 on_link_event(cfg, engine, sink, &info, &mut known, ev).await;
+                // A veth came or went, or a pod's side changed: who is behind each may differ.
+                pods.refresh();
             }
         }
     }

@@ -536,6 +536,7 @@ impl Worker {
                 http_time_mean_ms: f.http_time_mean.map(ms),
                 http_time_max_ms: f.http_time_max.map(ms),
                 handshake_ms: f.handshake.map(ms),
+                pods: Vec::new(),
             })
             .collect())
     }

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod groups;
 pub mod links;
 pub mod metrics;
+pub mod pods;
 pub mod rules;
 pub mod server;
 pub mod sink;

@@ -16,6 +16,7 @@ use prometheus_client::registry::Registry;
 
 use crate::api::types::HistogramView;
 use crate::engine::Engine;
+use crate::pods::Pods;
 
 /// Counters exported as `mirror_<metric>_total`: (counter, metric, help).
 const EXPORTED: &[(&str, &str, &str)] = &[
@@ -48,12 +49,13 @@ const EXPORTED: &[(&str, &str, &str)] = &[
 #[derive(Clone)]
 struct Scrape {
     engine: Engine,
+    pods: Pods,
     /// Whether rule hits carry the rule's text.
     rule_text: bool,
 }
 
 async fn scrape(State(s): State<Scrape>) -> impl IntoResponse {
-    match render(&s.engine, s.rule_text).await {
+    match render(&s.engine, &s.pods, s.rule_text).await {
         Ok(body) => {
             (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
         }
@@ -100,7 +102,27 @@ fn fold(h: &HistogramView) -> KernelHistogram {
     KernelHistogram { sum: h.sum_seconds, count: h.count, buckets }
 }
 
-async fn render(engine: &Engine, rule_text: bool) -> anyhow::Result<String> {
+/// At most this many distinct `pod` labels per scrape; the interfaces beyond (by name) get
+/// [`OTHER_POD`]. The label follows the interface one for one, so this only bounds what pod churn
+/// on a node with very many veths could add.
+pub const POD_LABELS_MAX: usize = 512;
+/// The `pod` label beyond [`POD_LABELS_MAX`], and of an interface with no pod known.
+pub const OTHER_POD: &str = "";
+
+/// The `pod` label of each histogram's interface (`name/namespace`), bounded.
+fn pod_labels(pods: &Pods, hists: &[HistogramView]) -> impl Fn(u32) -> String {
+    let mut ifindexes: Vec<(String, u32)> = hists.iter().map(|h| (h.interface.clone(), h.ifindex)).collect();
+    ifindexes.sort();
+    ifindexes.dedup();
+    let labels: std::collections::HashMap<u32, String> = ifindexes
+        .into_iter()
+        .filter_map(|(_, i)| Some((i, pods.by_ifindex(i)?.label())))
+        .take(POD_LABELS_MAX)
+        .collect();
+    move |i| labels.get(&i).cloned().unwrap_or_else(|| OTHER_POD.to_string())
+}
+
+async fn render(engine: &Engine, pods: &Pods, rule_text: bool) -> anyhow::Result<String> {
     let status = engine.status().await?;
     let rules = engine.rules().await?;
     let hists = engine.latency().await?;
@@ -121,10 +143,12 @@ async fn render(engine: &Engine, rule_text: bool) -> anyhow::Result<String> {
     let attached = Gauge::<i64>::default();
     attached.set(status.interfaces.len() as i64);
     reg.register("attached_interfaces", "Interfaces the classifier is attached to", attached);
+    let pod_of = pod_labels(pods, &hists);
     let http = reg.sub_registry_with_prefix("http_response");
     for h in hists.iter().filter(|h| h.kind == "http_response") {
         let labels = [
             (std::borrow::Cow::from("interface"), std::borrow::Cow::from(h.interface.clone())),
+            ("pod".into(), pod_of(h.ifindex).into()),
             ("class".into(), format!("{}xx", h.class.unwrap_or(0)).into()),
         ];
         http.sub_registry_with_labels(labels.into_iter()).register(
@@ -135,7 +159,10 @@ async fn render(engine: &Engine, rule_text: bool) -> anyhow::Result<String> {
     }
     let hs = reg.sub_registry_with_prefix("tcp_handshake");
     for h in hists.iter().filter(|h| h.kind == "tcp_handshake") {
-        let labels = [(std::borrow::Cow::from("interface"), std::borrow::Cow::from(h.interface.clone()))];
+        let labels = [
+            (std::borrow::Cow::from("interface"), std::borrow::Cow::from(h.interface.clone())),
+            ("pod".into(), pod_of(h.ifindex).into()),
+        ];
         hs.sub_registry_with_labels(labels.into_iter()).register(
             "seconds",
             "SYN to the ACK that completes the handshake, seen on the host-side veth",
@@ -167,6 +194,6 @@ async fn render(engine: &Engine, rule_text: bool) -> anyhow::Result<String> {
 }
 
 /// The metrics routes; `rule_text`: rule hits carry each rule's text (label `rule`).
-pub fn router(engine: Engine, rule_text: bool) -> Router {
-    Router::new().route("/metrics", get(scrape)).with_state(Scrape { engine, rule_text })
+pub fn router(engine: Engine, pods: Pods, rule_text: bool) -> Router {
+    Router::new().route("/metrics", get(scrape)).with_state(Scrape { engine, pods, rule_text })
 }
