@@ -5,6 +5,7 @@ pub mod agent;
 pub mod api;
 pub mod bpffs;
 pub mod capacity;
+pub mod capture;
 pub mod config;
 pub mod ctl;
 pub mod engine;

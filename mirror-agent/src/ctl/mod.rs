@@ -1,5 +1,6 @@
 //! mirrorctl: the operator's CLI, one subcommand per API resource.
 
+pub mod capture;
 pub mod client;
 pub mod hist;
 pub mod table;
@@ -56,6 +57,9 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
+    /// Write the mirrored packets as pcapng: one interface per pod veth, direction and rule per
+    /// packet (run in the agent's network namespace, as root).
+    Capture(capture::CaptureArgs),
     /// Latency histograms (HTTP response time, TCP handshake), and their groups.
     Latency {
         #[command(subcommand)]
@@ -262,6 +266,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 print!("{}", table::render(&["CPU", "SEND/RECV CALLS", "NET_RX", "NET_TX"], &rows));
             }
         }
+        Command::Capture(a) => capture::run(&c, a).await?,
         Command::Pods => {
             let pods: Vec<PodView> = c.call(Method::GET, "/v1/pods", None).await?;
             if json {
