@@ -4,6 +4,7 @@ pub mod capture;
 pub mod client;
 pub mod hist;
 pub mod table;
+pub mod top;
 
 use std::path::PathBuf;
 
@@ -60,6 +61,9 @@ enum Command {
     /// Write the mirrored packets as pcapng: one interface per pod veth, direction and rule per
     /// packet (run in the agent's network namespace, as root).
     Capture(capture::CaptureArgs),
+    /// A live view, refreshed each second: mirror rate and drops, triggers per rule, the
+    /// mirrored and the busiest flows by pod (`q` quits).
+    Top,
     /// Latency histograms (HTTP response time, TCP handshake), and their groups.
     Latency {
         #[command(subcommand)]
@@ -267,6 +271,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         Command::Capture(a) => capture::run(&c, a).await?,
+        Command::Top => top::run(&c).await?,
         Command::Pods => {
             let pods: Vec<PodView> = c.call(Method::GET, "/v1/pods", None).await?;
             if json {
