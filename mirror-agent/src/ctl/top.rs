@@ -120,7 +120,7 @@ impl Before {
             })
             .collect();
         v.mirrored = all.iter().filter(|r| r.rule != "-").cloned().collect();
-        v.mirrored.sort_by(|a, b| b.copied.cmp(&a.copied));
+        v.mirrored.sort_by_key(|r| std::cmp::Reverse(r.copied));
         all.sort_by(|a, b| b.bps.total_cmp(&a.bps).then(b.bytes.cmp(&a.bytes)));
         v.busiest = all;
         self.at = Some(now);
