@@ -183,5 +183,16 @@ fn captures_name_pods_directions_and_rules() {
         pkts.iter().any(|p| p[3] == "0"),
         "no checksum left to offload among the client's packets: {pkts:?}"
     );
+
+    // Bad input: a clear error, nothing written.
+    for (args, says) in [
+        (["--rule", "99"], "--rule 99: no such rule"),
+        (["--pod", "nosuch"], "--pod nosuch: no such pod behind an attached veth (pods: "),
+        (["--snaplen", "0"], "--snaplen 0"),
+    ] {
+        let out = ctl(&[&["-w", "-"][..], &args[..]].concat()).output().expect("running mirrorctl");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says) && out.stdout.is_empty(), "{args:?}: {err}");
+    }
     agent.terminate();
 }
