@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building, testing and the demo need on Debian/Ubuntu: the BPF toolchain, the
 # network tools the tests and benchmarks drive (iproute2, iptables, nftables, conntrack, tcpdump,
-# tshark, curl, nginx, python3, iperf3, wrk, sockperf; Python's Prometheus parser and the
+# tshark, tmux, curl, nginx, python3, iperf3, wrk, sockperf; Python's Prometheus parser and the
 # reference Community ID hashing), the Go toolchain and Node.js for the
 # accuracy test's server stacks (when no go/node is found already), and Rust. Idempotent: only what is
 # missing is installed. Run as root.
@@ -13,6 +13,7 @@ PACKAGES=(
     iproute2 ethtool bpftool linux-perf                            # links, tc, netns, BPF; bench stage profile
     iptables nftables conntrack                                    # kube-proxy-like Service NAT
     tcpdump tshark                                                 # captures on the mirror
+    tmux                                                           # mirrorctl top's test (a terminal)
     curl nginx-light python3 iperf3 wrk sockperf                   # servers, clients, load
     python3-pip python3-prometheus-client                          # checks: Community IDs, /metrics parsed
     procps psmisc util-linux coreutils git                         # sysctl, taskset, nsenter, timeout

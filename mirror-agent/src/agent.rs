@@ -19,6 +19,7 @@ use crate::event_log::{self, EventLog};
 use crate::health::Readiness;
 use crate::links::{self, LinkEvent};
 use crate::metrics;
+use crate::pods::Pods;
 use crate::server;
 use crate::sink::{Sink, Target};
 use crate::state::StateStore;
@@ -174,8 +175,15 @@ async fn serve(
         mirror,
     }));
     let ready = Readiness::default();
+    let pods = Pods::new();
+    pods.start(engine.clone());
     let listener = api::bind(&cfg.api.socket).await?;
-    let app = api::router(ApiState { engine: engine.clone(), info: info.clone(), events: events.clone() });
+    let app = api::router(ApiState {
+        engine: engine.clone(),
+        info: info.clone(),
+        events: events.clone(),
+        pods: pods.clone(),
+    });
     let limits = server::Limits {
         max_connections: cfg.api.max_connections,
         header_timeout: cfg.api.header_timeout,
@@ -195,7 +203,7 @@ async fn serve(
         let tcp = tokio::net::TcpListener::bind(&cfg.metrics.listen)
             .await
             .with_context(|| format!("binding metrics.listen {}", cfg.metrics.listen))?;
-        let app = metrics::router(engine.clone(), cfg.metrics.rule_text)
+        let app = metrics::router(engine.clone(), pods.clone(), cfg.metrics.rule_text)
             .merge(crate::health::router(engine.clone(), ready.clone()));
         // A scrape is one quick request: the API's timeouts, fewer connections.
         let limits = server::Limits { max_connections: crate::config::METRICS_CONNECTIONS, ..limits };
@@ -219,6 +227,8 @@ async fn serve(
             ev = rx.recv() => {
                 let Some(ev) = ev else { anyhow::bail!("link events stopped") };
                 on_link_event(cfg, engine, sink, &info, &ready, &mut known, ev).await;
+                // A veth came or went, or a pod's side changed: who is behind each may differ.
+                pods.refresh();
             }
         }
     }

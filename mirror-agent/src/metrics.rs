@@ -18,6 +18,7 @@ use prometheus_client::registry::Registry;
 
 use crate::api::types::HistogramView;
 use crate::engine::Engine;
+use crate::pods::Pods;
 
 /// Counters exported as `mirror_<metric>_total`: (counter, metric, help).
 const EXPORTED: &[(&str, &str, &str)] = &[
@@ -50,12 +51,13 @@ const EXPORTED: &[(&str, &str, &str)] = &[
 #[derive(Clone)]
 struct Scrape {
     engine: Engine,
+    pods: Pods,
     /// Whether rule hits carry the rule's text.
     rule_text: bool,
 }
 
 async fn scrape(State(s): State<Scrape>) -> impl IntoResponse {
-    match render(&s.engine, s.rule_text).await {
+    match render(&s.engine, &s.pods, s.rule_text).await {
         Ok(body) => {
             // prometheus-client writes the OpenMetrics text format (counter families named
             // without `_total`, `# EOF`): said so, or a scraper reads it as the older format.
@@ -128,7 +130,27 @@ fn fold(h: &HistogramView) -> KernelHistogram {
     KernelHistogram { sum: h.sum_seconds, count: h.count, buckets }
 }
 
-async fn render(engine: &Engine, rule_text: bool) -> anyhow::Result<String> {
+/// At most this many distinct `pod` labels per scrape; the interfaces beyond (by name) get
+/// [`OTHER_POD`]. The label follows the interface one for one, so this only bounds what pod churn
+/// on a node with very many veths could add.
+pub const POD_LABELS_MAX: usize = 512;
+/// The `pod` label beyond [`POD_LABELS_MAX`], and of an interface with no pod known.
+pub const OTHER_POD: &str = "";
+
+/// The `pod` label of each histogram's interface (`name/namespace`), bounded.
+fn pod_labels(pods: &Pods, hists: &[HistogramView]) -> impl Fn(u32) -> String {
+    let mut ifindexes: Vec<(String, u32)> = hists.iter().map(|h| (h.interface.clone(), h.ifindex)).collect();
+    ifindexes.sort();
+    ifindexes.dedup();
+    let labels: std::collections::HashMap<u32, String> = ifindexes
+        .into_iter()
+        .filter_map(|(_, i)| Some((i, pods.by_ifindex(i)?.label())))
+        .take(POD_LABELS_MAX)
+        .collect();
+    move |i| labels.get(&i).cloned().unwrap_or_else(|| OTHER_POD.to_string())
+}
+
+async fn render(engine: &Engine, pods: &Pods, rule_text: bool) -> anyhow::Result<String> {
     let status = engine.status().await?;
     let rules = engine.rules().await?;
     let hists = engine.latency().await?;
@@ -152,13 +174,15 @@ async fn render(engine: &Engine, rule_text: bool) -> anyhow::Result<String> {
     // One family per name, its label sets under one HELP/TYPE (a registry per label set would
     // repeat them, which OpenMetrics and Prometheus's parser refuse).
     let label = |k: &str, v: String| (k.to_string(), v);
+    let pod_of = pod_labels(pods, &hists);
     let family = |kind: ExtraLabels| {
         LabeledHistograms(
             hists
                 .iter()
                 .filter_map(|h| kind(&h.kind).map(|extra| (h, extra)))
                 .map(|(h, extra)| {
-                    let mut labels = vec![label("interface", h.interface.clone())];
+                    let mut labels =
+                        vec![label("interface", h.interface.clone()), label("pod", pod_of(h.ifindex))];
                     labels.extend(extra);
                     if h.kind == "http_response" {
                         labels.push(label("class", format!("{}xx", h.class.unwrap_or(0))));
@@ -217,6 +241,6 @@ async fn render(engine: &Engine, rule_text: bool) -> anyhow::Result<String> {
 }
 
 /// The metrics routes; `rule_text`: rule hits carry each rule's text (label `rule`).
-pub fn router(engine: Engine, rule_text: bool) -> Router {
-    Router::new().route("/metrics", get(scrape)).with_state(Scrape { engine, rule_text })
+pub fn router(engine: Engine, pods: Pods, rule_text: bool) -> Router {
+    Router::new().route("/metrics", get(scrape)).with_state(Scrape { engine, pods, rule_text })
 }

@@ -11,6 +11,7 @@ pub mod agent;
 pub mod capture;
 pub mod client;
 pub mod http_stream;
+pub mod kubelet;
 pub mod kubeproxy;
 pub mod nat_oracle;
 pub mod netns;

@@ -19,9 +19,10 @@ use serde::Deserialize;
 use crate::engine::Engine;
 use crate::event_log::EventLog;
 use crate::groups::Group;
+use crate::pods::Pods;
 use types::{
-    ErrorBody, EventQuery, EventView, FlowView, GroupView, HistogramView, MirrorView, NewRule, RuleView,
-    SetGroup, StatusView,
+    ErrorBody, EventQuery, EventView, FlowView, GroupView, HistogramView, MirrorView, NewRule, PodView,
+    RuleView, SetGroup, StatusView,
 };
 
 /// What the API reports beyond the engine.
@@ -42,6 +43,8 @@ pub struct ApiState {
     pub info: Arc<Mutex<AgentInfo>>,
     /// Recent trigger events.
     pub events: Arc<EventLog>,
+    /// The pods behind the attached veths.
+    pub pods: Pods,
 }
 
 /// An error reply.
@@ -83,6 +86,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/flows", get(flows))
         .route("/v1/events", get(events))
         .route("/v1/status", get(status))
+        .route("/v1/pods", get(pods))
         .route("/v1/counters", get(counters))
         .route("/v1/latency", get(latency))
         .route("/v1/latency/groups", get(groups))
@@ -90,7 +94,7 @@ pub fn router(state: ApiState) -> Router {
         .fallback(|| async {
             ApiError(
                 StatusCode::NOT_FOUND,
-                "no such resource (see /v1/rules, /v1/flows, /v1/events, /v1/status, /v1/counters, /v1/latency)".into(),
+                "no such resource (see /v1/rules, /v1/flows, /v1/pods, /v1/events, /v1/status, /v1/counters, /v1/latency)".into(),
             )
         })
         .with_state(state)
@@ -154,6 +158,7 @@ async fn flows(
 ) -> ApiResult<Vec<FlowView>> {
     let q = q.map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("expected ?limit=N: {e}")))?;
     let mut flows = s.engine.flows().await?;
+    s.pods.annotate(&mut flows);
     // Top flows: mirrored first, then by bytes.
     flows.sort_by_key(|f| (f.rule_id.is_none(), std::cmp::Reverse(f.forward.bytes + f.reverse.bytes)));
     flows.truncate(q.limit.unwrap_or(usize::MAX));
@@ -194,7 +199,12 @@ async fn status(State(s): State<ApiState>) -> ApiResult<StatusView> {
         attach_latency: st.attach_latency,
         tracing: st.tracing,
         net_cpu: st.net_cpu,
+        pods: s.pods.list(),
     }))
+}
+
+async fn pods(State(s): State<ApiState>) -> ApiResult<Vec<PodView>> {
+    Ok(Json(s.pods.list()))
 }
 
 async fn latency(State(s): State<ApiState>) -> ApiResult<Vec<HistogramView>> {

@@ -78,6 +78,58 @@ pub struct FlowView {
     /// SYN to the completing ACK, milliseconds.
     #[serde(default)]
     pub handshake_ms: Option<f64>,
+    /// The pods among its endpoints (both tuples across NAT), with the host-side veth each is
+    /// seen on.
+    #[serde(default)]
+    pub pods: Vec<FlowPod>,
+}
+
+/// An endpoint of a flow that is a pod's address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowPod {
+    /// The endpoint, `addr:port`.
+    pub endpoint: String,
+    /// The pod, `name/namespace` (or the name alone when its namespace is not known).
+    pub pod: String,
+    /// Its host-side veth.
+    pub interface: String,
+}
+
+/// A pod behind an attached veth (GET /v1/pods).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodView {
+    /// The host-side veth.
+    pub interface: String,
+    /// Its index.
+    pub ifindex: u32,
+    /// The pod's name (the interface's when nothing better is known; see `source`).
+    pub name: String,
+    /// Its Kubernetes namespace, when known.
+    pub namespace: Option<String>,
+    /// Its UID (from the cgroup path).
+    pub uid: Option<String>,
+    /// A container's id (from the cgroup path).
+    pub container: Option<String>,
+    /// A process in the pod's network namespace.
+    pub pid: Option<u32>,
+    /// The network namespace: its name under /run/netns, or /proc/PID/ns/net.
+    pub netns: Option<String>,
+    /// The pod-side interface.
+    pub peer: Option<String>,
+    /// Its addresses.
+    pub addresses: Vec<String>,
+    /// Where the name came from: env, hostname, hostname-env, cgroup, netns, interface.
+    pub source: String,
+}
+
+impl PodView {
+    /// `name/namespace`, or the name alone.
+    pub fn label(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{}/{ns}", self.name),
+            None => self.name.clone(),
+        }
+    }
 }
 
 /// A latency histogram (GET /v1/latency).
@@ -175,6 +227,9 @@ pub struct StatusView {
     /// Share of each CPU in the network stack over the last second (cpu group on).
     #[serde(default)]
     pub net_cpu: Vec<CpuShareView>,
+    /// The pods behind the attached veths.
+    #[serde(default)]
+    pub pods: Vec<PodView>,
 }
 
 /// One CPU's time in the network stack.

@@ -1,9 +1,11 @@
 //! mirrorctl: the operator's CLI, one subcommand per API resource.
 
+pub mod capture;
 pub mod client;
 pub mod events;
 pub mod hist;
 pub mod table;
+pub mod top;
 
 use std::path::PathBuf;
 
@@ -11,7 +13,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use hyper::Method;
 use serde::Serialize;
 
-use crate::api::types::{FlowView, GroupView, HistogramView, NewRule, RuleView, SetGroup, StatusView};
+use crate::api::types::{
+    FlowView, GroupView, HistogramView, NewRule, PodView, RuleView, SetGroup, StatusView,
+};
 use crate::config::DEFAULT_SOCKET;
 use client::Client;
 
@@ -47,7 +51,9 @@ enum Command {
     },
     /// Attached interfaces, the mirror interface, counters.
     Status,
-    /// Top flows: endpoints, traffic each way, mirrored or not and by which rule.
+    /// The pods behind the attached veths: name, namespace, addresses, how they were found.
+    Pods,
+    /// Top flows: endpoints, their pods, traffic each way, mirrored or not and by which rule.
     Flows {
         /// Show at most this many.
         #[arg(long, default_value_t = 20)]
@@ -63,6 +69,12 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
+    /// Write the mirrored packets as pcapng: one interface per pod veth, direction and rule per
+    /// packet (run in the agent's network namespace, as root).
+    Capture(capture::CaptureArgs),
+    /// A live view, refreshed each second: mirror rate and drops, triggers per rule, the
+    /// mirrored and the busiest flows by pod (`q` quits).
+    Top,
     /// Latency histograms (HTTP response time, TCP handshake), and their groups.
     Latency {
         #[command(subcommand)]
@@ -234,6 +246,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 l.count, l.p50_ms, l.p99_ms, l.max_ms
             );
             println!("tracing programs: {}\n", s.tracing);
+            let pod_of = |ifindex: u32| {
+                s.pods.iter().find(|p| p.ifindex == ifindex).map_or("-".to_string(), PodView::label)
+            };
             let rows: Vec<Vec<String>> = s
                 .interfaces
                 .iter()
@@ -241,13 +256,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     vec![
                         i.name.clone(),
                         i.ifindex.to_string(),
+                        pod_of(i.ifindex),
                         i.mode.clone(),
                         i.method.clone(),
                         i.directions.join(","),
                     ]
                 })
                 .collect();
-            print!("{}", table::render(&["INTERFACE", "IFINDEX", "MODE", "METHOD", "DIRECTIONS"], &rows));
+            print!(
+                "{}",
+                table::render(&["INTERFACE", "IFINDEX", "POD", "MODE", "METHOD", "DIRECTIONS"], &rows)
+            );
             println!();
             let rows: Vec<Vec<String>> =
                 s.counters.iter().map(|(k, v)| vec![k.clone(), v.to_string()]).collect();
@@ -268,6 +287,30 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         Command::Events { follow, limit } => events::run(&c, json, follow, limit).await?,
+        Command::Capture(a) => capture::run(&c, a).await?,
+        Command::Top => top::run(&c).await?,
+        Command::Pods => {
+            let pods: Vec<PodView> = c.call(Method::GET, "/v1/pods", None).await?;
+            if json {
+                return print_json(&pods);
+            }
+            let rows: Vec<Vec<String>> = pods
+                .iter()
+                .map(|p| {
+                    vec![
+                        p.interface.clone(),
+                        p.name.clone(),
+                        p.namespace.clone().unwrap_or_else(|| "-".into()),
+                        p.addresses.join(","),
+                        p.source.clone(),
+                        p.netns.clone().unwrap_or_else(|| "-".into()),
+                        p.pid.map_or("-".into(), |p| p.to_string()),
+                    ]
+                })
+                .collect();
+            let header = ["INTERFACE", "POD", "NAMESPACE", "ADDRESSES", "FROM", "NETNS", "PID"];
+            print!("{}", table::render(&header, &rows));
+        }
         Command::Flows { limit } => {
             let flows: Vec<FlowView> = c.call(Method::GET, &format!("/v1/flows?limit={limit}"), None).await?;
             if json {
@@ -282,9 +325,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                         }
                         _ => "-".into(),
                     };
+                    let pods: Vec<&str> = f.pods.iter().map(|p| p.pod.as_str()).collect();
                     vec![
                         f.lo.clone(),
                         f.hi.clone(),
+                        if pods.is_empty() { "-".into() } else { pods.join(",") },
                         format!("{}/{}", f.forward.packets, f.forward.bytes),
                         format!("{}/{}", f.reverse.packets, f.reverse.bytes),
                         f.nat.as_ref().map_or("-".into(), |n| format!("{} {}", n.lo, n.hi)),
@@ -297,6 +342,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let header = [
                 "ENDPOINT A",
                 "ENDPOINT B",
+                "PODS",
                 "A->B PKTS/BYTES",
                 "B->A PKTS/BYTES",
                 "SERVER SIDE (NAT)",

@@ -50,6 +50,7 @@ pub(super) fn flows(dp: &Datapath<'_>) -> anyhow::Result<Vec<FlowView>> {
             http_time_mean_ms: f.http_time_mean.map(ms),
             http_time_max_ms: f.http_time_max.map(ms),
             handshake_ms: f.handshake.map(ms),
+            pods: Vec::new(),
         })
         .collect())
 }

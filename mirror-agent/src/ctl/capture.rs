@@ -1,0 +1,241 @@
+//! `mirrorctl capture`: reads the interface the agent hands copies to (the veth sink's peer,
+//! or the sink) and writes pcapng: one interface per pod veth, named `<pod>/<namespace>
+//! (<veth>)`, each packet's direction relative to that pod, and a comment with the rule that
+//! mirrored it. A copy is told apart by its addresses: sent by a pod (copied where it left the
+//! pod) or else received by one; its flow, and so its rule, by its tuple (either direction, or
+//! the server-side tuple of a translated connection), asking the agent again when a tuple is
+//! new.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use hyper::Method;
+use tokio::io::unix::AsyncFd;
+
+use super::client::Client;
+use crate::api::types::{FlowView, PodView, RuleView, StatusView};
+use crate::capture::packet::{self, Tuple};
+use crate::capture::socket::{PacketSocket, SNAPLEN};
+use crate::capture::{Direction, PcapNgOut};
+
+/// What to capture.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CaptureArgs {
+    /// The pcapng file to write; `-` for stdout (`| tshark -r -` or `-i -`).
+    #[arg(short = 'w', long = "write")]
+    pub write: PathBuf,
+    /// Stop after this long (e.g. 30s, 5m).
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Stop after writing this many packets.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Only packets of this pod (`name`, `name/namespace`, or its veth).
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// Only packets of flows this rule mirrored.
+    #[arg(long)]
+    pub rule: Option<u32>,
+    /// Keep at most this many bytes of each packet (mirrored payload is sensitive).
+    #[arg(long)]
+    pub snaplen: Option<u32>,
+    /// Fill in IPv4, TCP and UDP checksums left to offload (a pod's own packets are copied
+    /// before any device computed them); `--fix-checksums false` writes them as copied.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub fix_checksums: bool,
+}
+
+fn parse_duration(v: &str) -> Result<Duration, String> {
+    mirror_bpf::rule::parse_duration(v)
+}
+
+/// How often the agent may be asked again about a tuple it did not know when asked first.
+const REFRESH: Duration = Duration::from_millis(250);
+
+/// What the agent knows: pods, flows, rules.
+struct Known {
+    pods: Vec<PodView>,
+    flows: Vec<FlowView>,
+    rules: BTreeMap<u32, String>,
+    at: Option<Instant>,
+}
+
+impl Known {
+    async fn refresh(&mut self, c: &Client<'_>) -> anyhow::Result<()> {
+        self.pods = c.call(Method::GET, "/v1/pods", None).await?;
+        self.flows = c.call(Method::GET, "/v1/flows", None).await?;
+        let rules: Vec<RuleView> = c.call(Method::GET, "/v1/rules", None).await?;
+        self.rules = rules.into_iter().map(|r| (r.id, r.rule)).collect();
+        self.at = Some(Instant::now());
+        Ok(())
+    }
+
+    fn pod_of(&self, ip: std::net::IpAddr) -> Option<&PodView> {
+        let ip = ip.to_string();
+        self.pods.iter().find(|p| p.addresses.contains(&ip))
+    }
+
+    fn flow_of(&self, t: &Tuple) -> Option<&FlowView> {
+        let (a, b) = (t.src.to_string(), t.dst.to_string());
+        let is = |lo: &str, hi: &str| (lo == a && hi == b) || (lo == b && hi == a);
+        self.flows.iter().find(|f| is(&f.lo, &f.hi) || f.nat.as_ref().is_some_and(|n| is(&n.lo, &n.hi)))
+    }
+}
+
+/// Where a copy belongs.
+struct Place {
+    /// Its pod and which way it went, relative to that pod.
+    pod: Option<(PodView, Direction)>,
+    /// The rule that mirrored its flow, and the status that triggered.
+    rule: Option<(u32, Option<u16>)>,
+}
+
+fn interface_name(p: &PodView) -> String {
+    format!("{} ({})", p.label(), p.interface)
+}
+
+fn matches_pod(p: &PodView, want: &str) -> bool {
+    p.name == want || p.label() == want || p.interface == want
+}
+
+/// Runs the capture until its count, its duration, or SIGINT/SIGTERM.
+pub async fn run(c: &Client<'_>, args: CaptureArgs) -> anyhow::Result<()> {
+    let status: StatusView = c.call(Method::GET, "/v1/status", None).await?;
+    let m = &status.mirror;
+    let (Some(iface), Some(delivery)) = (m.copies_to.clone(), m.delivery.clone()) else {
+        anyhow::bail!("the agent hands copies to no interface (mirror interface {} absent)", m.interface);
+    };
+    // Copies are received by the sink's peer (or an ifb), or sent out of a dummy.
+    let want_outgoing = delivery != "ingress";
+    let mut known = Known { pods: Vec::new(), flows: Vec::new(), rules: BTreeMap::new(), at: None };
+    known.refresh(c).await?;
+    if let Some(want) = &args.pod {
+        if !known.pods.iter().any(|p| matches_pod(p, want)) {
+            let names: Vec<String> = known.pods.iter().map(PodView::label).collect();
+            anyhow::bail!("--pod {want}: no such pod behind an attached veth (pods: {})", names.join(", "));
+        }
+    }
+    if let Some(r) = args.rule {
+        if !known.rules.contains_key(&r) {
+            anyhow::bail!("--rule {r}: no such rule (see mirrorctl rules list)");
+        }
+    }
+    if args.snaplen == Some(0) {
+        anyhow::bail!("--snaplen 0 would keep nothing of a packet");
+    }
+    let sock = PacketSocket::open(&iface).with_context(|| format!("capturing on {iface}"))?;
+    // SAFETY: the socket owns its descriptor and keeps it open, unchanged, while registered.
+    let mut sock = unsafe { AsyncFd::register(sock)? };
+    let snaplen = args.snaplen.unwrap_or(SNAPLEN).min(SNAPLEN);
+    let out: Box<dyn Write> = if args.write.as_os_str() == "-" {
+        Box::new(std::io::stdout().lock())
+    } else {
+        let f = std::fs::File::create(&args.write)
+            .with_context(|| format!("creating {}", args.write.display()))?;
+        Box::new(std::io::BufWriter::new(f))
+    };
+    let to_stdout = args.write.as_os_str() == "-";
+    let mut out = PcapNgOut::new(out, snaplen)?;
+    eprintln!(
+        "mirrorctl: capturing copies {} {iface}",
+        if want_outgoing { "sent out of" } else { "received by" }
+    );
+
+    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let (mut written, mut fixed) = (0u64, 0u64);
+    let mut asked = std::collections::HashSet::new();
+    let done = |written: u64| args.count.is_some_and(|n| written >= n);
+    'outer: while !done(written) {
+        let sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let mut ready = tokio::select! {
+            r = sock.readable_mut() => r?,
+            _ = sleep => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+        };
+        loop {
+            let Some(mut frame) = ready.get_inner_mut().recv()? else {
+                ready.clear_ready();
+                break;
+            };
+            if frame.outgoing != want_outgoing {
+                continue;
+            }
+            let tuple = packet::tuple(&frame.data);
+            let mut place = place(&known, tuple.as_ref());
+            let unknown = tuple.filter(|_| place.rule.is_none() || place.pod.is_none());
+            // A tuple not seen before: its flow was marked before it was copied, so the agent
+            // knows it now. Asked again about the same one no more often than REFRESH.
+            let new = unknown.is_some_and(|t| asked.insert(mirror_bpf::FlowKey::new(t.src, t.dst, t.proto)));
+            if new || (unknown.is_some() && known.at.is_none_or(|at| at.elapsed() >= REFRESH)) {
+                known.refresh(c).await?;
+                place = self::place(&known, tuple.as_ref());
+            }
+            if let Some(want) = &args.pod {
+                if !place.pod.as_ref().is_some_and(|(p, _)| matches_pod(p, want)) {
+                    continue;
+                }
+            }
+            if args.rule.is_some() && place.rule.map(|r| r.0) != args.rule {
+                continue;
+            }
+            if args.fix_checksums && frame.csum_not_ready && packet::fix_checksums(&mut frame.data) {
+                fixed += 1;
+            }
+            let (id, direction) = match &place.pod {
+                Some((p, d)) => {
+                    let desc =
+                        format!("pod {} behind {} ({})", p.label(), p.interface, p.addresses.join(", "));
+                    (out.interface(&interface_name(p), &desc)?, *d)
+                }
+                None => {
+                    (out.interface(&iface, "copies not sent or received by a known pod")?, Direction::Unknown)
+                }
+            };
+            let comment = match place.rule {
+                Some((r, status)) => {
+                    let text = known.rules.get(&r).map_or("deleted since", String::as_str);
+                    let st = status.map_or(String::new(), |s| format!(", on a {s}"));
+                    format!("mirrored by rule {r} ({text}){st}")
+                }
+                None => "rule unknown: the agent has no flow with this tuple".to_string(),
+            };
+            let cut = frame.data.len().min(snaplen as usize);
+            out.packet(id, frame.time, &frame.data[..cut], frame.orig_len, direction, &comment)?;
+            written += 1;
+            if to_stdout {
+                out.flush()?;
+            }
+            if done(written) {
+                break 'outer;
+            }
+        }
+    }
+    out.flush()?;
+    let drops = sock.get_ref().drops();
+    eprintln!(
+        "mirrorctl: {written} packets written to {} ({fixed} checksums filled in, {drops} dropped by the kernel)",
+        if to_stdout { "stdout".into() } else { args.write.display().to_string() }
+    );
+    Ok(())
+}
+
+fn place(known: &Known, tuple: Option<&Tuple>) -> Place {
+    let Some(t) = tuple else { return Place { pod: None, rule: None } };
+    let side = |a: SocketAddr| known.pod_of(a.ip()).cloned();
+    let pod = side(t.src)
+        .map(|p| (p, Direction::Outbound))
+        .or_else(|| side(t.dst).map(|p| (p, Direction::Inbound)));
+    let rule = known.flow_of(t).and_then(|f| Some((f.rule_id?, f.status)));
+    Place { pod, rule }
+}

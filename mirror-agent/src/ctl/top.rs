@@ -1,0 +1,292 @@
+//! `mirrorctl top`: a live view of the agent, refreshed each second over the API: the mirror's
+//! rate and drops, triggers per rule, the mirrored flows and the busiest ones, by pod. `q` (or
+//! Esc, or Ctrl-C) quits.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use hyper::Method;
+use ratatui::layout::{Constraint, Layout};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::Line;
+use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
+use ratatui::Frame;
+
+use super::client::Client;
+use crate::api::types::{FlowView, RuleView, StatusView};
+
+/// How often the view is refreshed.
+const TICK: Duration = Duration::from_secs(1);
+/// Flows asked for each tick.
+const FLOWS: usize = 500;
+
+/// One refresh's worth of what the agent said, with rates against the one before.
+#[derive(Debug, Default, Clone)]
+pub struct View {
+    /// Copies per second.
+    pub mirror_pps: f64,
+    /// Copied bytes per second.
+    pub mirror_bps: f64,
+    /// Drops per second: (copy errors, no mirror interface, trigger events lost).
+    pub drops_ps: [f64; 3],
+    /// The same, since the agent started.
+    pub drops_total: [u64; 3],
+    /// Attached interfaces, pods known.
+    pub interfaces: usize,
+    /// Pods known.
+    pub pods: usize,
+    /// Rules: id, text, triggers, triggers per second.
+    pub rules: Vec<(u32, String, u64, f64)>,
+    /// Mirrored flows (most copies first): pods, endpoints, rule and status, copies, ended.
+    pub mirrored: Vec<FlowRow>,
+    /// Busiest flows (bytes per second).
+    pub busiest: Vec<FlowRow>,
+}
+
+/// A flow as shown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlowRow {
+    /// Pods among its endpoints (`name/namespace`), or "-".
+    pub pods: String,
+    /// `a <-> b`.
+    pub endpoints: String,
+    /// `rule N (status)`, or "-".
+    pub rule: String,
+    /// Copies made.
+    pub copied: u64,
+    /// Bytes per second, both ways.
+    pub bps: f64,
+    /// Bytes, both ways.
+    pub bytes: u64,
+}
+
+/// What the previous tick saw.
+#[derive(Default)]
+struct Before {
+    at: Option<Instant>,
+    counters: HashMap<String, u64>,
+    hits: HashMap<u32, u64>,
+    flow_bytes: HashMap<(String, String), u64>,
+}
+
+fn row(f: &FlowView, bps: f64) -> FlowRow {
+    let pods: Vec<&str> = f.pods.iter().map(|p| p.pod.as_str()).collect();
+    FlowRow {
+        pods: if pods.is_empty() { "-".into() } else { pods.join(", ") },
+        endpoints: format!("{} <-> {}", f.lo, f.hi),
+        rule: match (f.rule_id, f.status) {
+            (Some(r), Some(s)) => format!("rule {r} ({s}){}", if f.mirror_ended { " ended" } else { "" }),
+            _ => "-".into(),
+        },
+        copied: f.mirrored_packets,
+        bps,
+        bytes: f.forward.bytes + f.reverse.bytes,
+    }
+}
+
+impl Before {
+    fn view(&mut self, st: &StatusView, rules: &[RuleView], flows: &[FlowView]) -> View {
+        let now = Instant::now();
+        let secs = self.at.map_or(0.0, |a| now.duration_since(a).as_secs_f64());
+        let rate = |now: u64, then: Option<&u64>| match then {
+            Some(t) if secs > 0.0 => now.saturating_sub(*t) as f64 / secs,
+            _ => 0.0,
+        };
+        let c = |k: &str| st.counters.get(k).copied().unwrap_or(0);
+        let drop_keys = ["mirror_errors", "mirror_no_target", "ringbuf_drops"];
+        let mut v = View {
+            mirror_pps: rate(c("mirrored_packets"), self.counters.get("mirrored_packets")),
+            mirror_bps: rate(c("mirrored_bytes"), self.counters.get("mirrored_bytes")),
+            drops_ps: drop_keys.map(|k| rate(c(k), self.counters.get(k))),
+            drops_total: drop_keys.map(c),
+            interfaces: st.interfaces.len(),
+            pods: st.pods.len(),
+            ..View::default()
+        };
+        v.rules = rules
+            .iter()
+            .map(|r| (r.id, r.rule.clone(), r.hits, rate(r.hits, self.hits.get(&r.id))))
+            .collect();
+        let mut bytes = HashMap::new();
+        let mut all: Vec<FlowRow> = flows
+            .iter()
+            .map(|f| {
+                let key = (f.lo.clone(), f.hi.clone());
+                let total = f.forward.bytes + f.reverse.bytes;
+                let bps = rate(total, self.flow_bytes.get(&key));
+                bytes.insert(key, total);
+                row(f, bps)
+            })
+            .collect();
+        v.mirrored = all.iter().filter(|r| r.rule != "-").cloned().collect();
+        v.mirrored.sort_by_key(|r| std::cmp::Reverse(r.copied));
+        all.sort_by(|a, b| b.bps.total_cmp(&a.bps).then(b.bytes.cmp(&a.bytes)));
+        v.busiest = all;
+        self.at = Some(now);
+        self.counters = st.counters.clone().into_iter().collect();
+        self.hits = rules.iter().map(|r| (r.id, r.hits)).collect();
+        self.flow_bytes = bytes;
+        v
+    }
+}
+
+fn si(v: f64) -> String {
+    match v {
+        v if v >= 1e9 => format!("{:.1}G", v / 1e9),
+        v if v >= 1e6 => format!("{:.1}M", v / 1e6),
+        v if v >= 1e3 => format!("{:.1}k", v / 1e3),
+        v => format!("{v:.0}"),
+    }
+}
+
+/// Draws `v` on the whole frame.
+pub fn draw(f: &mut Frame, v: &View) {
+    let areas = Layout::vertical([
+        Constraint::Length(3),
+        Constraint::Length(v.rules.len().clamp(1, 8) as u16 + 3),
+        Constraint::Percentage(40),
+        Constraint::Min(5),
+    ])
+    .split(f.area());
+    let [e, n, l] = v.drops_ps;
+    let [et, nt, lt] = v.drops_total;
+    let head = vec![Line::from(format!(
+        "mirror {} pkt/s {}B/s   drops/s: copy errors {} no target {} events lost {} (total {et}/{nt}/{lt})   {} interfaces, {} pods   q quits",
+        si(v.mirror_pps),
+        si(v.mirror_bps),
+        si(e),
+        si(n),
+        si(l),
+        v.interfaces,
+        v.pods
+    ))];
+    f.render_widget(
+        Paragraph::new(head).block(Block::default().borders(Borders::ALL).title("mirrorctl top")),
+        areas[0],
+    );
+
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    let rules: Vec<Row> = v
+        .rules
+        .iter()
+        .map(|(id, text, hits, ps)| {
+            Row::new(vec![id.to_string(), hits.to_string(), format!("{ps:.1}"), text.clone()])
+        })
+        .collect();
+    let t = Table::new(
+        rules,
+        [Constraint::Length(4), Constraint::Length(9), Constraint::Length(9), Constraint::Min(20)],
+    )
+    .header(Row::new(["ID", "TRIGGERS", "/S", "RULE"]).style(bold))
+    .block(Block::default().borders(Borders::ALL).title("triggers per rule"));
+    f.render_widget(t, areas[1]);
+
+    let flows = |rows: &[FlowRow], title: &str| {
+        let body: Vec<Row> = rows
+            .iter()
+            .map(|r| {
+                Row::new(vec![
+                    r.pods.clone(),
+                    r.endpoints.clone(),
+                    r.rule.clone(),
+                    r.copied.to_string(),
+                    format!("{}B/s", si(r.bps)),
+                    format!("{}B", si(r.bytes as f64)),
+                ])
+            })
+            .collect();
+        let widths = [
+            Constraint::Percentage(28),
+            Constraint::Percentage(36),
+            Constraint::Length(18),
+            Constraint::Length(8),
+            Constraint::Length(10),
+            Constraint::Length(9),
+        ];
+        Table::new(body, widths)
+            .header(Row::new(["PODS", "ENDPOINTS", "MIRRORED", "COPIED", "RATE", "BYTES"]).style(bold))
+            .block(Block::default().borders(Borders::ALL).title(title.to_string()))
+    };
+    f.render_widget(flows(&v.mirrored, "mirrored flows"), areas[2]);
+    f.render_widget(flows(&v.busiest, "busiest flows"), areas[3]);
+}
+
+async fn fetch(c: &Client<'_>) -> anyhow::Result<(StatusView, Vec<RuleView>, Vec<FlowView>)> {
+    let st: StatusView = c.call(Method::GET, "/v1/status", None).await?;
+    let rules: Vec<RuleView> = c.call(Method::GET, "/v1/rules", None).await?;
+    let flows: Vec<FlowView> = c.call(Method::GET, &format!("/v1/flows?limit={FLOWS}"), None).await?;
+    Ok((st, rules, flows))
+}
+
+/// Runs the view until `q`.
+pub async fn run(c: &Client<'_>) -> anyhow::Result<()> {
+    // Fails before the screen is taken when the agent does not answer.
+    let mut before = Before::default();
+    let (st, rules, flows) = fetch(c).await?;
+    let mut view = before.view(&st, &rules, &flows);
+    let mut term = ratatui::init();
+    let res = async {
+        let mut next = Instant::now();
+        loop {
+            if Instant::now() >= next {
+                let (st, rules, flows) = fetch(c).await?;
+                view = before.view(&st, &rules, &flows);
+                term.draw(|f| draw(f, &view))?;
+                next = Instant::now() + TICK;
+            }
+            // Keys are read between ticks (the API calls are short).
+            let wait = next.saturating_duration_since(Instant::now());
+            if event::poll(wait)? {
+                match event::read()? {
+                    Event::Key(k) if k.kind == KeyEventKind::Press => {
+                        let ctrl_c =
+                            k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL);
+                        if matches!(k.code, KeyCode::Char('q') | KeyCode::Esc) || ctrl_c {
+                            return Ok(());
+                        }
+                    }
+                    Event::Resize(..) => {
+                        term.draw(|f| draw(f, &view))?;
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    .await;
+    ratatui::restore();
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
+
+    #[test]
+    fn the_view_shows_rules_and_flows_by_pod() {
+        let v = View {
+            mirror_pps: 1500.0,
+            mirror_bps: 2.5e6,
+            rules: vec![(3, "status=500".into(), 7, 2.0)],
+            mirrored: vec![FlowRow {
+                pods: "web-0/shop".into(),
+                endpoints: "198.18.1.2:80 <-> 198.18.2.2:40000".into(),
+                rule: "rule 3 (500)".into(),
+                copied: 42,
+                bps: 1000.0,
+                bytes: 5000,
+            }],
+            ..View::default()
+        };
+        let mut term = Terminal::new(TestBackend::new(160, 30)).unwrap();
+        term.draw(|f| draw(f, &v)).unwrap();
+        let text: String = term.backend().buffer().content().iter().map(|c| c.symbol()).collect();
+        for want in ["mirror 1.5k pkt/s 2.5MB/s", "status=500", "web-0/shop", "rule 3 (500)", "198.18.1.2:80"]
+        {
+            assert!(text.contains(want), "{want} not shown");
+        }
+    }
+}

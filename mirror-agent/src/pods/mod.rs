@@ -1,0 +1,234 @@
+//! Pod identity: which pod each attached host-side veth leads to. The veth's peer index and
+//! namespace id lead to the pod's network namespace ([`netns`]), its processes to a name,
+//! Kubernetes namespace, UID and container ([`identity`]); the peer's addresses map flow
+//! endpoints to pods. Without a process that says more, the pod is named after its named
+//! namespace, else after the interface.
+//!
+//! The container runtime's CRI socket is not asked: the kubelet's conventions in `/proc`
+//! (environment, hostname, service account, cgroup path) give the same names without a gRPC
+//! client, and work under any runtime.
+//!
+//! One task writes the table: it resolves again when told that links changed (after each
+//! attach and detach), and every few seconds while a pod is known by a fallback name only (a
+//! container starts after its veth). Readers take a copy.
+
+pub mod identity;
+pub mod netns;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::api::types::{FlowPod, FlowView, PodView};
+use crate::engine::Engine;
+use identity::Source;
+use netns::{Namespace, Rtnl};
+
+/// Link events come in bursts: resolve once after the burst.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+/// How often pods known by a fallback name only are looked at again.
+const RECHECK: Duration = Duration::from_secs(5);
+/// Processes looked at per namespace.
+const PIDS_PER_NETNS: usize = 256;
+
+#[derive(Default)]
+struct Table {
+    by_ifindex: BTreeMap<u32, PodView>,
+    by_addr: HashMap<IpAddr, u32>,
+}
+
+/// The pods behind the attached veths; cheap to clone.
+#[derive(Clone, Default)]
+pub struct Pods {
+    table: Arc<RwLock<Table>>,
+    wake: Arc<Notify>,
+}
+
+impl Pods {
+    /// A table that [`Pods::start`] keeps.
+    pub fn new() -> Pods {
+        Pods::default()
+    }
+
+    /// Starts the task that keeps the table: it reads the attached interfaces from `engine`.
+    pub fn start(&self, engine: Engine) {
+        let pods = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let fallback = pods
+                    .list()
+                    .iter()
+                    .any(|p| [Source::Interface.name(), Source::Netns.name()].contains(&p.source.as_str()));
+                if fallback {
+                    let _ = tokio::time::timeout(RECHECK, pods.wake.notified()).await;
+                } else {
+                    pods.wake.notified().await;
+                }
+                tokio::time::sleep(DEBOUNCE).await;
+                let attached = match engine.status().await {
+                    Ok(st) => st.interfaces.into_iter().map(|i| (i.ifindex, i.name)).collect::<Vec<_>>(),
+                    // The engine has stopped: so do we.
+                    Err(_) => return,
+                };
+                match tokio::task::spawn_blocking(move || resolve(&attached)).await {
+                    Ok(Ok(found)) => pods.set(found),
+                    Ok(Err(e)) => tracing::warn!(error = %e, "resolving pods"),
+                    Err(e) => tracing::warn!(error = %e, "resolving pods"),
+                }
+            }
+        });
+    }
+
+    /// Links changed: resolve again soon.
+    pub fn refresh(&self) {
+        self.wake.notify_one();
+    }
+
+    fn set(&self, found: Vec<PodView>) {
+        let mut t = Table::default();
+        for p in found {
+            for a in &p.addresses {
+                if let Ok(ip) = a.parse() {
+                    t.by_addr.insert(ip, p.ifindex);
+                }
+            }
+            t.by_ifindex.insert(p.ifindex, p);
+        }
+        let changed = {
+            let old = self.table.read().expect("pods lock");
+            old.by_ifindex != t.by_ifindex
+        };
+        if changed {
+            for p in t.by_ifindex.values() {
+                tracing::info!(
+                    interface = %p.interface,
+                    pod = %p.label(),
+                    source = %p.source,
+                    addresses = ?p.addresses,
+                    "pod"
+                );
+            }
+        }
+        *self.table.write().expect("pods lock") = t;
+    }
+
+    /// Every pod, by interface index.
+    pub fn list(&self) -> Vec<PodView> {
+        self.table.read().expect("pods lock").by_ifindex.values().cloned().collect()
+    }
+
+    /// The pod behind interface `ifindex`.
+    pub fn by_ifindex(&self, ifindex: u32) -> Option<PodView> {
+        self.table.read().expect("pods lock").by_ifindex.get(&ifindex).cloned()
+    }
+
+    /// The pod whose address `ip` is.
+    pub fn by_addr(&self, ip: IpAddr) -> Option<PodView> {
+        let t = self.table.read().expect("pods lock");
+        t.by_addr.get(&ip).and_then(|i| t.by_ifindex.get(i)).cloned()
+    }
+
+    /// Names the pods among each flow's endpoints (both tuples of a translated connection).
+    pub fn annotate(&self, flows: &mut [FlowView]) {
+        for f in flows {
+            let nat = f.nat.iter().flat_map(|n| [&n.lo, &n.hi]);
+            for ep in [&f.lo, &f.hi].into_iter().chain(nat) {
+                if f.pods.iter().any(|p| &p.endpoint == ep) {
+                    continue;
+                }
+                let Ok(sa) = ep.parse::<SocketAddr>() else { continue };
+                if let Some(p) = self.by_addr(sa.ip()) {
+                    f.pods.push(FlowPod { endpoint: ep.clone(), pod: p.label(), interface: p.interface });
+                }
+            }
+        }
+    }
+}
+
+/// Finds the pod behind each attached interface `(ifindex, name)`.
+fn resolve(attached: &[(u32, String)]) -> std::io::Result<Vec<PodView>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut rtnl = Rtnl::open()?;
+    let peers = netns::peers(&mut rtnl)?;
+    let own_mnt = std::fs::metadata("/proc/self/ns/mnt").ok().map(|m| m.ino());
+    // The node's namespaces by the id ours gives them; read once, only when a veth needs it.
+    let mut by_nsid: Option<HashMap<i32, Namespace>> = None;
+    let mut out = Vec::new();
+    for (ifindex, name) in attached {
+        let mut pod = PodView {
+            interface: name.clone(),
+            ifindex: *ifindex,
+            name: name.clone(),
+            namespace: None,
+            uid: None,
+            container: None,
+            pid: None,
+            netns: None,
+            peer: None,
+            addresses: Vec::new(),
+            source: Source::Interface.name().into(),
+        };
+        let peer = peers.get(ifindex).copied();
+        if let Some(nsid) = peer.and_then(|p| p.nsid) {
+            let spaces = match &mut by_nsid {
+                Some(s) => s,
+                None => by_nsid.insert(namespaces_by_nsid(&mut rtnl)?),
+            };
+            if let Some(ns) = spaces.get(&nsid) {
+                describe(&mut pod, ns, peer.expect("has a peer").ifindex, own_mnt);
+            }
+        }
+        out.push(pod);
+    }
+    Ok(out)
+}
+
+fn namespaces_by_nsid(rtnl: &mut Rtnl) -> std::io::Result<HashMap<i32, Namespace>> {
+    let own = netns::own_ino()?;
+    let mut out = HashMap::new();
+    for ns in netns::namespaces(own) {
+        let Ok(file) = std::fs::File::open(&ns.path) else { continue };
+        if let Ok(Some(id)) = rtnl.nsid_of(&file) {
+            out.insert(id, ns);
+        }
+    }
+    Ok(out)
+}
+
+/// Fills in what the namespace of the veth's peer (`peer`, its index there) tells.
+fn describe(pod: &mut PodView, ns: &Namespace, peer: u32, own_mnt: Option<u64>) {
+    pod.netns = Some(ns.name.clone().unwrap_or_else(|| ns.path.display().to_string()));
+    match netns::link_in(&ns.path, peer) {
+        Ok((name, addrs)) => {
+            pod.peer = Some(name);
+            pod.addresses = addrs.iter().map(IpAddr::to_string).collect();
+        }
+        Err(e) => tracing::debug!(interface = %pod.interface, error = %e, "reading the pod side of the veth"),
+    }
+    let best = ns
+        .pids
+        .iter()
+        .take(PIDS_PER_NETNS)
+        .map(|pid| (*pid, identity::of_process(*pid, own_mnt)))
+        .filter(|(_, id)| id.source.is_some())
+        .min_by_key(|(_, id)| (id.source, id.namespace.is_none()));
+    pod.pid = best.as_ref().map(|(pid, _)| *pid).or_else(|| ns.pids.first().copied());
+    match best {
+        Some((_, id)) => {
+            pod.name = id.name.unwrap_or_else(|| pod.interface.clone());
+            pod.namespace = id.namespace;
+            pod.uid = id.uid;
+            pod.container = id.container;
+            pod.source = id.source.map_or(Source::Interface, |s| s).name().into();
+        }
+        None => {
+            if let Some(n) = &ns.name {
+                pod.name = n.clone();
+                pod.source = Source::Netns.name().into();
+            }
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! `mirrorctl capture` on real traffic between two pods, read back with tshark: one interface
+//! per pod veth named `<pod>/<namespace> (<veth>)`, each packet's direction relative to that
+//! pod, the rule that mirrored it in its comment, every copy the agent made (GSO packets whole),
+//! and no checksum tshark calls bad. Then to stdout, piped into tshark, for one pod, cut short,
+//! checksums as copied (tshark does call the pod's own bad: what the fixing is for).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use mirror_bpf::testing::require_root;
+use mirror_e2e::agent::{AgentConfig, AgentEnv};
+use mirror_e2e::client::{self, url};
+use mirror_e2e::kubelet::{pod_uid, PodProcess, PodSpec};
+use mirror_e2e::netns::{nsenter, Topology};
+use mirror_e2e::proc::{wait_until, Proc};
+use mirror_e2e::scenario::PODS;
+use mirror_e2e::servers::Server;
+
+use common::{bins, json, status, ATTACH, VETHS};
+
+/// python's port.
+const ALT: u16 = 8080;
+/// A 500 with a body large enough for GSO packets.
+const BODY: u32 = 300_000;
+
+fn pod(ns: &mirror_e2e::netns::Netns, name: &str, namespace: &str, n: u32) -> PodProcess {
+    let spec = PodSpec {
+        env_name: Some(name.into()),
+        env_namespace: Some(namespace.into()),
+        uid: pod_uid(n),
+        ..PodSpec::default()
+    };
+    PodProcess::start(ns, &spec)
+}
+
+/// tshark's fields of every packet of `file` (`-` reads stdin, given as `input`), checksum
+/// validation on.
+fn tshark(file: &Path, fields: &[&str]) -> Vec<Vec<String>> {
+    let mut cmd = Command::new("tshark");
+    cmd.args(["-r"]).arg(file).args(["-o", "tcp.check_checksum:TRUE", "-o", "ip.check_checksum:TRUE"]);
+    cmd.args(["-o", "udp.check_checksum:TRUE", "-T", "fields", "-E", "separator=|"]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd.output().expect("running tshark");
+    assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
+    rows(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn rows(text: &str) -> Vec<Vec<String>> {
+    text.lines().map(|l| l.split('|').map(String::from).collect()).collect()
+}
+
+#[test]
+fn captures_name_pods_directions_and_rules() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&PODS);
+    let _client = pod(&topo.pod("client").ns, "curl-0", "tools", 1);
+    let _server = pod(&topo.pod("server").ns, "web-0", "shop", 2);
+    let cfg = AgentConfig { rules: vec!["status=500".into()], ..AgentConfig::default() };
+    let env = AgentEnv::new(&bins(), &topo.node, &cfg);
+    let _python = Server::python(&topo.pod("server").ns, ALT, env.dir());
+    let agent = env.start(&[]);
+    agent.wait_attached(&VETHS, ATTACH);
+    let resolved = wait_until(Duration::from_secs(5), || {
+        let pods: Vec<mirror_agent::api::types::PodView> = json(&env.ctl_ok(&["-o", "json", "pods"]));
+        pods.iter().filter(|p| p.source == "env").count() == 2
+    });
+    assert!(resolved, "pods not resolved: {}", env.ctl_ok(&["pods"]));
+
+    let (client_ip, server_ip) = (topo.pod("client").v4.to_string(), topo.pod("server").v4.to_string());
+    let ctl = |args: &[&str]| {
+        let mut cmd = nsenter(&topo.node.path(), &bins().ctl);
+        cmd.arg("--socket").arg(env.socket()).arg("capture").args(args);
+        cmd
+    };
+    let traffic = || {
+        let urls = [
+            url(topo.pod("server").addr(false), ALT, "/ok"),
+            url(topo.pod("server").addr(false), ALT, &format!("/fail?bytes={BODY}")),
+        ];
+        assert_eq!(client::get_keepalive(&topo.pod("client").ns, &urls), [200, 500]);
+    };
+
+    // To a file, until SIGINT.
+    let file = env.dir().join("mirror.pcapng");
+    let mut cap = Proc::spawn("mirrorctl capture", &mut ctl(&["-w", file.to_str().unwrap()]));
+    cap.wait_for_output("capturing copies received by", Duration::from_secs(5));
+    let before = status(&env).counters["mirrored_packets"];
+    traffic();
+    let copies = wait_until(Duration::from_secs(5), || status(&env).counters["mirrored_packets"] > before);
+    assert!(copies, "nothing mirrored");
+    std::thread::sleep(Duration::from_millis(500));
+    let mirrored = status(&env).counters["mirrored_packets"] - before;
+    let st = cap.stop(libc::SIGINT, Duration::from_secs(5));
+    assert!(st.is_some_and(|s| s.success()), "mirrorctl capture: {st:?} {}", cap.output());
+    assert!(
+        cap.output().contains(&format!("{mirrored} packets written")),
+        "{mirrored} mirrored: {}",
+        cap.output()
+    );
+
+    let fields = [
+        "frame.interface_name",
+        "frame.packet_flags_direction",
+        "frame.comment",
+        "ip.src",
+        "ip.dst",
+        "frame.len",
+        "tcp.checksum.status",
+        "ip.checksum.status",
+    ];
+    let pkts = tshark(&file, &fields);
+    assert_eq!(pkts.len() as u64, mirrored, "{pkts:?}");
+    let names: BTreeSet<&str> = pkts.iter().map(|p| p[0].as_str()).collect();
+    assert_eq!(names, BTreeSet::from(["curl-0/tools (vethclient)", "web-0/shop (vethserver)"]), "{pkts:?}");
+    for p in &pkts {
+        // Every copy is of a pod's own packet: outbound, on the sender's interface.
+        let sender = if p[3] == client_ip { "curl-0/tools (vethclient)" } else { "web-0/shop (vethserver)" };
+        assert!([&client_ip, &server_ip].contains(&&p[3]), "{p:?}");
+        // epb_flags: 2, outbound.
+        assert_eq!((p[0].as_str(), p[1].as_str()), (sender, "0x00000002"), "{p:?}");
+        assert!(p[2].starts_with("mirrored by rule 1 (status=500"), "{p:?}");
+        assert!(p[2].ends_with("on a 500"), "{p:?}");
+        // 1: good. tshark calls a checksum it could not verify 2, a bad one 0.
+        assert_eq!((p[6].as_str(), p[7].as_str()), ("1", "1"), "checksum not good: {p:?}");
+    }
+    assert!(pkts.iter().any(|p| p[5].parse::<u32>().unwrap() > 1514), "no GSO packet whole: {pkts:?}");
+    assert!(pkts.iter().any(|p| p[3] == client_ip) && pkts.iter().any(|p| p[3] == server_ip));
+    // tshark's own summary: no expert warning about checksums.
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(&file)
+        .args([
+            "-o",
+            "tcp.check_checksum:TRUE",
+            "-o",
+            "ip.check_checksum:TRUE",
+            "-Y",
+            "_ws.expert.group == \"Checksum\"",
+        ])
+        .output()
+        .expect("tshark");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "", "bad checksums");
+
+    // To stdout, one pod, cut after 100 bytes, checksums as copied.
+    let script = format!(
+        "exec {} --socket {} capture -w - --pod web-0/shop --snaplen 1000 --fix-checksums false --duration 6s \
+         | tshark -r - -o tcp.check_checksum:TRUE -T fields -E separator='|' \
+           -e frame.interface_name -e frame.cap_len -e frame.len -e tcp.checksum.status -e frame.comment",
+        bins().ctl.display(),
+        env.socket().display()
+    );
+    let mut sh = nsenter(&topo.node.path(), "sh");
+    sh.args(["-c", &script]);
+    let mut piped = Proc::spawn("mirrorctl capture | tshark", &mut sh);
+    piped.wait_for_output("capturing copies", Duration::from_secs(5));
+    traffic();
+    let ended = wait_until(Duration::from_secs(15), || !piped.running());
+    assert!(ended, "the capture did not end after its duration: {}", piped.output());
+    let text = piped.output();
+    let pkts: Vec<Vec<String>> = rows(&text).into_iter().filter(|r| r.len() == 5).collect();
+    assert!(!pkts.is_empty(), "{text}");
+    for p in &pkts {
+        assert_eq!(p[0], "web-0/shop (vethserver)", "{p:?}");
+        assert!(p[1].parse::<u32>().unwrap() <= 1000, "{p:?}");
+        assert!(p[4].starts_with("mirrored by rule 1"), "{p:?}");
+    }
+    assert!(pkts.iter().any(|p| p[2].parse::<u32>().unwrap() > 1000), "nothing was cut: {pkts:?}");
+    let written = text.lines().find(|l| l.contains("packets written to stdout")).unwrap_or_default();
+    assert!(
+        written.contains(&format!("{} packets written", pkts.len())) && written.contains("0 checksums"),
+        "{text}"
+    );
+    // A cut packet cannot be verified: the uncut ones can, and the client's own are bad.
+    assert!(
+        pkts.iter().any(|p| p[3] == "0"),
+        "no checksum left to offload among the client's packets: {pkts:?}"
+    );
+
+    // Bad input: a clear error, nothing written.
+    for (args, says) in [
+        (["--rule", "99"], "--rule 99: no such rule"),
+        (["--pod", "nosuch"], "--pod nosuch: no such pod behind an attached veth (pods: "),
+        (["--snaplen", "0"], "--snaplen 0"),
+    ] {
+        let out = ctl(&[&["-w", "-"][..], &args[..]].concat()).output().expect("running mirrorctl");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says) && out.stdout.is_empty(), "{args:?}: {err}");
+    }
+    agent.terminate();
+}
