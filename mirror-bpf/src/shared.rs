@@ -29,7 +29,7 @@ plain_types! {
     http_stream = 24,
     http_request = 104,
     flow_timing = 496,
-    http_scratch = 856,
+    http_scratch = 984,
     skb_stamp = 24,
     hist_key = 8,
     latency_hist = 16 + 8 * types::mirror_limits::HIST_BUCKETS.0 as usize,

@@ -87,8 +87,12 @@ __noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
         }
     }
 
-    struct pkt_meta m = {};
-    int res = parse_packet(skb, &m);
+    struct http_scratch *hs = bpf_map_lookup_elem(&http_scratch, &zero);
+    if (!hs)
+        return 0;
+    struct pkt_meta *m = &hs->meta;
+    __builtin_memset(m, 0, sizeof(*m));
+    int res = parse_packet(skb, m);
     if (res != PARSE_TCP) {
         cnt->v[res == PARSE_OTHER ? STAT_NON_TCP : STAT_MALFORMED]++;
         return 0;
@@ -96,22 +100,22 @@ __noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
 
     /* One clock read per packet serves flow times, mark limits and timing (the "coarse"
      * clock costs as much: a seqlock read and a timespec conversion). */
-    __u64 now = m.now = bpf_ktime_get_ns();
+    __u64 now = m->now = bpf_ktime_get_ns();
     int created = 0;
-    struct flow_traffic *fs = flow_account(&m, skb->len, now, cnt, &created);
+    struct flow_traffic *fs = flow_account(m, skb->len, now, cnt, &created);
 
     /* A new flow: is it one side of a translated connection? Not on a SYN: conntrack has no
      * entry before the SYN has passed the node. */
-    if (created && (m.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
-        nat_learn(skb, &m);
+    if (created && (m->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
+        nat_learn(skb, m);
 
     /* HTTP is looked at even on marked flows: their response times count too. */
-    if (m.payload_len)
-        http_segment(skb, &m, fs, hook);
-    else if (handshake_packet(&m, fs))
-        timing_handshake(skb, &m, fs);
+    if (m->payload_len)
+        http_segment(skb, m, fs, hook);
+    else if (handshake_packet(m, fs))
+        timing_handshake(skb, m, fs);
 
-    struct mirror_mark *mk = mark_lookup(fs, &m.key);
+    struct mirror_mark *mk = mark_lookup(fs, &m->key);
     return mk && mark_admit(mk, skb->len, now, cnt) && mirror_copy(skb, method, cnt);
 }
 

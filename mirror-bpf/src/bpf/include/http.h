@@ -138,16 +138,6 @@ static __always_inline int http_kind(const __u8 *p, __u32 n, __u16 *status)
     return HTTP_NONE;
 }
 
-/* What the header block of a message says about its body. */
-struct http_framing {
-    __u32 hdr_len;        /* bytes to the end of the blank line (0: not within the scan) */
-    __u32 content_length; /* when has_length */
-    __u8 has_length;
-    __u8 chunked;
-    __u8 unframed; /* a length too large to follow */
-    __u8 _pad;
-};
-
 /*
  * http_line - the header line at @ls of @s->buf (@n bytes valid): is it the blank line that
  * ends the block? Else note Content-Length and Transfer-Encoding: chunked in @f.
@@ -326,21 +316,6 @@ static __always_inline int http_no_body(__u16 status, const struct http_request 
             req->head[4] == ' ');
 }
 
-/* Where the HTTP stage stands in one segment (carried from one http_message() to the next). */
-struct http_pos {
-    __u32 off;       /* payload offset of the next message or chunk-size line */
-    __u32 state;     /* enum http_stream_state of the direction at off */
-    __u32 hook;      /* enum hook_kind, for events */
-    __u8 partial;    /* the message at off continues the bytes kept in the stream state */
-    __u8 triggered;  /* a response of this segment marked the flow */
-    __u8 unframed;   /* the framing was lost */
-    __u8 stop;       /* nothing more to look at in this segment */
-    __u8 kept;       /* the stream state was written here (kept bytes): leave it */
-    __u8 created;    /* the flow's shared entry was created here */
-    __u8 seen;       /* a request or status line was found */
-    __u8 _pad[1];
-};
-
 /*
  * http_message - the message (or chunk-size line) at pos->off of @m's segment: classify it,
  * queue a request, time a response and match it against the rules, then move pos past it
@@ -364,10 +339,11 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
     __u32 at = m->payload_off + pos->off, avail = len - pos->off;
     if (pos->state == HTTP_CHUNK) {
         __u32 r = http_chunk(skb, at, avail);
-        struct http_framing trailers = {};
+        struct http_framing *trailers = &s->framing;
+        __builtin_memset(trailers, 0, sizeof(*trailers));
         /* After the last chunk, its trailers end like a header block: at a blank line. */
-        if (r == HTTP_CHUNK_LAST && http_headers(s, http_load(skb, s, at, avail), &trailers)) {
-            pos->off += trailers.hdr_len;
+        if (r == HTTP_CHUNK_LAST && http_headers(s, http_load(skb, s, at, avail), trailers)) {
+            pos->off += trailers->hdr_len;
             pos->state = HTTP_AT;
             return 0;
         }
@@ -384,7 +360,8 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
      * start none (bulk data): their first bytes are enough to tell, and the header block is
      * read only for a message. Where the framing says one starts, it is read at once. */
     __u32 first = avail;
-    if (pos->state == HTTP_SCAN && !pos->partial && avail > HTTP_PARTIAL_LEN)
+    if ((pos->state == HTTP_SCAN || pos->state == HTTP_ANSWERED) && !pos->partial &&
+        avail > HTTP_PARTIAL_LEN)
         first = HTTP_PARTIAL_LEN;
     __u32 loaded = http_load(skb, s, at, first);
     /* The first line, after the bytes kept from earlier segments when it continues them. */
@@ -404,6 +381,9 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
     int kind = http_kind(__builtin_assume_aligned(s->peek, 8), n, &status);
     pos->partial = 0;
     pos->stop = 1;
+    /* Only a response (a request is pending: see http_segment) starts here; else body. */
+    if (pos->state == HTTP_ANSWERED && kind != HTTP_RESPONSE && kind != HTTP_MAYBE)
+        return 0;
     if (kind == HTTP_MAYBE && n == kept_len + avail) {
         /* The segment ends inside what could be the first line: keep its bytes. */
         if (!t) {
@@ -433,12 +413,24 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
         pos->created = 1;
     }
 
-    if (first < avail)
-        loaded = http_load(skb, s, at, avail);
-    struct http_framing f = {};
-    int found = http_headers(s, loaded, &f);
-    __u32 body = f.has_length ? f.content_length : 0;
-    int chunked = f.chunked, close = 0;
+    /* The answer to the only request pending under this key (across NAT the requests are
+     * under the other key, and responses framed), on a connection that never had more
+     * requests pending than the queue holds: the next response can start only after a next
+     * request, so its framing need not be followed, and its header block (most of the cost
+     * of a response) is not read. */
+    pos->answered = kind == HTTP_RESPONSE && status >= 200 && t && !t->deep &&
+                    t->req_head + 1 == t->req_tail;
+    /* In the scratch area: this frame is on the deepest call chain (to a trigger). */
+    struct http_framing *f = &s->framing;
+    __builtin_memset(f, 0, sizeof(*f));
+    int found = 0;
+    if (!pos->answered) {
+        if (first < avail)
+            loaded = http_load(skb, s, at, avail);
+        found = http_headers(s, loaded, f);
+    }
+    __u32 body = f->has_length ? f->content_length : 0;
+    int chunked = f->chunked, close = 0;
     if (kind == HTTP_REQUEST) {
         cnt->v[STAT_HTTP_REQUESTS]++;
         if (t)
@@ -452,23 +444,30 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
             took = timing_response(skb, m, fs, t, status);
         if (!pos->triggered) {
             struct rule_action *ra = rule_lookup(m->src_port, status, took);
-            struct trigger_info ti = {.took = took, .status = status, .hook = pos->hook};
+            struct trigger_info *ti = &s->trigger;
+            ti->took = took;
+            ti->status = status;
+            ti->hook = pos->hook;
             if (ra)
-                pos->triggered = mirror_trigger(skb, m, ra, t, &ti);
+                pos->triggered = mirror_trigger(skb, m, ra, t, ti);
         }
         if (http_no_body(status, &s->req)) {
             body = 0;
             chunked = 0;
-        } else if (!chunked && !f.has_length) {
+        } else if (!chunked && !f->has_length) {
             close = 1; /* the body runs until the connection closes */
         }
     }
-    if (!found || f.unframed || !t) {
+    if (pos->answered) {
+        pos->state = HTTP_ANSWERED;
+        return 0;
+    }
+    if (!found || f->unframed || !t) {
         pos->unframed = 1;
         pos->state = HTTP_SCAN;
         return 0;
     }
-    pos->off += f.hdr_len;
+    pos->off += f->hdr_len;
     if (close) {
         pos->state = HTTP_CLOSE;
         return 0;
@@ -504,60 +503,71 @@ static __always_inline int http_segment(struct __sk_buff *skb, struct pkt_meta *
     if (ds && ds->http_kind == HTTP_DIR_OTHER)
         return 0;
     struct flow_timing *t = bpf_map_lookup_elem(&flow_timing, &m->key);
-    struct http_pos pos = {.hook = hook};
+    /* In the scratch area: this frame is on the deepest call chain (to a trigger). */
+    struct http_scratch *hs = bpf_map_lookup_elem(&http_scratch, &zero);
+    if (!hs)
+        return 0;
+    struct http_pos *pos = &hs->pos;
+    __builtin_memset(pos, 0, sizeof(*pos));
+    pos->hook = hook;
     __u32 was = HTTP_SCAN;
 
     if (t) {
         struct http_stream *st = &t->stream[dir];
         __s32 delta = (__s32)(st->next_seq - seq);
-        pos.state = was = st->state;
+        pos->state = was = st->state;
         if (was == HTTP_CLOSE)
             return 0;
-        if (was == HTTP_PARTIAL) {
+        if (was == HTTP_ANSWERED) {
+            /* Body, unless a request is pending: then a response may start the segment. */
+            if (t->req_head == t->req_tail)
+                return 0;
+        } else if (was == HTTP_PARTIAL) {
             /* The continuation starts right after the kept bytes; anything else: forget them. */
-            pos.partial = delta + (__s32)st->partial_len == 0;
-            pos.state = pos.partial ? HTTP_AT : HTTP_SCAN;
+            pos->partial = delta + (__s32)st->partial_len == 0;
+            pos->state = pos->partial ? HTTP_AT : HTTP_SCAN;
         } else if (was != HTTP_SCAN) {
             if (delta < 0) {
                 /* Past the next message without having seen it: a gap. */
-                pos.unframed = 1;
-                pos.state = HTTP_SCAN;
+                pos->unframed = 1;
+                pos->state = HTTP_SCAN;
             } else if ((__u32)delta >= len) {
                 return 0; /* body only (or a retransmission of it) */
             } else {
-                pos.off = delta;
+                pos->off = delta;
             }
         }
     }
 
-    for (int i = 0; i < HTTP_SEGMENT_MSGS && !pos.stop && pos.off < len; i++)
-        http_message(skb, m, fs, t, &pos);
-    if (pos.off >= len)
-        pos.stop = 1;
+    for (int i = 0; i < HTTP_SEGMENT_MSGS && !pos->stop && pos->off < len; i++)
+        http_message(skb, m, fs, t, pos);
+    if (pos->off >= len)
+        pos->stop = 1;
     /* Messages left unread in this segment: the framing is lost. */
-    if (!pos.stop && pos.off < len && pos.state != HTTP_SCAN) {
-        pos.unframed = 1;
-        pos.state = HTTP_SCAN;
+    if (!pos->stop && pos->off < len && pos->state != HTTP_SCAN) {
+        pos->unframed = 1;
+        pos->state = HTTP_SCAN;
     }
-    if (pos.unframed)
+    if (pos->unframed)
         cnt->v[STAT_HTTP_UNFRAMED]++;
     if (ds && ds->http_kind == HTTP_DIR_UNKNOWN) {
-        if (pos.seen)
+        if (pos->seen)
             ds->http_kind = HTTP_DIR_SEEN;
-        else if (was == HTTP_SCAN && pos.state == HTTP_SCAN && !pos.kept &&
+        else if (was == HTTP_SCAN && pos->state == HTTP_SCAN && !pos->kept &&
                  ++ds->http_misses >= HTTP_GIVE_UP)
             ds->http_kind = HTTP_DIR_OTHER;
     }
-    if (pos.created)
+    if (pos->created)
         t = bpf_map_lookup_elem(&flow_timing, &m->key);
     /* Written only when there is something to say: a flow that is not HTTP never writes. */
-    if (t && !pos.kept && (pos.state != HTTP_SCAN || was != HTTP_SCAN)) {
+    if (t && !pos->kept && (pos->state != HTTP_SCAN || was != HTTP_SCAN) &&
+        !(pos->state == HTTP_ANSWERED && was == HTTP_ANSWERED)) {
         struct http_stream *st = &t->stream[dir];
-        st->state = pos.state;
-        st->next_seq = seq + pos.off;
+        st->state = pos->state;
+        st->next_seq = seq + pos->off;
         st->partial_len = 0;
     }
-    return pos.triggered;
+    return pos->triggered;
 }
 
 #endif /* MIRROR_HTTP_H */

@@ -134,13 +134,6 @@ static __always_inline int mirror_copy(struct __sk_buff *skb, enum mirror_method
     return 1;
 }
 
-/* What a trigger reports besides the flow and rule. */
-struct trigger_info {
-    __u64 took;   /* the response time (0: unknown) */
-    __u32 status; /* the response's status */
-    __u32 hook;   /* enum hook_kind */
-};
-
 /* emit_trigger - one ring-buffer record for the trigger; counted when the buffer is full. */
 static __always_inline void emit_trigger(struct __sk_buff *skb, const struct pkt_meta *m,
                                          const struct rule_action *ra,

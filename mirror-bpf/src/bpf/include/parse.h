@@ -23,20 +23,6 @@ enum parse_result {
     PARSE_MALFORMED, /* truncated or inconsistent */
 };
 
-/* What the classifier needs from one packet. */
-struct pkt_meta {
-    struct flow_key key;
-    __u32 payload_off; /* from the start of the frame */
-    __u32 payload_len; /* TCP payload length per the IP header */
-    __u32 seq;         /* TCP sequence number, host order */
-    __u16 src_port;    /* host order */
-    __u16 dst_port;    /* host order */
-    __u8 dir;          /* enum flow_dir */
-    __u8 tcp_flags;
-    __u8 _pad[2];
-    __u64 now; /* bpf_ktime_get_ns(), read once per packet (set by classify) */
-};
-
 struct cursor {
     void *pos;
     void *end;

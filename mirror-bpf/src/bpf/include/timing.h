@@ -56,8 +56,10 @@ __noinline int timing_request(struct flow_timing *t, struct http_scratch *s, __u
 {
     if (!t || !s)
         return 0;
-    if (t->req_tail - t->req_head >= HTTP_PIPELINE)
+    if (t->req_tail - t->req_head >= HTTP_PIPELINE) {
         t->req_head++;
+        t->deep = 1;
+    }
     struct http_request *r = &t->req[t->req_tail % HTTP_PIPELINE];
     __builtin_memcpy(__builtin_assume_aligned(r->head, 8), __builtin_assume_aligned(s->buf, 8),
                      HTTP_REQUEST_HEAD_LEN);

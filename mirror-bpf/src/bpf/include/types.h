@@ -218,6 +218,10 @@ enum http_stream_state {
     HTTP_CHUNK = 2,   /* a chunk-size line of a chunked body starts at next_seq */
     HTTP_PARTIAL = 3, /* a message starts at next_seq; its first partial_len bytes are kept */
     HTTP_CLOSE = 4,   /* the body runs until the connection closes: no further message */
+    HTTP_ANSWERED = 5, /* responses only, their framing not followed: the last one answered the
+                        * only request pending. A segment that starts with a status line is the
+                        * next response when a request is pending again (the client sends the
+                        * next one only after this answer ended), body otherwise */
 };
 
 /* One direction's stream state (in struct flow_timing, shared by all CPUs). */
@@ -248,7 +252,9 @@ struct flow_timing {
     __u32 req_tail;   /* requests pushed so far */
     __u8 syn_dir;     /* enum flow_dir of the SYN */
     __u8 nat_checked; /* conntrack was asked whether this connection is translated */
-    __u8 _pad[6];
+    __u8 deep;        /* more requests were pending at once than req holds: every response
+                       * is framed (see HTTP_ANSWERED) */
+    __u8 _pad[5];
     struct http_stream stream[FLOW_DIRS];
     struct http_request req[HTTP_PIPELINE];
 };
@@ -257,6 +263,53 @@ struct flow_timing {
 struct zero_values {
     struct flow_timing timing;
     struct flow_traffic traffic;
+};
+
+/* What the header block of a message says about its body. */
+struct http_framing {
+    __u32 hdr_len;        /* bytes to the end of the blank line (0: not within the scan) */
+    __u32 content_length; /* when has_length */
+    __u8 has_length;
+    __u8 chunked;
+    __u8 unframed; /* a length too large to follow */
+    __u8 _pad;
+};
+
+
+/* What a trigger reports besides the flow and rule. */
+struct trigger_info {
+    __u64 took;   /* the response time (0: unknown) */
+    __u32 status; /* the response's status */
+    __u32 hook;   /* enum hook_kind */
+};
+
+/* What the classifier needs from one packet. */
+struct pkt_meta {
+    struct flow_key key;
+    __u32 payload_off; /* from the start of the frame */
+    __u32 payload_len; /* TCP payload length per the IP header */
+    __u32 seq;         /* TCP sequence number, host order */
+    __u16 src_port;    /* host order */
+    __u16 dst_port;    /* host order */
+    __u8 dir;          /* enum flow_dir */
+    __u8 tcp_flags;
+    __u8 _pad[2];
+    __u64 now; /* bpf_ktime_get_ns(), read once per packet (set by classify) */
+};
+
+/* Where the HTTP stage stands in one segment (carried from one http_message() to the next). */
+struct http_pos {
+    __u32 off;       /* payload offset of the next message or chunk-size line */
+    __u32 state;     /* enum http_stream_state of the direction at off */
+    __u32 hook;      /* enum hook_kind, for events */
+    __u8 partial;    /* the message at off continues the bytes kept in the stream state */
+    __u8 triggered;  /* a response of this segment marked the flow */
+    __u8 unframed;   /* the framing was lost */
+    __u8 stop;       /* nothing more to look at in this segment */
+    __u8 kept;       /* the stream state was written here (kept bytes): leave it */
+    __u8 created;    /* the flow's shared entry was created here */
+    __u8 seen;       /* a request or status line was found */
+    __u8 answered;   /* the response at off answered the only request pending */
 };
 
 /* Per-CPU scratch space of a conntrack lookup (too large for the stack). */
@@ -275,6 +328,11 @@ struct http_scratch {
     struct http_request req;         /* the request a response answers */
     struct mirror_mark mark;         /* a new mark, before its insert */
     struct flow_key peer;            /* the other key of a translated connection */
+    struct http_framing framing;     /* what a header block says of the message's body */
+    struct trigger_info trigger;     /* a response that matched a rule */
+    struct http_pos pos;             /* where the HTTP stage stands in the segment */
+    struct pkt_meta meta;            /* the packet (classify: its frame is on the deepest call
+                                      * chain, and nothing reads it after the copy is made) */
 };
 
 /* When a packet entered the node and reached the classifier (kernel stack latency). */
