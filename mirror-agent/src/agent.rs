@@ -1,6 +1,7 @@
 //! The agent: loads (or adopts) the data path, keeps the mirror sink, attaches to every
 //! matching link as links come and go, serves the API and metrics, and on SIGTERM detaches
-//! (or, with keep-attached, leaves everything for the next agent).
+//! (or, with keep-attached, leaves everything for the next agent; or, asked by a newer agent,
+//! hands everything over to it: see [`crate::handover`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -21,15 +22,34 @@ use crate::server;
 use crate::sink::{Sink, Target};
 use crate::state::SavedState;
 
-/// Runs the agent until SIGTERM or SIGINT.
-pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
+/// How the agent is started.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// On SIGTERM, leave the data path attached and pinned (`--keep-attached`).
+    pub keep_attached: bool,
+    /// When another agent holds the API socket, have it hand over (`--take-over`).
+    pub take_over: bool,
+}
+
+/// Why the main loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// SIGTERM or SIGINT.
+    Signal,
+    /// A newer agent asked for the data path.
+    HandOver,
+}
+
+/// Runs the agent until SIGTERM or SIGINT (after a hand-over, until then too, holding nothing).
+pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     // Before anything is created: a signal during start-up then waits for the main loop,
     // which undoes the start-up, instead of killing the agent halfway.
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     // First of all: one agent per API socket. A second one refuses before it touches anything
-    // (pins, groups, the socket of the running one).
-    let _instance = lock_instance(&cfg.api.socket)?;
+    // (pins, groups, the socket of the running one), or with --take-over waits for the running
+    // one to hand over.
+    let instance = crate::handover::acquire(&cfg.api.socket, opts.take_over).await?;
     let initial_rules: Vec<Rule> =
         cfg.rules.iter().map(|r| crate::rules::parse(r)).collect::<Result<_, _>>()?;
     // Read before anything is loaded: a state file that cannot be used stops the start here.
@@ -99,8 +119,9 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     if let Err(e) = &served {
         tracing::error!(error = format!("{e:#}"), "stopping on an error");
     }
-    let keep = keep_attached || cfg.keep_attached || (served.is_err() && adopted);
-    tracing::info!(keep_attached = keep, "stopping");
+    let handed_over = matches!(served, Ok(Stop::HandOver));
+    let keep = opts.keep_attached || cfg.keep_attached || handed_over || (served.is_err() && adopted);
+    tracing::info!(keep_attached = keep, handed_over, "stopping");
     let res = engine.shutdown(keep).await;
     if !keep {
         sink.remove().await?;
@@ -108,48 +129,19 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
         remember_sink(&cfg, false)?;
     }
     let _ = std::fs::remove_file(&cfg.api.socket);
-    served.and(res)
-}
-
-/// Takes the single-instance lock `<api.socket>.lock` (flock, held while the agent runs; the
-/// kernel releases it when the process dies, so a killed agent never blocks the next).
-fn lock_instance(socket: &std::path::Path) -> anyhow::Result<std::fs::File> {
-    use std::io::{Read, Seek, Write};
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::PermissionsExt;
-
-    if let Some(dir) = socket.parent() {
-        if !dir.exists() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    if handed_over && res.is_ok() {
+        // Everything is the next agent's now: let it take the lock, and stay until stopped
+        // (a pod that exited would be restarted and ask for the data path back).
+        drop(instance);
+        tracing::info!("handed over to the next agent: standing by, holding nothing, until stopped");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
         }
+        tracing::info!("stopped after a hand-over: nothing to undo");
+        return Ok(());
     }
-    let path = std::path::PathBuf::from(format!("{}.lock", socket.display()));
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: flock on a descriptor we own; it changes nothing but the lock.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
-            anyhow::bail!(
-                "another mirror-agent (pid {}) runs with api.socket {}: refusing to start, nothing was changed",
-                holder.trim(),
-                socket.display()
-            );
-        }
-        return Err(err).with_context(|| format!("locking {}", path.display()));
-    }
-    file.set_len(0)?;
-    file.rewind()?;
-    write!(file, "{}", std::process::id())?;
-    Ok(file)
+    served.map(drop).and(res)
 }
 
 /// Creates the sink, serves the API and metrics, and follows link events until a signal.
@@ -159,7 +151,7 @@ async fn serve(
     sink: &mut Sink,
     term: &mut tokio::signal::unix::Signal,
     int: &mut tokio::signal::unix::Signal,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Stop> {
     let mirror_ifindex = sink.ensure().await?;
     let target = point_at_sink(engine, sink, mirror_ifindex).await?;
     if mirror_ifindex.is_none() {
@@ -176,6 +168,7 @@ async fn serve(
         created: sink.created,
         copies_to: None,
         delivery: None,
+        kind: None,
     };
     mirror.set_target(target.as_ref());
     let info = Arc::new(Mutex::new(AgentInfo {
@@ -183,14 +176,17 @@ async fn serve(
         mirror,
     }));
     let listener = api::bind(&cfg.api.socket).await?;
-    let app = api::router(ApiState { engine: engine.clone(), info: info.clone() });
+    let handover = Arc::new(tokio::sync::Notify::new());
+    let app =
+        api::router(ApiState { engine: engine.clone(), info: info.clone(), handover: handover.clone() });
     let limits = server::Limits {
         max_connections: cfg.api.max_connections,
         header_timeout: cfg.api.header_timeout,
         request_timeout: cfg.api.request_timeout,
         idle_timeout: cfg.api.idle_timeout,
     };
-    tokio::spawn(server::serve(listener, app, limits, "api"));
+    // Aborted when the loop ends: a hand-over frees the socket and the metrics port at once.
+    let mut servers = vec![tokio::spawn(server::serve(listener, app, limits, "api"))];
     tracing::info!(
         socket = %cfg.api.socket.display(),
         max_connections = limits.max_connections,
@@ -206,7 +202,7 @@ async fn serve(
         let app = metrics::router(engine.clone(), cfg.metrics.rule_text);
         // A scrape is one quick request: the API's timeouts, fewer connections.
         let limits = server::Limits { max_connections: crate::config::METRICS_CONNECTIONS, ..limits };
-        tokio::spawn(server::serve(tcp, app, limits, "metrics"));
+        servers.push(tokio::spawn(server::serve(tcp, app, limits, "metrics")));
         tracing::info!(listen = %cfg.metrics.listen, rule_text = cfg.metrics.rule_text, "metrics listening");
     }
 
@@ -219,17 +215,25 @@ async fn serve(
 
     // Names of the links we know, to notice renames.
     let mut known: BTreeMap<u32, String> = BTreeMap::new();
-    loop {
+    let stop = loop {
         tokio::select! {
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+            _ = term.recv() => break Stop::Signal,
+            _ = int.recv() => break Stop::Signal,
+            _ = handover.notified() => {
+                tracing::info!("a newer agent asked for the data path: handing over");
+                break Stop::HandOver;
+            }
             ev = rx.recv() => {
                 let Some(ev) = ev else { anyhow::bail!("link events stopped") };
                 on_link_event(cfg, engine, sink, &info, &mut known, ev).await;
             }
         }
+    };
+    for s in servers {
+        s.abort();
+        let _ = s.await;
     }
-    Ok(())
+    Ok(stop)
 }
 
 fn remember_sink(cfg: &Config, created: bool) -> anyhow::Result<()> {
@@ -300,6 +304,7 @@ impl MirrorView {
     /// Shows where copies go (nowhere: `None`).
     fn set_target(&mut self, target: Option<&Target>) {
         self.copies_to = target.map(|t| t.name.clone());
+        self.kind = target.and_then(|t| t.kind.clone());
         self.delivery = target.map(|t| {
             match t.delivery {
                 MirrorDelivery::Egress => "egress",

@@ -86,8 +86,11 @@ pub struct Attach {
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum SinkCreate {
-    /// A dummy link.
+    /// A dummy link where the kernel has the dummy type, else a veth pair (said in the log and
+    /// in the status).
     #[default]
+    Auto,
+    /// A dummy link.
     Dummy,
     /// A veth pair: the sink and its peer `<name>p`, where captures read.
     Veth,
@@ -141,7 +144,7 @@ pub enum DeliverCfg {
 pub struct Mirror {
     /// Name of the mirror interface.
     pub interface: String,
-    /// dummy | veth | none.
+    /// auto | dummy | veth | none.
     pub create: SinkCreate,
     /// clone | mirred.
     pub method: MethodCfg,
@@ -155,7 +158,7 @@ impl Default for Mirror {
     fn default() -> Self {
         Self {
             interface: "mirror0".into(),
-            create: SinkCreate::Dummy,
+            create: SinkCreate::Auto,
             method: MethodCfg::Clone,
             deliver: DeliverCfg::Auto,
             mtu: 65535,
@@ -481,10 +484,11 @@ impl Config {
                 ),
             ));
         }
-        if self.mirror.create == SinkCreate::Veth && name.len() > 14 {
+        if matches!(self.mirror.create, SinkCreate::Veth | SinkCreate::Auto) && name.len() > 14 {
             return Err(err(
                 "mirror.interface",
-                "with create: veth the name has at most 14 characters (the peer adds 'p')",
+                "with create: veth or auto (a veth pair where the kernel has no dummy type) the name \
+                 has at most 14 characters (the peer adds 'p')",
             ));
         }
         if !(1280..=65535).contains(&self.mirror.mtu) {

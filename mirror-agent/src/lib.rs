@@ -9,6 +9,7 @@ pub mod config;
 pub mod ctl;
 pub mod engine;
 pub mod groups;
+pub mod handover;
 pub mod links;
 pub mod metrics;
 pub mod rules;

@@ -1,5 +1,6 @@
-//! The mirror sink: the link mirrored packets are copied to. Created when asked (dummy, or a
-//! veth pair whose peer is where captures read), brought up with a large MTU, recreated if it
+//! The mirror sink: the link mirrored packets are copied to. Created when asked (dummy, a veth
+//! pair whose peer is where captures read, or auto: dummy where the kernel has the type, else
+//! a veth pair), brought up with a large MTU, recreated if it
 //! disappears; removed at exit only if we created it. Where and how copies are handed to it
 //! (its transmit, its receive path, or its veth peer's) depends on its kind: see [`deliver_for`].
 
@@ -32,6 +33,8 @@ pub struct Target {
     pub name: String,
     /// Transmitted by it, or received by it.
     pub delivery: MirrorDelivery,
+    /// The sink's link kind ("dummy", "veth", ...), when the kernel says.
+    pub kind: Option<String>,
 }
 
 /// How copies are handed to a sink of link kind `kind` ("veth", "dummy", "ifb", ...; `None`:
@@ -49,7 +52,9 @@ pub fn deliver_for(cfg: &Mirror, kind: Option<&str>) -> DeliverCfg {
     match cfg.deliver {
         DeliverCfg::Auto if cfg.method == MethodCfg::Mirred => DeliverCfg::Egress,
         DeliverCfg::Auto => match kind {
-            Some("veth") if cfg.create == SinkCreate::Veth => DeliverCfg::PeerIngress,
+            Some("veth") if matches!(cfg.create, SinkCreate::Veth | SinkCreate::Auto) => {
+                DeliverCfg::PeerIngress
+            }
             Some("ifb") => DeliverCfg::Ingress,
             _ => DeliverCfg::Egress,
         },
@@ -88,14 +93,15 @@ impl Sink {
             SinkCreate::None => {
                 "mirror sink vanished: waiting for it to appear again (mirror.create: none, the agent does not create it)"
             }
-            SinkCreate::Dummy | SinkCreate::Veth => "mirror sink vanished: recreating",
+            SinkCreate::Auto | SinkCreate::Dummy | SinkCreate::Veth => "mirror sink vanished: recreating",
         }
     }
 
     /// Whether `name` is the sink or its peer (never to be attached).
     pub fn owns(&self, name: &str) -> bool {
         name == self.cfg.interface
-            || (self.cfg.create == SinkCreate::Veth && name == veth_peer(&self.cfg.interface))
+            || (matches!(self.cfg.create, SinkCreate::Veth | SinkCreate::Auto)
+                && name == veth_peer(&self.cfg.interface))
     }
 
     async fn index_of(&self, name: &str) -> anyhow::Result<Option<u32>> {
@@ -127,6 +133,7 @@ impl Sink {
         let name = self.cfg.interface.clone();
         let kind = self.link(&name).await?.and_then(|(_, k)| k);
         let deliver = deliver_for(&self.cfg, kind.as_deref());
+        let link_kind = kind.clone();
         if kind.as_deref() == Some("ifb") && matches!(deliver, DeliverCfg::Egress | DeliverCfg::Auto) {
             tracing::warn!(
                 interface = %name,
@@ -153,7 +160,7 @@ impl Sink {
                 }
             }
         };
-        Ok(Target { ifindex, name, delivery })
+        Ok(Target { ifindex, name, delivery, kind: link_kind })
     }
 
     async fn set_up(&self, name: &str, mtu: Option<u32>) -> anyhow::Result<()> {
@@ -173,24 +180,32 @@ impl Sink {
             return Ok(Some(i));
         }
         // Created down: brought up once silenced (see quiet_ipv6).
-        let msg = match self.cfg.create {
+        let made = match self.cfg.create {
             SinkCreate::None => return Ok(None),
-            SinkCreate::Dummy => LinkDummy::new(&name).mtu(self.cfg.mtu).build(),
-            SinkCreate::Veth => LinkVeth::new(&name, &veth_peer(&name)).mtu(self.cfg.mtu).build(),
+            SinkCreate::Auto => match self.add(SinkCreate::Dummy).await {
+                Err(e) if no_such_kind(&e) => {
+                    tracing::info!(
+                        interface = %name,
+                        peer = %veth_peer(&name),
+                        "mirror.create: auto: this kernel has no dummy link type, creating a veth pair \
+                         (capture on the peer)"
+                    );
+                    self.add(SinkCreate::Veth).await?;
+                    SinkCreate::Veth
+                }
+                Err(e) => return Err(e),
+                Ok(()) => SinkCreate::Dummy,
+            },
+            SinkCreate::Dummy => match self.add(SinkCreate::Dummy).await {
+                Err(e) if no_such_kind(&e) => anyhow::bail!(
+                    "this kernel has no dummy link type (no dummy module): set mirror.create: auto or \
+                     veth, or create {name} yourself and set mirror.create: none"
+                ),
+                r => r.map(|()| SinkCreate::Dummy)?,
+            },
+            SinkCreate::Veth => self.add(SinkCreate::Veth).await.map(|()| SinkCreate::Veth)?,
         };
-        match self.handle.link().add(msg).execute().await {
-            Ok(()) => {}
-            Err(rtnetlink::Error::NetlinkError(e))
-                if self.cfg.create == SinkCreate::Dummy && e.raw_code() == -libc::EOPNOTSUPP =>
-            {
-                anyhow::bail!(
-                    "this kernel has no dummy link type (no dummy module): set mirror.create: veth, \
-                     or create {name} yourself and set mirror.create: none"
-                );
-            }
-            Err(e) => return Err(anyhow::Error::from(e).context(format!("creating the mirror sink {name}"))),
-        }
-        let peer = (self.cfg.create == SinkCreate::Veth).then(|| veth_peer(&name));
+        let peer = (made == SinkCreate::Veth).then(|| veth_peer(&name));
         for n in std::iter::once(&name).chain(&peer) {
             quiet_ipv6(n);
         }
@@ -200,8 +215,26 @@ impl Sink {
         }
         self.set_up(&name, None).await?;
         self.created = true;
-        tracing::info!(interface = %name, kind = ?self.cfg.create, mtu = self.cfg.mtu, "mirror sink created");
+        tracing::info!(
+            interface = %name,
+            kind = ?made,
+            configured = ?self.cfg.create,
+            mtu = self.cfg.mtu,
+            "mirror sink created"
+        );
         self.index_of(&name).await
+    }
+
+    /// Adds the sink as a link of kind `kind` (dummy or veth), down.
+    async fn add(&self, kind: SinkCreate) -> anyhow::Result<()> {
+        let name = &self.cfg.interface;
+        let msg = match kind {
+            SinkCreate::Veth => LinkVeth::new(name, &veth_peer(name)).mtu(self.cfg.mtu).build(),
+            _ => LinkDummy::new(name).mtu(self.cfg.mtu).build(),
+        };
+        self.handle.link().add(msg).execute().await.map_err(|e| {
+            anyhow::Error::from(e).context(format!("creating the mirror sink {name} ({kind:?})"))
+        })
     }
 
     /// Removes the sink if we created it.
@@ -218,6 +251,14 @@ impl Sink {
     }
 }
 
+/// Whether link creation failed because the kernel lacks the link type (no module).
+fn no_such_kind(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| match c.downcast_ref::<rtnetlink::Error>() {
+        Some(rtnetlink::Error::NetlinkError(m)) => m.raw_code() == -libc::EOPNOTSUPP,
+        _ => false,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,6 +272,9 @@ mod tests {
         use DeliverCfg::*;
         let auto = |create, kind| deliver_for(&cfg(create, MethodCfg::Clone, Auto), kind);
         assert_eq!(auto(SinkCreate::Veth, Some("veth")), PeerIngress);
+        // create: auto made a veth pair where the kernel has no dummy type.
+        assert_eq!(auto(SinkCreate::Auto, Some("veth")), PeerIngress);
+        assert_eq!(auto(SinkCreate::Auto, Some("dummy")), Egress);
         assert_eq!(auto(SinkCreate::Dummy, Some("dummy")), Egress);
         // Captures on an operator's veth may read either end: both still see the copies.
         assert_eq!(auto(SinkCreate::None, Some("veth")), Egress);
