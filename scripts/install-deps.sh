@@ -2,7 +2,8 @@
 # Installs what building, testing and the demo need on Debian/Ubuntu: the BPF toolchain, the
 # network tools the tests and benchmarks drive (iproute2, iptables, nftables, conntrack, tcpdump,
 # tshark, curl, nginx, python3, iperf3, wrk, sockperf), the Go toolchain and Node.js for the
-# accuracy test's server stacks (when no go/node is found already), and Rust. Idempotent: only what is
+# accuracy test's server stacks (when no go/node is found already), podman, runc and debootstrap
+# for the image, kubernetes-validate for the manifests, and Rust. Idempotent: only what is
 # missing is installed. Run as root.
 set -euo pipefail
 
@@ -14,6 +15,8 @@ PACKAGES=(
     tcpdump tshark                                                 # captures on the mirror
     curl nginx-light python3 iperf3 wrk sockperf                   # servers, clients, load
     procps psmisc util-linux coreutils git                         # sysctl, taskset, nsenter, timeout
+    podman runc debootstrap binutils                               # the image: base, build, run (tests/tests/image.rs)
+    python3-venv                                                   # kubernetes-validate (tests/tests/manifests.rs)
 )
 
 # The accuracy test builds a Go net/http server and runs a Node http one (it fails without them
@@ -37,6 +40,15 @@ fi
 if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
     echo "installing Rust (rustup, stable, minimal profile)"
     curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy
+fi
+
+# The manifests' schema check: kubernetes-validate from PyPI in a venv of its own (it ships the
+# Kubernetes schemas: offline once installed).
+KV=/opt/kubernetes-validate
+if [ ! -x "$KV/bin/kubernetes-validate" ]; then
+    echo "installing kubernetes-validate into $KV"
+    /usr/bin/python3 -m venv "$KV"
+    "$KV/bin/pip" install -q kubernetes-validate
 fi
 
 # The kernel must expose BTF for CO-RE.

@@ -63,14 +63,32 @@ pub fn deliver_for(cfg: &Mirror, kind: Option<&str>) -> DeliverCfg {
 }
 
 /// Disables IPv6 on a link we created: otherwise it sends its own router solicitations and
-/// MLD reports, and captures on the sink see them among the mirrored packets.
-fn quiet_ipv6(name: &str) {
+/// MLD reports, and captures on the sink see them among the mirrored packets. Where /proc/sys
+/// is read-only (a container, even in the node's network namespace), the link gets no IPv6
+/// address instead (address generation mode "none", over netlink): with no link-local address
+/// it sends nothing either.
+async fn quiet_ipv6(handle: &Handle, name: &str) {
     let path = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
     match std::fs::write(&path, "1") {
         Ok(()) => {}
         // No IPv6 in this kernel: nothing to silence.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => tracing::warn!(%path, error = %e, "IPv6 left on: captures will see the sink's own packets"),
+        Err(e) => {
+            use netlink_packet_route::link::{AfSpecInet6, AfSpecUnspec, In6AddrGenMode};
+            let msg = LinkUnspec::new_with_name(name)
+                .append_extra_attribute(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(vec![
+                    AfSpecInet6::AddrGenMode(In6AddrGenMode::None),
+                ])]))
+                .build();
+            if let Err(e2) = handle.link().set(msg).execute().await {
+                tracing::warn!(
+                    %path,
+                    error = %e,
+                    netlink = %e2,
+                    "IPv6 left on: captures will see the sink's own packets"
+                );
+            }
+        }
     }
 }
 
@@ -207,7 +225,7 @@ impl Sink {
         };
         let peer = (made == SinkCreate::Veth).then(|| veth_peer(&name));
         for n in std::iter::once(&name).chain(&peer) {
-            quiet_ipv6(n);
+            quiet_ipv6(&self.handle, n).await;
         }
         // The peer first: copies may be handed to it as soon as the sink is up.
         if let Some(peer) = &peer {
