@@ -107,6 +107,10 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
         initial_rules,
         groups: cfg.latency.groups(),
         stack_sample: cfg.latency.stack_sample,
+        budget: mirror_bpf::Budget {
+            packets_per_second: cfg.mirror.budget.packets_per_second,
+            bytes_per_second: cfg.mirror.budget.bytes_per_second,
+        },
     })
     .await?;
 

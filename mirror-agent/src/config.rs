@@ -12,6 +12,9 @@ use mirror_bpf::{AttachMode, MirrorMethod};
 
 use crate::capacity::{self, Host, RuleCapacity, TableMemory, HASH_MAX_ENTRIES};
 
+mod tunnel;
+pub use tunnel::{Budget, Tunnel};
+
 /// A configuration that cannot be used: where, and why.
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {reason}")]
@@ -94,6 +97,14 @@ pub enum SinkCreate {
     Dummy,
     /// A veth pair: the sink and its peer `<name>p`, where captures read.
     Veth,
+    /// A VXLAN tunnel to a collector (`mirror.tunnel`).
+    Vxlan,
+    /// A Geneve tunnel to a collector.
+    Geneve,
+    /// A GRE (Ethernet) tunnel to a collector.
+    Gretap,
+    /// An ERSPAN (type II) session to a collector.
+    Erspan,
     /// Never create it: wait for it to appear.
     None,
 }
@@ -144,7 +155,7 @@ pub enum DeliverCfg {
 pub struct Mirror {
     /// Name of the mirror interface.
     pub interface: String,
-    /// auto | dummy | veth | none.
+    /// auto | dummy | veth | vxlan | geneve | gretap | erspan | none.
     pub create: SinkCreate,
     /// clone | mirred.
     pub method: MethodCfg,
@@ -152,6 +163,10 @@ pub struct Mirror {
     pub deliver: DeliverCfg,
     /// MTU set on a sink we create: large enough for the GSO packets that get mirrored.
     pub mtu: u32,
+    /// The collector a tunnel sink carries the copies to.
+    pub tunnel: Tunnel,
+    /// The node-wide ceiling on copies.
+    pub budget: Budget,
 }
 
 impl Default for Mirror {
@@ -162,6 +177,8 @@ impl Default for Mirror {
             method: MethodCfg::Clone,
             deliver: DeliverCfg::Auto,
             mtu: 65535,
+            tunnel: Tunnel::default(),
+            budget: Budget::default(),
         }
     }
 }
@@ -494,6 +511,8 @@ impl Config {
         if !(1280..=65535).contains(&self.mirror.mtu) {
             return Err(err("mirror.mtu", format!("{} is outside 1280-65535", self.mirror.mtu)));
         }
+        self.mirror.tunnel.validate(self.mirror.create)?;
+        self.mirror.budget.validate()?;
         if self.mirror.method == MethodCfg::Mirred && self.attach.mode == AttachModeCfg::Tcx {
             return Err(err(
                 "mirror.method",
@@ -786,6 +805,33 @@ mod tests {
             ("attach:\n  mode: tcx\nmirror:\n  method: mirred\n", "mirror.method", "mirred"),
             ("mirror:\n  interface: a-very-long-name0\n", "mirror.interface", "1-15"),
             ("mirror:\n  deliver: peer\n", "mirror.deliver", "unknown variant"),
+            ("mirror:\n  create: vxlan\n", "mirror.tunnel.remote", "collector's address"),
+            (
+                "mirror:\n  create: vxlan\n  tunnel:\n    remote: 198.18.0.1\n    id: 16777216\n",
+                "mirror.tunnel.id",
+                "above",
+            ),
+            (
+                "mirror:\n  create: gretap\n  tunnel:\n    remote: \"2001:2::1\"\n",
+                "mirror.tunnel.remote",
+                "IPv4 only",
+            ),
+            (
+                "mirror:\n  create: gretap\n  tunnel:\n    remote: 198.18.0.1\n    port: 4789\n",
+                "mirror.tunnel.port",
+                "no UDP port",
+            ),
+            (
+                "mirror:\n  create: vxlan\n  tunnel:\n    remote: 198.18.0.1\n    local: \"2001:2::1\"\n",
+                "mirror.tunnel.local",
+                "family",
+            ),
+            ("mirror:\n  tunnel:\n    remote: 198.18.0.1\n", "mirror.tunnel", "only used with"),
+            (
+                "mirror:\n  budget:\n    packets_per_second: 2000000000\n",
+                "mirror.budget.packets_per_second",
+                "at most",
+            ),
             ("mirror:\n  method: mirred\n  deliver: ingress\n", "mirror.deliver", "egress only"),
             ("mirror:\n  create: dummy\n  deliver: peer-ingress\n", "mirror.deliver", "create: veth"),
         ];

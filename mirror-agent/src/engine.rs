@@ -41,6 +41,8 @@ pub struct EngineConfig {
     pub groups: Vec<(Group, bool)>,
     /// The stack group stamps 1 in this many packets.
     pub stack_sample: u32,
+    /// The node-wide budget of copies (0: no limit).
+    pub budget: mirror_bpf::Budget,
 }
 
 /// What the engine reports about itself.
@@ -250,6 +252,14 @@ impl Worker {
             tcx_in_kernel = mirror_bpf::tcx_supported(),
             "data path loaded"
         );
+        dp.set_budget(cfg.budget)?;
+        if cfg.budget != mirror_bpf::Budget::default() {
+            tracing::info!(
+                packets_per_second = cfg.budget.packets_per_second,
+                bytes_per_second = cfg.budget.bytes_per_second,
+                "node-wide budget of copies (0: no limit), split evenly over the CPUs"
+            );
+        }
         let (event_tx, event_rx) = mpsc::channel();
         let events = dp.events(move |e| {
             let _ = event_tx.send(e);
@@ -634,7 +644,11 @@ impl Worker {
     }
 
     fn status(&self) -> anyhow::Result<EngineStatus> {
-        let counters = self.dp.counters()?.iter().map(|(k, v)| (k.to_string(), v)).collect();
+        let mut counters: BTreeMap<String, u64> =
+            self.dp.counters()?.iter().map(|(k, v)| (k.to_string(), v)).collect();
+        let refused = self.dp.budget_refused()?;
+        counters.insert("budget_refused_packets".into(), refused.packets);
+        counters.insert("budget_refused_bytes".into(), refused.bytes);
         let h = &self.latency;
         let ms = |us: u64| us as f64 / 1000.0;
         Ok(EngineStatus {

@@ -7,7 +7,7 @@
 use futures::TryStreamExt;
 use mirror_bpf::MirrorDelivery;
 use netlink_packet_route::link::{LinkAttribute, LinkInfo};
-use rtnetlink::{Handle, LinkDummy, LinkUnspec, LinkVeth};
+use rtnetlink::{Handle, LinkDummy, LinkGeneve, LinkGre, LinkUnspec, LinkVeth, LinkVxlan};
 
 use crate::config::{DeliverCfg, MethodCfg, Mirror, SinkCreate};
 
@@ -111,7 +111,7 @@ impl Sink {
             SinkCreate::None => {
                 "mirror sink vanished: waiting for it to appear again (mirror.create: none, the agent does not create it)"
             }
-            SinkCreate::Auto | SinkCreate::Dummy | SinkCreate::Veth => "mirror sink vanished: recreating",
+            _ => "mirror sink vanished: recreating",
         }
     }
 
@@ -222,6 +222,15 @@ impl Sink {
                 r => r.map(|()| SinkCreate::Dummy)?,
             },
             SinkCreate::Veth => self.add(SinkCreate::Veth).await.map(|()| SinkCreate::Veth)?,
+            kind => match self.add(kind).await {
+                Err(e) if no_such_kind(&e) => anyhow::bail!(
+                    "this kernel has no {k} link type (no {k} module): mirror.create: {k} cannot be used \
+                     here{hint}",
+                    k = kind.link_kind(),
+                    hint = if kind == SinkCreate::Vxlan { "" } else { " (vxlan may be: see the README)" },
+                ),
+                r => r.map(|()| kind)?,
+            },
         };
         let peer = (made == SinkCreate::Veth).then(|| veth_peer(&name));
         for n in std::iter::once(&name).chain(&peer) {
@@ -237,18 +246,84 @@ impl Sink {
             interface = %name,
             kind = ?made,
             configured = ?self.cfg.create,
-            mtu = self.cfg.mtu,
+            mtu = self.mtu(made),
+            remote = ?self.cfg.tunnel.remote.filter(|_| made.is_tunnel()),
             "mirror sink created"
         );
         self.index_of(&name).await
     }
 
-    /// Adds the sink as a link of kind `kind` (dummy or veth), down.
+    /// The MTU a sink of kind `kind` gets: the configured one, within what a tunnel's
+    /// encapsulated packet can carry.
+    fn mtu(&self, kind: SinkCreate) -> u32 {
+        if kind.is_tunnel() {
+            self.cfg.tunnel.mtu(kind, self.cfg.mtu)
+        } else {
+            self.cfg.mtu
+        }
+    }
+
+    /// Adds the sink as a link of kind `kind`, down.
     async fn add(&self, kind: SinkCreate) -> anyhow::Result<()> {
         let name = &self.cfg.interface;
+        let mtu = self.mtu(kind);
+        let t = &self.cfg.tunnel;
         let msg = match kind {
-            SinkCreate::Veth => LinkVeth::new(name, &veth_peer(name)).mtu(self.cfg.mtu).build(),
-            _ => LinkDummy::new(name).mtu(self.cfg.mtu).build(),
+            SinkCreate::Veth => LinkVeth::new(name, &veth_peer(name)).mtu(mtu).build(),
+            SinkCreate::Vxlan => {
+                // Copies only go out: no learning, no FDB entries from what comes back.
+                let mut b = LinkVxlan::new(name, t.id).port(t.udp_port(kind)).learning(false).mtu(mtu);
+                b = match t.remote {
+                    Some(std::net::IpAddr::V4(a)) => b.remote(a),
+                    Some(std::net::IpAddr::V6(a)) => b.remote6(a),
+                    None => anyhow::bail!("mirror.tunnel.remote is not set"),
+                };
+                b = match t.local {
+                    Some(std::net::IpAddr::V4(a)) => b.local(a),
+                    Some(std::net::IpAddr::V6(a)) => b.local6(a),
+                    None => b,
+                };
+                b.build()
+            }
+            SinkCreate::Geneve => {
+                let mut b = LinkGeneve::new(name, t.id).mtu(mtu);
+                b = match t.remote {
+                    Some(std::net::IpAddr::V4(a)) => b.remote(a),
+                    Some(std::net::IpAddr::V6(a)) => b.remote6(a),
+                    None => anyhow::bail!("mirror.tunnel.remote is not set"),
+                };
+                b.append_info_data(netlink_packet_route::link::InfoGeneve::Port(t.udp_port(kind))).build()
+            }
+            SinkCreate::Gretap | SinkCreate::Erspan => {
+                use netlink_packet_route::link::{GreIOFlags, InfoGre};
+                let Some(std::net::IpAddr::V4(remote)) = t.remote else {
+                    anyhow::bail!("mirror.tunnel.remote: {kind:?} needs an IPv4 address")
+                };
+                let mut b = if kind == SinkCreate::Gretap {
+                    LinkGre::new_gretap(name).okey(t.id).oflags(GreIOFlags::Key)
+                } else {
+                    LinkGre::new_erspan(name).oflags(GreIOFlags::Seq)
+                };
+                b = b.remote(remote).mtu(mtu);
+                if let Some(std::net::IpAddr::V4(a)) = t.local {
+                    b = b.local(a);
+                }
+                let mut msg = b.build();
+                if kind == SinkCreate::Erspan {
+                    // ERSPAN type II, the session id as its index.
+                    for a in &mut msg.attributes {
+                        if let LinkAttribute::LinkInfo(infos) = a {
+                            for i in infos.iter_mut() {
+                                if let LinkInfo::Data(netlink_packet_route::link::InfoData::ErSpan(d)) = i {
+                                    d.extend([InfoGre::ErSpanVer(1), InfoGre::ErSpanIndex(t.id)]);
+                                }
+                            }
+                        }
+                    }
+                }
+                msg
+            }
+            _ => LinkDummy::new(name).mtu(mtu).build(),
         };
         self.handle.link().add(msg).execute().await.map_err(|e| {
             anyhow::Error::from(e).context(format!("creating the mirror sink {name} ({kind:?})"))
