@@ -79,6 +79,9 @@ pub struct AgentConfig {
     pub metrics_rule_text: bool,
     /// More keys of the `api:` section (key, YAML value), such as its connection limits.
     pub api: Vec<(String, String)>,
+    /// More keys of the `mirror:` section (key, YAML value, flow style for sections), such as
+    /// `tunnel` and `budget`.
+    pub mirror: Vec<(String, String)>,
 }
 
 impl Default for AgentConfig {
@@ -93,6 +96,7 @@ impl Default for AgentConfig {
             metrics: String::new(),
             metrics_rule_text: true,
             api: vec![],
+            mirror: vec![],
         }
     }
 }
@@ -139,13 +143,14 @@ impl AgentEnv {
         };
         let yaml = format!(
             "interfaces:\n  include: {}\n  exclude: {}\nattach:\n  mode: {}\n\
-             mirror:\n  interface: {}\n  create: {}\napi:\n  socket: {}\n{}metrics:\n  listen: {}\n  rule_text: {}\n\
+             mirror:\n  interface: {}\n  create: {}\n{}api:\n  socket: {}\n{}metrics:\n  listen: {}\n  rule_text: {}\n\
              bpf:\n  pin_path: {}\nstate:\n  path: {}\nrules: {}\n",
             quote(&cfg.include),
             quote(&cfg.exclude),
             quote(&cfg.attach_mode),
             quote(&cfg.sink),
             quote(&cfg.sink_create),
+            cfg.mirror.iter().map(|(k, v)| format!("  {k}: {v}\n")).collect::<String>(),
             quote(&env.socket()),
             cfg.api.iter().map(|(k, v)| format!("  {k}: {v}\n")).collect::<String>(),
             quote(&cfg.metrics),
