@@ -239,3 +239,41 @@ fn the_node_budget_caps_what_is_copied_and_counts_the_rest() {
     );
     drop(agent);
 }
+
+#[test]
+fn a_tunnel_kind_the_kernel_lacks_is_a_clear_error() {
+    if !require_root() {
+        return;
+    }
+    let bins = Binaries::locate().expect("the binaries");
+    let topo = Topology::without_sink(&PODS);
+    for kind in ["geneve", "gretap", "erspan"] {
+        let cfg = AgentConfig {
+            sink: "mirror0".into(),
+            sink_create: kind.into(),
+            mirror: vec![("tunnel".into(), "{remote: \"198.19.9.2\"}".into())],
+            ..AgentConfig::default()
+        };
+        let env = AgentEnv::new(&bins, &topo.node, &cfg);
+        // Where the kernel has the type the agent runs: stopped by the timeout, the sink made.
+        let out = Command::new("timeout")
+            .args(["-s", "TERM", "8"])
+            .arg("nsenter")
+            .arg(format!("--net={}", topo.node.path()))
+            .arg(&bins.agent)
+            .arg("--config")
+            .arg(env.config_path())
+            .output()
+            .expect("running the agent");
+        let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        if log.contains("mirror sink created") {
+            eprintln!("{kind}: this kernel has it");
+            assert!(log.contains(&format!("kind={}", kind[..1].to_uppercase() + &kind[1..])), "{log}");
+            continue;
+        }
+        assert!(!out.status.success(), "{kind}: {log}");
+        let want = format!("this kernel has no {kind} link type (no {kind} module): mirror.create: {kind} cannot be used here");
+        assert!(log.contains(&want), "{kind}: {log}");
+        eprintln!("{kind}: refused, as this kernel lacks it");
+    }
+}
