@@ -4,7 +4,7 @@
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: deps build install test demo bench bench-traffic bench-mirror bench-churn bench-quick reliability lint
+.PHONY: deps build install test demo bench bench-traffic bench-mirror bench-churn bench-quick reliability lint image image-source
 
 deps:
 	@scripts/install-deps.sh
@@ -77,3 +77,21 @@ reliability: deps
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# The node image from the binaries built here (quick): the local base image first (made once
+# per machine by debootstrap, no registry needed), then docker/Dockerfile's runtime-prebuilt
+# target; tagged as deploy/kustomization.yaml names it.
+IMAGE ?= localhost/mirror-agent:dev
+PODMAN ?= podman --runtime runc --cgroup-manager cgroupfs
+image: deps
+	$(CARGO) build --release -p mirror-agent --bins
+	scripts/base-image.sh localhost/mirror-base:bookworm
+	mkdir -p docker/prebuilt
+	strip -o docker/prebuilt/mirror-agent $${CARGO_TARGET_DIR:-target}/release/mirror-agent
+	strip -o docker/prebuilt/mirrorctl $${CARGO_TARGET_DIR:-target}/release/mirrorctl
+	$(PODMAN) build -f docker/Dockerfile --target runtime-prebuilt \
+		--build-arg RUNTIME_IMAGE=localhost/mirror-base:bookworm -t $(IMAGE) .
+
+# The same image built from source in the builder stage, on public base images.
+image-source:
+	$(PODMAN) build -f docker/Dockerfile -t $(IMAGE) .

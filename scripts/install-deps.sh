@@ -3,7 +3,8 @@
 # network tools the tests and benchmarks drive (iproute2, iptables, nftables, conntrack, tcpdump,
 # tshark, tmux, curl, nginx, python3, iperf3, wrk, sockperf; Python's Prometheus parser and the
 # reference Community ID hashing), the Go toolchain and Node.js for the
-# accuracy test's server stacks (when no go/node is found already), and Rust. Idempotent: only what is
+# accuracy test's server stacks (when no go/node is found already), podman, runc and debootstrap
+# for the image, kubernetes-validate for the manifests, and Rust. Idempotent: only what is
 # missing is installed. Run as root.
 set -euo pipefail
 
@@ -17,6 +18,8 @@ PACKAGES=(
     curl nginx-light python3 iperf3 wrk sockperf                   # servers, clients, load
     python3-pip python3-prometheus-client                          # checks: Community IDs, /metrics parsed
     procps psmisc util-linux coreutils git                         # sysctl, taskset, nsenter, timeout
+    podman runc debootstrap binutils                               # the image: base, build, run (tests/tests/image.rs)
+    python3-venv                                                   # kubernetes-validate (tests/tests/manifests.rs)
 )
 
 # The accuracy test builds a Go net/http server and runs a Node http one (it fails without them
@@ -48,6 +51,15 @@ PYLIB=/usr/local/lib/mirror-tests/python
 if ! PYTHONPATH=$PYLIB /usr/bin/python3 -c "import communityid" 2>/dev/null; then
     echo "installing communityid (Python) into $PYLIB"
     /usr/bin/python3 -m pip install -q --target "$PYLIB" communityid==1.5.0
+fi
+
+# The manifests' schema check: kubernetes-validate from PyPI in a venv of its own (it ships the
+# Kubernetes schemas: offline once installed).
+KV=/opt/kubernetes-validate
+if [ ! -x "$KV/bin/kubernetes-validate" ]; then
+    echo "installing kubernetes-validate into $KV"
+    /usr/bin/python3 -m venv "$KV"
+    "$KV/bin/pip" install -q kubernetes-validate
 fi
 
 # The kernel must expose BTF for CO-RE.

@@ -1,6 +1,7 @@
 //! The agent: loads (or adopts) the data path, keeps the mirror sink, attaches to every
 //! matching link as links come and go, serves the API and metrics, and on SIGTERM detaches
-//! (or, with keep-attached, leaves everything for the next agent).
+//! (or, with keep-attached, leaves everything for the next agent; or, asked by a newer agent,
+//! hands everything over to it and stands by).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -24,21 +25,42 @@ use crate::server;
 use crate::sink::{Sink, Target};
 use crate::state::StateStore;
 
-/// Runs the agent until SIGTERM or SIGINT. The start, in this order:
+/// How the agent is started.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// On SIGTERM, leave the data path attached and pinned (`--keep-attached`).
+    pub keep_attached: bool,
+    /// When another agent holds the API socket, have it hand over (`--take-over`).
+    pub take_over: bool,
+}
+
+/// Why the main loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// SIGTERM or SIGINT.
+    Signal,
+    /// A newer agent asked for the data path.
+    HandOver,
+}
+
+/// Runs the agent until SIGTERM or SIGINT (after a hand-over, until then too, holding
+/// nothing). The start, in this order:
 ///
 /// 1. the signal handlers (a signal during the start then undoes it, not kills it halfway);
-/// 2. the single-instance lock ([`crate::instance::lock`]): nothing is touched before it is held;
+/// 2. the single-instance lock ([`crate::handover::acquire`]; with `--take-over`, after the
+///    running agent handed over): nothing is touched before it is held;
 /// 3. the configured rules and the state file are read and checked (nothing loaded yet);
 /// 4. the engine loads or adopts the data path and takes the state file's one writer;
 /// 5. the sink, the API, the metrics, and the link events (see [`serve`]).
-pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
+pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     // Before anything is created: a signal during start-up then waits for the main loop,
     // which undoes the start-up, instead of killing the agent halfway.
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     // First of all: one agent per API socket. A second one refuses before it touches anything
-    // (pins, groups, the socket of the running one).
-    let _instance = crate::instance::lock(&cfg.api.socket)?;
+    // (pins, groups, the socket of the running one), or with --take-over waits for the running
+    // one to hand over.
+    let instance = crate::handover::acquire(&cfg.api.socket, opts.take_over).await?;
     let initial_rules: Vec<Rule> =
         cfg.rules.iter().map(|r| crate::rules::parse(r)).collect::<Result<_, _>>()?;
     // Read before anything is loaded: a state file that cannot be used stops the start here.
@@ -72,6 +94,10 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
             initial_rules,
             groups: cfg.latency.groups(),
             stack_sample: cfg.latency.stack_sample,
+            budget: mirror_bpf::Budget {
+                packets_per_second: cfg.mirror.budget.packets_per_second,
+                bytes_per_second: cfg.mirror.budget.bytes_per_second,
+            },
         },
         state,
         events.clone(),
@@ -86,8 +112,9 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
     if let Err(e) = &served {
         tracing::error!(error = format!("{e:#}"), "stopping on an error");
     }
-    let keep = keep_attached || cfg.keep_attached || (served.is_err() && adopted);
-    tracing::info!(keep_attached = keep, "stopping");
+    let handed_over = matches!(served, Ok(Stop::HandOver));
+    let keep = opts.keep_attached || cfg.keep_attached || handed_over || (served.is_err() && adopted);
+    tracing::info!(keep_attached = keep, handed_over, "stopping");
     let res = match engine.shutdown(keep).await {
         Ok(stopped) => {
             if !keep {
@@ -106,7 +133,19 @@ pub async fn run(cfg: Config, keep_attached: bool) -> anyhow::Result<()> {
         }
     };
     let _ = std::fs::remove_file(&cfg.api.socket);
-    served.and(res)
+    if handed_over && res.is_ok() {
+        // Everything is the next agent's now: let it take the lock, and stay until stopped
+        // (a pod that exited would be restarted and ask for the data path back).
+        drop(instance);
+        tracing::info!("handed over to the next agent: standing by, holding nothing, until stopped");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("stopped after a hand-over: nothing to undo");
+        return Ok(());
+    }
+    served.map(drop).and(res)
 }
 
 /// The flow table's size (`flows.max`, `auto` resolved for this host), with a warning when
@@ -151,7 +190,7 @@ async fn serve(
     sink: &mut Sink,
     term: &mut tokio::signal::unix::Signal,
     int: &mut tokio::signal::unix::Signal,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Stop> {
     let mirror_ifindex = sink.ensure().await?;
     let target = point_at_sink(engine, sink, mirror_ifindex).await?;
     if mirror_ifindex.is_none() {
@@ -168,6 +207,7 @@ async fn serve(
         created: sink.created,
         copies_to: None,
         delivery: None,
+        kind: None,
     };
     mirror.set_target(target.as_ref());
     let info = Arc::new(Mutex::new(AgentInfo {
@@ -178,11 +218,13 @@ async fn serve(
     let pods = Pods::new();
     pods.start(engine.clone());
     let listener = api::bind(&cfg.api.socket).await?;
+    let handover = Arc::new(tokio::sync::Notify::new());
     let app = api::router(ApiState {
         engine: engine.clone(),
         info: info.clone(),
         events: events.clone(),
         pods: pods.clone(),
+        handover: handover.clone(),
     });
     let limits = server::Limits {
         max_connections: cfg.api.max_connections,
@@ -190,7 +232,8 @@ async fn serve(
         request_timeout: cfg.api.request_timeout,
         idle_timeout: cfg.api.idle_timeout,
     };
-    tokio::spawn(server::serve(listener, app, limits, "api"));
+    // Aborted when the loop ends: a hand-over frees the socket and the metrics port at once.
+    let mut servers = vec![tokio::spawn(server::serve(listener, app, limits, "api"))];
     tracing::info!(
         socket = %cfg.api.socket.display(),
         max_connections = limits.max_connections,
@@ -207,7 +250,7 @@ async fn serve(
             .merge(crate::health::router(engine.clone(), ready.clone()));
         // A scrape is one quick request: the API's timeouts, fewer connections.
         let limits = server::Limits { max_connections: crate::config::METRICS_CONNECTIONS, ..limits };
-        tokio::spawn(server::serve(tcp, app, limits, "metrics"));
+        servers.push(tokio::spawn(server::serve(tcp, app, limits, "metrics")));
         tracing::info!(listen = %cfg.metrics.listen, rule_text = cfg.metrics.rule_text, "metrics listening");
     }
 
@@ -220,10 +263,14 @@ async fn serve(
 
     // Names of the links we know, to notice renames.
     let mut known: BTreeMap<u32, String> = BTreeMap::new();
-    loop {
+    let stop = loop {
         tokio::select! {
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+            _ = term.recv() => break Stop::Signal,
+            _ = int.recv() => break Stop::Signal,
+            _ = handover.notified() => {
+                tracing::info!("a newer agent asked for the data path: handing over");
+                break Stop::HandOver;
+            }
             ev = rx.recv() => {
                 let Some(ev) = ev else { anyhow::bail!("link events stopped") };
                 on_link_event(cfg, engine, sink, &info, &ready, &mut known, ev).await;
@@ -231,8 +278,12 @@ async fn serve(
                 pods.refresh();
             }
         }
+    };
+    for s in servers {
+        s.abort();
+        let _ = s.await;
     }
-    Ok(())
+    Ok(stop)
 }
 
 async fn on_link_event(

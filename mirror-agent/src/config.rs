@@ -12,6 +12,9 @@ use mirror_bpf::{AttachMode, MirrorMethod};
 
 use crate::capacity::{self, Host, RuleCapacity, TableMemory, HASH_MAX_ENTRIES};
 
+mod tunnel;
+pub use tunnel::{Budget, Tunnel};
+
 /// A configuration that cannot be used: where, and why.
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {reason}")]
@@ -96,11 +99,22 @@ impl Default for Attach {
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum SinkCreate {
-    /// A dummy link.
+    /// A dummy link where the kernel has the dummy type, else a veth pair (said in the log and
+    /// in the status).
     #[default]
+    Auto,
+    /// A dummy link.
     Dummy,
     /// A veth pair: the sink and its peer `<name>p`, where captures read.
     Veth,
+    /// A VXLAN tunnel to a collector (`mirror.tunnel`).
+    Vxlan,
+    /// A Geneve tunnel to a collector.
+    Geneve,
+    /// A GRE (Ethernet) tunnel to a collector.
+    Gretap,
+    /// An ERSPAN (type II) session to a collector.
+    Erspan,
     /// Never create it: wait for it to appear.
     None,
 }
@@ -151,7 +165,7 @@ pub enum DeliverCfg {
 pub struct Mirror {
     /// Name of the mirror interface.
     pub interface: String,
-    /// dummy | veth | none.
+    /// auto | dummy | veth | vxlan | geneve | gretap | erspan | none.
     pub create: SinkCreate,
     /// clone | mirred.
     pub method: MethodCfg,
@@ -159,16 +173,22 @@ pub struct Mirror {
     pub deliver: DeliverCfg,
     /// MTU set on a sink we create: large enough for the GSO packets that get mirrored.
     pub mtu: u32,
+    /// The collector a tunnel sink carries the copies to.
+    pub tunnel: Tunnel,
+    /// The node-wide ceiling on copies.
+    pub budget: Budget,
 }
 
 impl Default for Mirror {
     fn default() -> Self {
         Self {
             interface: "mirror0".into(),
-            create: SinkCreate::Dummy,
+            create: SinkCreate::Auto,
             method: MethodCfg::Clone,
             deliver: DeliverCfg::Auto,
             mtu: 65535,
+            tunnel: Tunnel::default(),
+            budget: Budget::default(),
         }
     }
 }
@@ -514,15 +534,18 @@ impl Config {
                 ),
             ));
         }
-        if self.mirror.create == SinkCreate::Veth && name.len() > 14 {
+        if matches!(self.mirror.create, SinkCreate::Veth | SinkCreate::Auto) && name.len() > 14 {
             return Err(err(
                 "mirror.interface",
-                "with create: veth the name has at most 14 characters (the peer adds 'p')",
+                "with create: veth or auto (a veth pair where the kernel has no dummy type) the name \
+                 has at most 14 characters (the peer adds 'p')",
             ));
         }
         if !(1280..=65535).contains(&self.mirror.mtu) {
             return Err(err("mirror.mtu", format!("{} is outside 1280-65535", self.mirror.mtu)));
         }
+        self.mirror.tunnel.validate(self.mirror.create)?;
+        self.mirror.budget.validate()?;
         if self.mirror.method == MethodCfg::Mirred && self.attach.mode == AttachModeCfg::Tcx {
             return Err(err(
                 "mirror.method",
@@ -818,6 +841,33 @@ mod tests {
             ("attach:\n  mode: tcx\nmirror:\n  method: mirred\n", "mirror.method", "mirred"),
             ("mirror:\n  interface: a-very-long-name0\n", "mirror.interface", "1-15"),
             ("mirror:\n  deliver: peer\n", "mirror.deliver", "unknown variant"),
+            ("mirror:\n  create: vxlan\n", "mirror.tunnel.remote", "collector's address"),
+            (
+                "mirror:\n  create: vxlan\n  tunnel:\n    remote: 198.18.0.1\n    id: 16777216\n",
+                "mirror.tunnel.id",
+                "above",
+            ),
+            (
+                "mirror:\n  create: gretap\n  tunnel:\n    remote: \"2001:2::1\"\n",
+                "mirror.tunnel.remote",
+                "IPv4 only",
+            ),
+            (
+                "mirror:\n  create: gretap\n  tunnel:\n    remote: 198.18.0.1\n    port: 4789\n",
+                "mirror.tunnel.port",
+                "no UDP port",
+            ),
+            (
+                "mirror:\n  create: vxlan\n  tunnel:\n    remote: 198.18.0.1\n    local: \"2001:2::1\"\n",
+                "mirror.tunnel.local",
+                "family",
+            ),
+            ("mirror:\n  tunnel:\n    remote: 198.18.0.1\n", "mirror.tunnel", "only used with"),
+            (
+                "mirror:\n  budget:\n    packets_per_second: 2000000000\n",
+                "mirror.budget.packets_per_second",
+                "at most",
+            ),
             ("mirror:\n  method: mirred\n  deliver: ingress\n", "mirror.deliver", "egress only"),
             ("mirror:\n  create: dummy\n  deliver: peer-ingress\n", "mirror.deliver", "create: veth"),
         ];

@@ -31,6 +31,8 @@ const EXPORTED: &[(&str, &str, &str)] = &[
     ("mirrored_bytes", "mirrored_bytes", "Bytes copied to the mirror interface"),
     ("mirror_errors", "copy_errors", "Copies that failed"),
     ("mirror_no_target", "copy_no_target", "Marked packets not copied: no mirror interface"),
+    ("budget_refused_packets", "budget_refused_packets", "Copies not made: the node-wide budget was spent"),
+    ("budget_refused_bytes", "budget_refused_bytes", "Bytes of the copies the node-wide budget refused"),
     ("mirror_ended", "marks_ended", "Marks that reached their limit"),
     ("flows_created", "flows_created", "Flows inserted into the flow table"),
     ("flow_insert_failed", "flow_insert_failed", "Flow table inserts that failed"),

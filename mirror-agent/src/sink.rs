@@ -1,12 +1,13 @@
-//! The mirror sink: the link mirrored packets are copied to. Created when asked (dummy, or a
-//! veth pair whose peer is where captures read), brought up with a large MTU, recreated if it
+//! The mirror sink: the link mirrored packets are copied to. Created when asked (dummy, a veth
+//! pair whose peer is where captures read, or auto: dummy where the kernel has the type, else
+//! a veth pair), brought up with a large MTU, recreated if it
 //! disappears; removed at exit only if we created it. Where and how copies are handed to it
 //! (its transmit, its receive path, or its veth peer's) depends on its kind: see [`deliver_for`].
 
 use futures::TryStreamExt;
 use mirror_bpf::MirrorDelivery;
 use netlink_packet_route::link::{LinkAttribute, LinkInfo};
-use rtnetlink::{Handle, LinkDummy, LinkUnspec, LinkVeth};
+use rtnetlink::{Handle, LinkDummy, LinkGeneve, LinkGre, LinkUnspec, LinkVeth, LinkVxlan};
 
 use crate::config::{DeliverCfg, MethodCfg, Mirror, SinkCreate};
 
@@ -32,6 +33,8 @@ pub struct Target {
     pub name: String,
     /// Transmitted by it, or received by it.
     pub delivery: MirrorDelivery,
+    /// The sink's link kind ("dummy", "veth", ...), when the kernel says.
+    pub kind: Option<String>,
 }
 
 /// How copies are handed to a sink of link kind `kind` ("veth", "dummy", "ifb", ...; `None`:
@@ -49,7 +52,9 @@ pub fn deliver_for(cfg: &Mirror, kind: Option<&str>) -> DeliverCfg {
     match cfg.deliver {
         DeliverCfg::Auto if cfg.method == MethodCfg::Mirred => DeliverCfg::Egress,
         DeliverCfg::Auto => match kind {
-            Some("veth") if cfg.create == SinkCreate::Veth => DeliverCfg::PeerIngress,
+            Some("veth") if matches!(cfg.create, SinkCreate::Veth | SinkCreate::Auto) => {
+                DeliverCfg::PeerIngress
+            }
             Some("ifb") => DeliverCfg::Ingress,
             _ => DeliverCfg::Egress,
         },
@@ -58,14 +63,32 @@ pub fn deliver_for(cfg: &Mirror, kind: Option<&str>) -> DeliverCfg {
 }
 
 /// Disables IPv6 on a link we created: otherwise it sends its own router solicitations and
-/// MLD reports, and captures on the sink see them among the mirrored packets.
-fn quiet_ipv6(name: &str) {
+/// MLD reports, and captures on the sink see them among the mirrored packets. Where /proc/sys
+/// is read-only (a container, even in the node's network namespace), the link gets no IPv6
+/// address instead (address generation mode "none", over netlink): with no link-local address
+/// it sends nothing either.
+async fn quiet_ipv6(handle: &Handle, name: &str) {
     let path = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
     match std::fs::write(&path, "1") {
         Ok(()) => {}
         // No IPv6 in this kernel: nothing to silence.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => tracing::warn!(%path, error = %e, "IPv6 left on: captures will see the sink's own packets"),
+        Err(e) => {
+            use netlink_packet_route::link::{AfSpecInet6, AfSpecUnspec, In6AddrGenMode};
+            let msg = LinkUnspec::new_with_name(name)
+                .append_extra_attribute(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(vec![
+                    AfSpecInet6::AddrGenMode(In6AddrGenMode::None),
+                ])]))
+                .build();
+            if let Err(e2) = handle.link().set(msg).execute().await {
+                tracing::warn!(
+                    %path,
+                    error = %e,
+                    netlink = %e2,
+                    "IPv6 left on: captures will see the sink's own packets"
+                );
+            }
+        }
     }
 }
 
@@ -88,14 +111,15 @@ impl Sink {
             SinkCreate::None => {
                 "mirror sink vanished: waiting for it to appear again (mirror.create: none, the agent does not create it)"
             }
-            SinkCreate::Dummy | SinkCreate::Veth => "mirror sink vanished: recreating",
+            _ => "mirror sink vanished: recreating",
         }
     }
 
     /// Whether `name` is the sink or its peer (never to be attached).
     pub fn owns(&self, name: &str) -> bool {
         name == self.cfg.interface
-            || (self.cfg.create == SinkCreate::Veth && name == veth_peer(&self.cfg.interface))
+            || (matches!(self.cfg.create, SinkCreate::Veth | SinkCreate::Auto)
+                && name == veth_peer(&self.cfg.interface))
     }
 
     async fn index_of(&self, name: &str) -> anyhow::Result<Option<u32>> {
@@ -127,6 +151,7 @@ impl Sink {
         let name = self.cfg.interface.clone();
         let kind = self.link(&name).await?.and_then(|(_, k)| k);
         let deliver = deliver_for(&self.cfg, kind.as_deref());
+        let link_kind = kind.clone();
         if kind.as_deref() == Some("ifb") && matches!(deliver, DeliverCfg::Egress | DeliverCfg::Auto) {
             tracing::warn!(
                 interface = %name,
@@ -153,7 +178,7 @@ impl Sink {
                 }
             }
         };
-        Ok(Target { ifindex, name, delivery })
+        Ok(Target { ifindex, name, delivery, kind: link_kind })
     }
 
     async fn set_up(&self, name: &str, mtu: Option<u32>) -> anyhow::Result<()> {
@@ -173,26 +198,43 @@ impl Sink {
             return Ok(Some(i));
         }
         // Created down: brought up once silenced (see quiet_ipv6).
-        let msg = match self.cfg.create {
+        let made = match self.cfg.create {
             SinkCreate::None => return Ok(None),
-            SinkCreate::Dummy => LinkDummy::new(&name).mtu(self.cfg.mtu).build(),
-            SinkCreate::Veth => LinkVeth::new(&name, &veth_peer(&name)).mtu(self.cfg.mtu).build(),
+            SinkCreate::Auto => match self.add(SinkCreate::Dummy).await {
+                Err(e) if no_such_kind(&e) => {
+                    tracing::info!(
+                        interface = %name,
+                        peer = %veth_peer(&name),
+                        "mirror.create: auto: this kernel has no dummy link type, creating a veth pair \
+                         (capture on the peer)"
+                    );
+                    self.add(SinkCreate::Veth).await?;
+                    SinkCreate::Veth
+                }
+                Err(e) => return Err(e),
+                Ok(()) => SinkCreate::Dummy,
+            },
+            SinkCreate::Dummy => match self.add(SinkCreate::Dummy).await {
+                Err(e) if no_such_kind(&e) => anyhow::bail!(
+                    "this kernel has no dummy link type (no dummy module): set mirror.create: auto or \
+                     veth, or create {name} yourself and set mirror.create: none"
+                ),
+                r => r.map(|()| SinkCreate::Dummy)?,
+            },
+            SinkCreate::Veth => self.add(SinkCreate::Veth).await.map(|()| SinkCreate::Veth)?,
+            kind => match self.add(kind).await {
+                Err(e) if no_such_kind(&e) => anyhow::bail!(
+                    "this kernel has no {k} link type (no {k} module): mirror.create: {k} cannot be used \
+                     here{hint}",
+                    k = kind.link_kind(),
+                    hint = if kind == SinkCreate::Vxlan { "" } else { " (vxlan may be: see the README)" },
+                ),
+                r => r.map(|()| kind)?,
+            },
         };
-        match self.handle.link().add(msg).execute().await {
-            Ok(()) => {}
-            Err(rtnetlink::Error::NetlinkError(e))
-                if self.cfg.create == SinkCreate::Dummy && e.raw_code() == -libc::EOPNOTSUPP =>
-            {
-                anyhow::bail!(
-                    "this kernel has no dummy link type (no dummy module): set mirror.create: veth, \
-                     or create {name} yourself and set mirror.create: none"
-                );
-            }
-            Err(e) => return Err(anyhow::Error::from(e).context(format!("creating the mirror sink {name}"))),
-        }
-        let peer = (self.cfg.create == SinkCreate::Veth).then(|| veth_peer(&name));
+        let peer = (made == SinkCreate::Veth).then(|| veth_peer(&name));
         for n in std::iter::once(&name).chain(&peer) {
-            quiet_ipv6(n);
+            quiet_ipv6(&self.handle, n).await;
         }
         // The peer first: copies may be handed to it as soon as the sink is up.
         if let Some(peer) = &peer {
@@ -200,8 +242,92 @@ impl Sink {
         }
         self.set_up(&name, None).await?;
         self.created = true;
-        tracing::info!(interface = %name, kind = ?self.cfg.create, mtu = self.cfg.mtu, "mirror sink created");
+        tracing::info!(
+            interface = %name,
+            kind = ?made,
+            configured = ?self.cfg.create,
+            mtu = self.mtu(made),
+            remote = ?self.cfg.tunnel.remote.filter(|_| made.is_tunnel()),
+            "mirror sink created"
+        );
         self.index_of(&name).await
+    }
+
+    /// The MTU a sink of kind `kind` gets: the configured one, within what a tunnel's
+    /// encapsulated packet can carry.
+    fn mtu(&self, kind: SinkCreate) -> u32 {
+        if kind.is_tunnel() {
+            self.cfg.tunnel.mtu(kind, self.cfg.mtu)
+        } else {
+            self.cfg.mtu
+        }
+    }
+
+    /// Adds the sink as a link of kind `kind`, down.
+    async fn add(&self, kind: SinkCreate) -> anyhow::Result<()> {
+        let name = &self.cfg.interface;
+        let mtu = self.mtu(kind);
+        let t = &self.cfg.tunnel;
+        let msg = match kind {
+            SinkCreate::Veth => LinkVeth::new(name, &veth_peer(name)).mtu(mtu).build(),
+            SinkCreate::Vxlan => {
+                // Copies only go out: no learning, no FDB entries from what comes back.
+                let mut b = LinkVxlan::new(name, t.id).port(t.udp_port(kind)).learning(false).mtu(mtu);
+                b = match t.remote {
+                    Some(std::net::IpAddr::V4(a)) => b.remote(a),
+                    Some(std::net::IpAddr::V6(a)) => b.remote6(a),
+                    None => anyhow::bail!("mirror.tunnel.remote is not set"),
+                };
+                b = match t.local {
+                    Some(std::net::IpAddr::V4(a)) => b.local(a),
+                    Some(std::net::IpAddr::V6(a)) => b.local6(a),
+                    None => b,
+                };
+                b.build()
+            }
+            SinkCreate::Geneve => {
+                let mut b = LinkGeneve::new(name, t.id).mtu(mtu);
+                b = match t.remote {
+                    Some(std::net::IpAddr::V4(a)) => b.remote(a),
+                    Some(std::net::IpAddr::V6(a)) => b.remote6(a),
+                    None => anyhow::bail!("mirror.tunnel.remote is not set"),
+                };
+                b.append_info_data(netlink_packet_route::link::InfoGeneve::Port(t.udp_port(kind))).build()
+            }
+            SinkCreate::Gretap | SinkCreate::Erspan => {
+                use netlink_packet_route::link::{GreIOFlags, InfoGre};
+                let Some(std::net::IpAddr::V4(remote)) = t.remote else {
+                    anyhow::bail!("mirror.tunnel.remote: {kind:?} needs an IPv4 address")
+                };
+                let mut b = if kind == SinkCreate::Gretap {
+                    LinkGre::new_gretap(name).okey(t.id).oflags(GreIOFlags::Key)
+                } else {
+                    LinkGre::new_erspan(name).oflags(GreIOFlags::Seq)
+                };
+                b = b.remote(remote).mtu(mtu);
+                if let Some(std::net::IpAddr::V4(a)) = t.local {
+                    b = b.local(a);
+                }
+                let mut msg = b.build();
+                if kind == SinkCreate::Erspan {
+                    // ERSPAN type II, the session id as its index.
+                    for a in &mut msg.attributes {
+                        if let LinkAttribute::LinkInfo(infos) = a {
+                            for i in infos.iter_mut() {
+                                if let LinkInfo::Data(netlink_packet_route::link::InfoData::ErSpan(d)) = i {
+                                    d.extend([InfoGre::ErSpanVer(1), InfoGre::ErSpanIndex(t.id)]);
+                                }
+                            }
+                        }
+                    }
+                }
+                msg
+            }
+            _ => LinkDummy::new(name).mtu(mtu).build(),
+        };
+        self.handle.link().add(msg).execute().await.map_err(|e| {
+            anyhow::Error::from(e).context(format!("creating the mirror sink {name} ({kind:?})"))
+        })
     }
 
     /// Removes the sink if we created it.
@@ -218,6 +344,14 @@ impl Sink {
     }
 }
 
+/// Whether link creation failed because the kernel lacks the link type (no module).
+fn no_such_kind(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| match c.downcast_ref::<rtnetlink::Error>() {
+        Some(rtnetlink::Error::NetlinkError(m)) => m.raw_code() == -libc::EOPNOTSUPP,
+        _ => false,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,6 +365,9 @@ mod tests {
         use DeliverCfg::*;
         let auto = |create, kind| deliver_for(&cfg(create, MethodCfg::Clone, Auto), kind);
         assert_eq!(auto(SinkCreate::Veth, Some("veth")), PeerIngress);
+        // create: auto made a veth pair where the kernel has no dummy type.
+        assert_eq!(auto(SinkCreate::Auto, Some("veth")), PeerIngress);
+        assert_eq!(auto(SinkCreate::Auto, Some("dummy")), Egress);
         assert_eq!(auto(SinkCreate::Dummy, Some("dummy")), Egress);
         // Captures on an operator's veth may read either end: both still see the copies.
         assert_eq!(auto(SinkCreate::None, Some("veth")), Egress);

@@ -230,6 +230,18 @@ impl<'obj> Datapath<'obj> {
         }
     }
 
+    /// Sets the node-wide budget of copies, split evenly over the possible CPUs.
+    pub fn set_budget(&self, budget: crate::Budget) -> Result<()> {
+        let cpus = crate::possible_cpus()
+            .map_err(|cause| Error::Io { what: "counting the possible CPUs".into(), cause })?;
+        crate::budget::set(&self.skel.maps.budget_config, budget, cpus)
+    }
+
+    /// Copies the node-wide budget refused so far.
+    pub fn budget_refused(&self) -> Result<crate::Refused> {
+        crate::budget::refused(&self.skel.maps.budget_state)
+    }
+
     /// Switches a timing group on or off at run time.
     pub fn set_timing(&self, group: TimingGroup, on: bool) -> Result<()> {
         settings::set_timing(&self.skel.maps.settings, group, on)

@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod attach;
+pub mod budget;
 pub mod datapath;
 pub mod error;
 pub mod event;
@@ -27,6 +28,7 @@ pub mod stats;
 pub mod testing;
 
 pub use attach::{tcx_supported, AttachMode, AttachTimings, Attachment, MirrorDelivery, MirrorMethod};
+pub use budget::{Budget, Refused};
 pub use datapath::{Datapath, DatapathOptions};
 pub use error::{Error, Result};
 pub use event::TriggerEvent;

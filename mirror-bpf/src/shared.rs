@@ -35,6 +35,8 @@ plain_types! {
     latency_hist = 16 + 8 * types::mirror_limits::HIST_BUCKETS.0 as usize,
     trigger_event = 200,
     settings = 8,
+    budget_config = 16,
+    budget_state = 40,
     counters = 8 * types::stat_idx::STAT_MAX.0 as usize,
 }
 

@@ -81,6 +81,9 @@ pub struct AgentConfig {
     pub api: Vec<(String, String)>,
     /// More top-level sections, as YAML text (e.g. `events:`).
     pub extra: String,
+    /// More keys of the `mirror:` section (key, YAML value, flow style for sections), such as
+    /// `tunnel` and `budget`.
+    pub mirror: Vec<(String, String)>,
 }
 
 impl Default for AgentConfig {
@@ -96,6 +99,7 @@ impl Default for AgentConfig {
             metrics_rule_text: true,
             api: vec![],
             extra: String::new(),
+            mirror: vec![],
         }
     }
 }
@@ -142,13 +146,14 @@ impl AgentEnv {
         };
         let yaml = format!(
             "interfaces:\n  include: {}\n  exclude: {}\nattach:\n  mode: {}\n\
-             mirror:\n  interface: {}\n  create: {}\napi:\n  socket: {}\n{}metrics:\n  listen: {}\n  rule_text: {}\n\
+             mirror:\n  interface: {}\n  create: {}\n{}api:\n  socket: {}\n{}metrics:\n  listen: {}\n  rule_text: {}\n\
              bpf:\n  pin_path: {}\nstate:\n  path: {}\nrules: {}\n{}",
             quote(&cfg.include),
             quote(&cfg.exclude),
             quote(&cfg.attach_mode),
             quote(&cfg.sink),
             quote(&cfg.sink_create),
+            cfg.mirror.iter().map(|(k, v)| format!("  {k}: {v}\n")).collect::<String>(),
             quote(&env.socket()),
             cfg.api.iter().map(|(k, v)| format!("  {k}: {v}\n")).collect::<String>(),
             quote(&cfg.metrics),

@@ -45,6 +45,8 @@ pub struct ApiState {
     pub events: Arc<EventLog>,
     /// The pods behind the attached veths.
     pub pods: Pods,
+    /// Woken by `POST /v1/handover`: the agent leaves everything to a newer one.
+    pub handover: Arc<tokio::sync::Notify>,
 }
 
 /// An error reply.
@@ -91,6 +93,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/latency", get(latency))
         .route("/v1/latency/groups", get(groups))
         .route("/v1/latency/groups/{group}", axum::routing::put(set_group))
+        .route("/v1/handover", axum::routing::post(handover))
         .fallback(|| async {
             ApiError(
                 StatusCode::NOT_FOUND,
@@ -205,6 +208,13 @@ async fn status(State(s): State<ApiState>) -> ApiResult<StatusView> {
 
 async fn pods(State(s): State<ApiState>) -> ApiResult<Vec<PodView>> {
     Ok(Json(s.pods.list()))
+}
+
+/// A newer agent (started with `--take-over`) asks for the data path: this one leaves it
+/// attached and pinned, closes its socket and releases its lock (see [`crate::handover`]).
+async fn handover(State(s): State<ApiState>) -> (StatusCode, Json<serde_json::Value>) {
+    s.handover.notify_one();
+    (StatusCode::ACCEPTED, Json(serde_json::json!({"handing_over": true})))
 }
 
 async fn latency(State(s): State<ApiState>) -> ApiResult<Vec<HistogramView>> {

@@ -187,6 +187,9 @@ pub struct MirrorView {
     /// "egress" (transmitted by `copies_to`) or "ingress" (received by it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<String>,
+    /// The sink's link kind ("dummy", "veth", "vxlan", ...), when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
 }
 
 /// Attach latency (link event received to classifier attached), milliseconds.

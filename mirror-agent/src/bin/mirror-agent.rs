@@ -19,6 +19,14 @@ struct Args {
     /// On SIGTERM, leave the data path attached and pinned for the next agent.
     #[arg(long)]
     keep_attached: bool,
+    /// When another agent runs with the same API socket, ask it to hand its data path over
+    /// (it stays attached throughout) and adopt it, instead of refusing to start.
+    #[arg(long)]
+    take_over: bool,
+    /// Listen for /metrics on ADDR:PORT instead of metrics.listen ("" disables), e.g. the
+    /// node's address from the DaemonSet's environment: `--metrics-listen=$(NODE_IP):9464`.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_listen: Option<String>,
     /// Check the configuration and exit.
     #[arg(long)]
     check: bool,
@@ -30,6 +38,17 @@ fn main() -> ExitCode {
         Some(p) => Config::load(p).map_err(|e| format!("config {}: {e}", p.display())),
         None => Ok(Config::default()),
     };
+    let cfg = cfg.and_then(|mut c| {
+        if let Some(listen) = &args.metrics_listen {
+            if !listen.is_empty() {
+                listen.parse::<std::net::SocketAddr>().map_err(|e| {
+                    format!("--metrics-listen '{listen}': {e} (an IPv6 address goes in brackets)")
+                })?;
+            }
+            c.metrics.listen = listen.clone();
+        }
+        Ok(c)
+    });
     let cfg = match cfg {
         Ok(c) => c,
         Err(e) => {
@@ -56,7 +75,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(mirror_agent::agent::run(cfg, args.keep_attached)) {
+    match rt.block_on(mirror_agent::agent::run(
+        cfg,
+        mirror_agent::agent::RunOptions { keep_attached: args.keep_attached, take_over: args.take_over },
+    )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "mirror-agent failed");

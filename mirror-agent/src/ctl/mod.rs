@@ -235,8 +235,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 (Some(to), Some(_)) => format!("; copies sent out of {to}"),
                 _ => String::new(),
             };
+            let kind = m.kind.as_deref().map_or(String::new(), |k| format!("{k}, "));
             println!(
-                "mirror interface {} ({state}{}{how})",
+                "mirror interface {} ({kind}{state}{}{how})",
                 m.interface,
                 if m.created { ", created by the agent" } else { "" }
             );

@@ -63,6 +63,14 @@ impl Driver {
             tcx_in_kernel = mirror_bpf::tcx_supported(),
             "data path loaded"
         );
+        dp.set_budget(cfg.budget)?;
+        if cfg.budget != mirror_bpf::Budget::default() {
+            tracing::info!(
+                packets_per_second = cfg.budget.packets_per_second,
+                bytes_per_second = cfg.budget.bytes_per_second,
+                "node-wide budget of copies (0: no limit), split evenly over the CPUs"
+            );
+        }
         let events = Events::open(&dp, log)?;
         let mut tracing = Tracing::load(&dp).map_err(|e| e.to_string());
         match &mut tracing {

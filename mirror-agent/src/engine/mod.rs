@@ -44,6 +44,8 @@ pub struct EngineConfig {
     pub groups: Vec<(Group, bool)>,
     /// The stack group stamps 1 in this many packets.
     pub stack_sample: u32,
+    /// The node-wide budget of copies (0: no limit).
+    pub budget: mirror_bpf::Budget,
 }
 
 /// What the engine reports about itself.

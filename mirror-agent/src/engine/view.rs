@@ -132,7 +132,11 @@ fn attach_buckets(h: &hdrhistogram::Histogram<u64>) -> (Vec<(f64, u64)>, f64) {
 
 /// Interfaces, counters and the like.
 pub(super) fn status(dp: &Datapath<'_>, p: StatusParts<'_>) -> anyhow::Result<EngineStatus> {
-    let counters = dp.counters()?.iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let mut counters: std::collections::BTreeMap<String, u64> =
+        dp.counters()?.iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let refused = dp.budget_refused()?;
+    counters.insert("budget_refused_packets".into(), refused.packets);
+    counters.insert("budget_refused_bytes".into(), refused.bytes);
     let h = p.attach_latency;
     let ms = |us: u64| us as f64 / 1000.0;
     Ok(EngineStatus {

@@ -179,4 +179,21 @@ volatile __u32 mark_epoch SEC(".data") = 1;
  */
 volatile __u32 stack_stamps_on SEC(".data") = 0;
 
+/* Key: 0. Value: struct budget_config, this CPU's share of mirror.budget (the same on every
+ * CPU), written by user space. Read only when a copy is about to be made. */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct budget_config);
+} budget_config SEC(".maps");
+
+/* Key: 0. Value: struct budget_state. Per CPU: each CPU spends its own share, no shared writes. */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct budget_state);
+} budget_state SEC(".maps");
+
 #endif /* MIRROR_MAPS_H */

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * This file contains the mirroring decision: rule lookup by (port, status) and by status,
- * marking a flow on a trigger, the per-flow budget (packets, bytes, time), the copy to the
- * mirror interface, and the trigger event. Nothing here can drop the production packet.
+ * marking a flow on a trigger, the per-flow budget (packets, bytes, time), the node-wide
+ * budget (budget.h), the copy to the mirror interface, and the trigger event. Nothing here can
+ * drop the production packet.
  */
 #ifndef MIRROR_MIRROR_H
 #define MIRROR_MIRROR_H
@@ -10,6 +11,7 @@
 #include "maps.h"
 #include "parse.h"
 #include "nat.h"
+#include "budget.h"
 
 /* rule_pick - the rule of @e that matches a response that took @took ns (0: unknown). */
 static __always_inline struct rule_action *rule_pick(struct rule_entry *e, __u64 took)
@@ -116,6 +118,9 @@ static __always_inline int mirror_copy(struct __sk_buff *skb, enum mirror_method
 {
     __u32 len = skb->len;
 
+    /* The node-wide budget: only here, where a copy is about to be made. */
+    if (!budget_admit(len))
+        return 0;
     if (method == MIRROR_CLONE) {
         __u32 zero = 0;
         struct settings *set = bpf_map_lookup_elem(&settings, &zero);

@@ -397,4 +397,22 @@ struct counters {
     __u64 v[STAT_MAX];
 };
 
+/*
+ * The node-wide budget of copies (mirror.budget), this CPU's share of it: the node's rates
+ * split evenly over the CPUs, 0 for no limit. Written by user space, read per copy made.
+ */
+struct budget_config {
+    __u64 packets_per_sec; /* copies per second on one CPU (0: no limit) */
+    __u64 bytes_per_sec;   /* bytes of copies per second on one CPU (0: no limit) */
+};
+
+/* One CPU's token buckets (in 1e-9 packets and 1e-9 bytes) and what it refused. */
+struct budget_state {
+    __u64 last_ns;         /* last refill (0: never: the buckets start full) */
+    __u64 packet_tokens;   /* nano-packets */
+    __u64 byte_tokens;     /* nano-bytes */
+    __u64 refused_packets; /* copies not made for the budget */
+    __u64 refused_bytes;   /* their bytes */
+};
+
 #endif /* MIRROR_TYPES_H */

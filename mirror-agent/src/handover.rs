@@ -1,0 +1,109 @@
+//! One agent per API socket, and the hand-over between two of them on an upgrade.
+//!
+//! An agent first takes the lock `<api.socket>.lock` (flock, released by the kernel when the
+//! process dies). A second agent finds it held and refuses, unless it was started with
+//! `--take-over`: then it asks the running one (`POST /v1/handover` on its socket) to leave the
+//! data path attached and pinned, close its socket and metrics listener and release the lock,
+//! and takes the lock as soon as it is free. The old agent then stands by, holding nothing,
+//! until it is stopped, and a stop then changes nothing. So a rolling update that starts the
+//! new pod before it stops the old one (a DaemonSet's `maxSurge`) never leaves a packet
+//! unmonitored, while any other stop (the DaemonSet deleted, a pod deleted) removes everything.
+
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+/// How long a taking-over agent waits for the running one to let go.
+pub const TAKE_OVER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The outcome of trying the lock.
+pub enum Lock {
+    /// Ours: held while the file is open.
+    Taken(File),
+    /// Held by another agent (its pid, as it wrote it).
+    Held(String),
+}
+
+fn lock_path(socket: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.lock", socket.display()))
+}
+
+/// Tries the single-instance lock `<api.socket>.lock` once.
+pub fn try_lock(socket: &Path) -> anyhow::Result<Lock> {
+    if let Some(dir) = socket.parent() {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    let path = lock_path(socket);
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a descriptor we own; it changes nothing but the lock.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            return Ok(Lock::Held(holder.trim().to_string()));
+        }
+        return Err(err).with_context(|| format!("locking {}", path.display()));
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    write!(file, "{}", std::process::id())?;
+    Ok(Lock::Taken(file))
+}
+
+/// Takes the lock; when another agent holds it, refuses, or with `take_over` has it hand over
+/// and waits (at most [`TAKE_OVER_TIMEOUT`]) until it has let go.
+pub async fn acquire(socket: &Path, take_over: bool) -> anyhow::Result<File> {
+    let holder = match try_lock(socket)? {
+        Lock::Taken(f) => return Ok(f),
+        Lock::Held(pid) => pid,
+    };
+    if !take_over {
+        anyhow::bail!(
+            "another mirror-agent (pid {holder}) runs with api.socket {}: refusing to start, nothing was \
+             changed (--take-over asks it to hand over)",
+            socket.display()
+        );
+    }
+    tracing::info!(pid = %holder, socket = %socket.display(), "another agent runs: asking it to hand over");
+    let client = crate::ctl::client::Client::new(socket);
+    let asked: anyhow::Result<serde_json::Value> =
+        client.call(hyper::Method::POST, "/v1/handover", None).await;
+    if let Err(e) = asked {
+        // It may have let go already (the reply is lost when it closes its socket at once).
+        tracing::debug!(error = format!("{e:#}"), "hand-over request");
+    }
+    let start = Instant::now();
+    loop {
+        if let Lock::Taken(f) = try_lock(socket)? {
+            tracing::info!(
+                pid = %holder,
+                waited_ms = start.elapsed().as_millis() as u64,
+                "the running agent handed over: adopting its data path"
+            );
+            return Ok(f);
+        }
+        if start.elapsed() > TAKE_OVER_TIMEOUT {
+            anyhow::bail!(
+                "the mirror-agent with pid {holder} did not hand over within {}s (api.socket {})",
+                TAKE_OVER_TIMEOUT.as_secs(),
+                socket.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
