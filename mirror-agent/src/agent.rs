@@ -357,6 +357,7 @@ impl MirrorView {
     /// Shows where copies go (nowhere: `None`).
     fn set_target(&mut self, target: Option<&Target>) {
         self.copies_to = target.map(|t| t.name.clone());
+        self.kind = target.and_then(|t| t.kind.clone());
         self.delivery = target.map(|t| {
             match t.delivery {
                 MirrorDelivery::Egress => "egress",

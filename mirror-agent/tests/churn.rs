@@ -188,7 +188,8 @@ fn churn(mode: &str) {
         before.3,
         after.3
     );
-    assert_eq!(after.0 .0, before.0 .0, "the agent's descriptors grew");
+    // Fewer is fine: one open at the first reading (a transient connection) may be gone.
+    assert!(after.0 .0 <= before.0 .0, "the agent's descriptors grew: {} -> {}", before.0 .0, after.0 .0);
     assert_eq!(
         (after.1, after.2, after.3),
         (before.1, before.2, before.3),

@@ -173,8 +173,10 @@ fn veths_are_mapped_to_their_pods() {
         pods(&env).iter().any(|p| p.interface == "vethlate" && p.label() == "late-0/batch")
     });
     assert!(found, "{:#?}", pods(&env));
-    let late_pod = find(&pods(&env), "vethlate").clone();
-    assert_eq!(late_pod.addresses, ["198.18.40.2"]);
+    // Its address is set after the veth's last link event: found on a later look.
+    let addressed =
+        wait_until(Duration::from_secs(8), || find(&pods(&env), "vethlate").addresses == ["198.18.40.2"]);
+    assert!(addressed, "{:#?}", find(&pods(&env), "vethlate"));
     // And when the veth goes, so does the pod.
     topo.node.sh("ip link del vethlate");
     let gone = wait_until(Duration::from_secs(3), || pods(&env).iter().all(|p| p.interface != "vethlate"));

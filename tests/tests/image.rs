@@ -151,14 +151,9 @@ fn the_image_installs_upgrades_and_uninstalls_as_the_daemonset_runs_it() {
     assert_eq!(st["mirror"]["kind"], "veth", "this kernel has no dummy type: {st}");
     assert!(first.logs().contains("no dummy link type, creating a veth pair"), "{}", first.logs());
 
-    // The probes of the manifest, on the node's address. /healthz and /readyz come with the
-    // metrics listener's health endpoints; until then /metrics answers for the agent.
+    // The probes of the manifest (/healthz, /readyz), on the node's address.
     for (kind, path, port) in m.probes("agent") {
-        let mut code = http_status(&topo, &node_ip, port, &path);
-        if code == 404 {
-            eprintln!("{kind} {path}: 404 from this agent; /metrics checked instead");
-            code = http_status(&topo, &node_ip, port, "/metrics");
-        }
+        let code = http_status(&topo, &node_ip, port, &path);
         assert_eq!(code, 200, "{kind} {path} on {node_ip}:{port}");
     }
 

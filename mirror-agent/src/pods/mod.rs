@@ -10,7 +10,7 @@
 //!
 //! One task writes the table: it resolves again when told that links changed (after each
 //! attach and detach), and every few seconds while a pod is known by a fallback name only (a
-//! container starts after its veth). Readers take a copy.
+//! container starts after its veth) or has no address yet. Readers take a copy.
 
 pub mod identity;
 pub mod netns;
@@ -29,7 +29,7 @@ use netns::{Namespace, Rtnl};
 
 /// Link events come in bursts: resolve once after the burst.
 const DEBOUNCE: Duration = Duration::from_millis(100);
-/// How often pods known by a fallback name only are looked at again.
+/// How often pods known by a fallback name only, or without an address, are looked at again.
 const RECHECK: Duration = Duration::from_secs(5);
 /// Processes looked at per namespace.
 const PIDS_PER_NETNS: usize = 256;
@@ -58,10 +58,12 @@ impl Pods {
         let pods = self.clone();
         tokio::spawn(async move {
             loop {
-                let fallback = pods
-                    .list()
-                    .iter()
-                    .any(|p| [Source::Interface.name(), Source::Netns.name()].contains(&p.source.as_str()));
+                // Also while a pod has no address yet: addresses are set after the veth's last
+                // link event (a CNI plugin configures the pod's side after plugging it).
+                let fallback = pods.list().iter().any(|p| {
+                    [Source::Interface.name(), Source::Netns.name()].contains(&p.source.as_str())
+                        || p.addresses.is_empty()
+                });
                 if fallback {
                     let _ = tokio::time::timeout(RECHECK, pods.wake.notified()).await;
                 } else {
