@@ -217,6 +217,7 @@ async fn serve(
     let ready = Readiness::default();
     let pods = Pods::new();
     pods.start(engine.clone());
+    events.name_pods(pods.clone());
     let listener = api::bind(&cfg.api.socket).await?;
     let handover = Arc::new(tokio::sync::Notify::new());
     let app = api::router(ApiState {

@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 
 use crate::api::types::EventView;
 use crate::config::Events as EventsCfg;
+use crate::pods::Pods;
 
 /// Where events go as JSON lines.
 pub enum Output {
@@ -103,6 +104,8 @@ pub struct EventLog {
     ring: Mutex<Ring>,
     output: Mutex<Option<Output>>,
     arrived: Notify,
+    /// Names the pod of each event, once the pods are known.
+    pods: Mutex<Option<Pods>>,
 }
 
 /// The most a follower waits for new events in one request (below the API's request timeout).
@@ -116,11 +119,22 @@ impl EventLog {
             ring: Mutex::new(Ring { next_seq: 1, events: VecDeque::new() }),
             output: Mutex::new(output),
             arrived: Notify::new(),
+            pods: Mutex::new(None),
         }
+    }
+
+    /// From now on each event names the pod behind its interface.
+    pub fn name_pods(&self, pods: Pods) {
+        *self.pods.lock().expect("event pods lock") = Some(pods);
     }
 
     /// Adds an event, numbering it; returns its sequence number.
     pub fn push(&self, mut ev: EventView) -> u64 {
+        if ev.pod.is_none() {
+            if let Some(pods) = self.pods.lock().expect("event pods lock").as_ref() {
+                ev.pod = pods.by_ifindex(ev.ifindex).map(|p| p.label());
+            }
+        }
         let seq = {
             let mut ring = self.ring.lock().expect("event ring lock");
             ev.seq = ring.next_seq;
@@ -180,6 +194,7 @@ mod tests {
             seq: 0,
             time: "2025-01-01T00:00:00.000Z".into(),
             interface: "vethserver".into(),
+            pod: None,
             ifindex: 3,
             hook: "ingress".into(),
             client_side: t.clone(),

@@ -98,6 +98,9 @@ fn captures_name_pods_directions_and_rules() {
     assert!(copies, "nothing mirrored");
     std::thread::sleep(Duration::from_millis(500));
     let mirrored = status(&env).counters["mirrored_packets"] - before;
+    // The trigger's event names the pod whose veth saw the 500.
+    let events: Vec<mirror_agent::api::types::EventView> = json(&env.ctl_ok(&["-o", "json", "events"]));
+    assert!(events.iter().any(|e| e.status == 500 && e.pod.as_deref() == Some("web-0/shop")), "{events:?}");
     let st = cap.stop(libc::SIGINT, Duration::from_secs(5));
     assert!(st.is_some_and(|s| s.success()), "mirrorctl capture: {st:?} {}", cap.output());
     assert!(

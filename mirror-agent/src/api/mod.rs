@@ -193,7 +193,8 @@ async fn status(State(s): State<ApiState>) -> ApiResult<StatusView> {
     Ok(Json(StatusView {
         version: env!("CARGO_PKG_VERSION").into(),
         attach_mode: info.attach_mode,
-        tcx_available: st.tcx_available.unwrap_or(false),
+        // Known from an attach in auto mode; else what the kernel offers.
+        tcx_available: st.tcx_available.unwrap_or_else(mirror_bpf::tcx_supported),
         adopted: st.adopted,
         interfaces: st.interfaces,
         // The data path's word on whether copies go anywhere; the sink's own ifindex.

@@ -301,6 +301,9 @@ pub struct EventView {
     pub interface: String,
     /// Its ifindex.
     pub ifindex: u32,
+    /// The pod behind that interface (`name/namespace`), when known.
+    #[serde(default)]
+    pub pod: Option<String>,
     /// ingress | egress of that interface.
     pub hook: String,
     /// The connection as the client sent it (before DNAT).

@@ -12,7 +12,7 @@ const FOLLOW_WAIT_S: u64 = 25;
 
 const HEADER: [&str; 9] = [
     "TIME",
-    "INTERFACE",
+    "POD / INTERFACE",
     "CLIENT -> SERVER",
     "SERVER SIDE (NAT)",
     "RULE",
@@ -30,7 +30,7 @@ fn row(e: &EventView) -> Vec<String> {
     };
     vec![
         e.time.clone(),
-        e.interface.clone(),
+        e.pod.clone().unwrap_or_else(|| e.interface.clone()),
         format!("{} -> {}", c.client, c.server),
         if e.nat { format!("{} -> {}", e.server_side.client, e.server_side.server) } else { "-".into() },
         e.rule_id.to_string(),
