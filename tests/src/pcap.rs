@@ -88,6 +88,22 @@ pub struct Trace {
     pub packets: Vec<Packet>,
     /// Frames that are not IPv4/IPv6 TCP.
     pub other: usize,
+    /// Of those, IPv6 multicast listener reports and neighbour solicitations sent from the
+    /// unspecified address (`::`): what a link with IPv6 on but no address sends on its own.
+    pub ipv6_own: usize,
+}
+
+/// An IPv6 frame from `::` carrying ICMPv6 (directly or after a hop-by-hop header): an MLD
+/// report or a DAD neighbour solicitation of a link that has no IPv6 address.
+fn ipv6_own(f: &[u8]) -> bool {
+    if f.len() < 54 || f[12..14] != [0x86, 0xdd] || f[22..38].iter().any(|&b| b != 0) {
+        return false;
+    }
+    match f[20] {
+        58 => true,
+        0 => f.len() > 55 && f[54] == 58,
+        _ => false,
+    }
 }
 
 /// Reads a pcap file of Ethernet frames.
@@ -124,7 +140,10 @@ pub fn read(path: &Path) -> Trace {
         let ts_ns = u64::from(u32_at(off)) * 1_000_000_000 + if nano { frac } else { frac * 1_000 };
         match parse_frame(&data[start..start + caplen], ts_ns) {
             Some(p) => trace.packets.push(p),
-            None => trace.other += 1,
+            None => {
+                trace.other += 1;
+                trace.ipv6_own += usize::from(ipv6_own(&data[start..start + caplen]));
+            }
         }
         off = start + caplen;
     }

@@ -202,7 +202,15 @@ fn the_image_installs_upgrades_and_uninstalls_as_the_daemonset_runs_it() {
     });
     let second = second.expect("the second agent");
     let expected = Expected::from_reference(&rec.reference, |status, _| status == 500);
-    expected.assert_mirror(&rec.mirror);
+    // In a container /proc/sys is read-only: the sink's IPv6 cannot be switched off, only its
+    // addresses (see the README, "Consuming the mirror"); a node that forwards IPv6 has it join
+    // the routers' group and report that. Those frames are the sink's own, not copies.
+    let mut mirror = rec.mirror.clone();
+    if mirror.ipv6_own > 0 {
+        eprintln!("the sink's own IPv6 frames (MLD, DAD) on its peer: {}", mirror.ipv6_own);
+        mirror.other -= mirror.ipv6_own;
+    }
+    expected.assert_mirror(&mirror);
     assert_eq!(expected.triggered.len(), 2, "{:?}", expected.triggered);
 
     // Uninstall: the DaemonSet deleted, its last pod stopped without a hand-over.
