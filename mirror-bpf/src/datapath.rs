@@ -43,6 +43,10 @@ pub struct DatapathOptions {
     /// Expedited RCU grace periods around each TCX link created or removed (see
     /// [`crate::rcu`]), recorded in this marker file while on; `None`: normal grace periods.
     pub expedite_rcu: Option<PathBuf>,
+    /// Slots for the latest request of flows a rule could trigger on, replayed to the mirror
+    /// ahead of their trigger (a power of two; [`crate::replay::SLOT_BYTES`] each; 0: none
+    /// kept). A flow keeps its slot until as many flows started requests after it.
+    pub replay_slots: u32,
 }
 
 impl Default for DatapathOptions {
@@ -54,6 +58,7 @@ impl Default for DatapathOptions {
             pin_path: None,
             only: None,
             expedite_rcu: None,
+            replay_slots: 4096,
         }
     }
 }
@@ -69,6 +74,10 @@ pub struct Datapath<'obj> {
     only: Option<(AttachMode, MirrorMethod)>,
     /// Marker of expedited grace periods around TCX link changes, if asked for.
     expedite_rcu: Option<PathBuf>,
+    /// Whether flows keep their latest request for a replay (slots exist and it is wanted).
+    replay: bool,
+    /// Whether the request_replay map has slots.
+    replay_slots: bool,
 }
 
 /// libbpf's own messages go to `tracing` (target "libbpf") at debug level instead of stderr:
@@ -101,6 +110,14 @@ impl<'obj> Datapath<'obj> {
             p.tc_egress_mirror.set_autoload(!tcx && clone);
             p.tc_ingress_mirred.set_autoload(!tcx && mirred);
             p.tc_egress_mirred.set_autoload(!tcx && mirred);
+            p.tcx_replay.set_autoload(tcx);
+            p.tc_replay.set_autoload(!tcx);
+        }
+        if opts.replay_slots != 0 && !opts.replay_slots.is_power_of_two() {
+            return Err(Error::Unsupported(format!(
+                "replay slots must be a power of two (or 0), not {}",
+                opts.replay_slots
+            )));
         }
         let maps = &mut open.maps;
         maps.flow_table.set_max_entries(opts.flows_max).context(|| "sizing flow_table".into())?;
@@ -108,6 +125,12 @@ impl<'obj> Datapath<'obj> {
         maps.flow_nat.set_max_entries(opts.flows_max).context(|| "sizing flow_nat".into())?;
         maps.mirror_marks.set_max_entries(opts.marks_max).context(|| "sizing mirror_marks".into())?;
         maps.events.set_max_entries(opts.ringbuf_bytes).context(|| "sizing events".into())?;
+        maps.request_replay
+            .set_max_entries(opts.replay_slots.max(1))
+            .context(|| "sizing request_replay".into())?;
+        if let Some(data) = open.maps.data_data.as_deref_mut() {
+            data.replay_mask = opts.replay_slots.max(1) - 1;
+        }
         // A fresh epoch: flow entries adopted from an earlier instance look their mark up again.
         if let Some(data) = open.maps.data_data.as_deref_mut() {
             data.mark_epoch = (flow::monotonic_ns() as u32) | 1;
@@ -140,7 +163,10 @@ impl<'obj> Datapath<'obj> {
             adopted,
             only,
             expedite_rcu: opts.expedite_rcu.clone(),
+            replay: opts.replay_slots != 0,
+            replay_slots: opts.replay_slots != 0,
         };
+        dp.sync_replay()?;
         if !adopted {
             // Response and handshake times are on by default; adopted settings are kept.
             settings::update(&dp.skel.maps.settings, |s| {
@@ -304,12 +330,14 @@ impl<'obj> Datapath<'obj> {
 
     /// Adds a rule with a given id (to restore saved rules).
     pub fn insert_rule(&mut self, id: RuleId, rule: Rule) -> Result<()> {
-        self.rules.add(&self.skel.maps, id, None, rule, true)
+        self.rules.add(&self.skel.maps, id, None, rule, true)?;
+        self.sync_replay()
     }
 
     /// Adds a saved rule with its id and hit-counter slot, keeping its hit count.
     pub fn restore_rule(&mut self, id: RuleId, slot: u32, rule: Rule) -> Result<()> {
-        self.rules.add(&self.skel.maps, id, Some(slot), rule, false)
+        self.rules.add(&self.skel.maps, id, Some(slot), rule, false)?;
+        self.sync_replay()
     }
 
     /// The hit-counter slot of a rule (saved with it, for [`Datapath::restore_rule`]).
@@ -325,7 +353,47 @@ impl<'obj> Datapath<'obj> {
 
     /// Removes a rule. Flows it already marked stay mirrored until their limits.
     pub fn remove_rule(&mut self, id: RuleId) -> Result<Rule> {
-        self.rules.remove(&self.skel.maps, id)
+        let rule = self.rules.remove(&self.skel.maps, id)?;
+        self.sync_replay()?;
+        Ok(rule)
+    }
+
+    // The request behind a trigger (see crate::replay).
+
+    /// Whether flows a rule could trigger on keep their latest request, for events and
+    /// replays (on by default when the map has slots).
+    pub fn set_replay(&mut self, on: bool) -> Result<()> {
+        if on && !self.replay_slots {
+            return Err(Error::Unsupported("loaded without replay slots".into()));
+        }
+        self.replay = on;
+        self.sync_replay()
+    }
+
+    /// Tells the classifier which flows keep their latest request, after a change of rules.
+    fn sync_replay(&self) -> Result<()> {
+        let rules = self.rules.slots();
+        let mode = crate::replay::keep_mode(self.replay, rules.iter().map(|(_, _, r)| r));
+        settings::update(&self.skel.maps.settings, |s| s.replay_keep = mode)
+    }
+
+    /// Attaches the replay program to the egress of the mirror interface `ifindex` (TCX where
+    /// the kernel has it) and sends replays through it: the request behind each trigger reaches
+    /// the mirror interface ahead of the response, marked by [`crate::replay::REPLAY_MAC`].
+    pub fn attach_replay(&self, ifindex: u32) -> Result<crate::replay::ReplayHook> {
+        let tcx = match self.only {
+            Some((mode, _)) => mode == AttachMode::Tcx,
+            None => crate::attach::tcx_supported(),
+        };
+        let hook = crate::replay::attach(&self.skel, self.pin_path.as_deref(), ifindex, tcx)?;
+        settings::update(&self.skel.maps.settings, |s| s.replay_ifindex = ifindex)?;
+        Ok(hook)
+    }
+
+    /// Stops replays and detaches the replay program.
+    pub fn detach_replay(&self, hook: crate::replay::ReplayHook) -> Result<()> {
+        settings::update(&self.skel.maps.settings, |s| s.replay_ifindex = 0)?;
+        crate::replay::detach(&self.skel, hook)
     }
 
     /// The rules, by id, with their hit counts.

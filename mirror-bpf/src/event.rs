@@ -6,6 +6,7 @@ use libbpf_rs::{MapMut, RingBuffer, RingBufferBuilder};
 
 use crate::error::{Context, Result};
 use crate::flow::FlowKey;
+use crate::replay::ReplayedRequest;
 use crate::shared::{read_plain, types};
 
 /// One trigger: a response matched a rule and its flow is now mirrored.
@@ -34,6 +35,9 @@ pub struct TriggerEvent {
     pub target: Option<String>,
     /// From the request's first segment to the status line.
     pub request_to_response: Option<Duration>,
+    /// The segment of the flow's latest request, kept before the trigger (and replayed to the
+    /// mirror ahead of the response when the replay program is attached).
+    pub request: Option<ReplayedRequest>,
 }
 
 /// Longest target prefix reported.
@@ -61,6 +65,11 @@ impl TriggerEvent {
             target,
             request_to_response: (ev.request_to_response_ns != 0)
                 .then(|| Duration::from_nanos(ev.request_to_response_ns)),
+            request: (ev.replay_len != 0).then(|| ReplayedRequest {
+                ts_ns: ev.replay_ts_ns,
+                wire_len: ev.replay_wire_len,
+                frame: ev.replay[..(ev.replay_len as usize).min(ev.replay.len())].to_vec(),
+            }),
         })
     }
 }

@@ -17,6 +17,7 @@ pub mod latency;
 mod netlink;
 pub mod probes;
 pub mod rcu;
+pub mod replay;
 pub mod rule;
 mod rule_maps;
 mod ruleset;
@@ -37,6 +38,7 @@ pub use latency::{HistKind, Histogram};
 /// The ring buffer of trigger events returned by [`Datapath::events`].
 pub use libbpf_rs::RingBuffer as EventRing;
 pub use probes::{NetCpuTime, TraceGroup, Tracing};
+pub use replay::{ReplayHook, ReplayedRequest};
 pub use rule::{Limits, Rule, RuleError, RuleId, StatusMatch};
 pub use rule_maps::RuleInfo;
 pub use settings::TimingGroup;

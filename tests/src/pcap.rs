@@ -5,6 +5,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 
+use mirror_bpf::replay::REPLAY_MAC;
 use mirror_bpf::FlowKey;
 
 /// One captured TCP segment.
@@ -91,6 +92,18 @@ pub struct Trace {
     /// Of those, IPv6 multicast listener reports and neighbour solicitations sent from the
     /// unspecified address (`::`): what a link with IPv6 on but no address sends on its own.
     pub ipv6_own: usize,
+    /// Requests replayed ahead of their trigger (Ethernet source [`REPLAY_MAC`]): not in
+    /// `packets`, which holds copies only.
+    pub replayed: Vec<Replayed>,
+}
+
+/// A replayed request on the mirror.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replayed {
+    /// Copies (of `packets`) received before it.
+    pub after_copies: usize,
+    /// The request's segment.
+    pub packet: Packet,
 }
 
 /// An IPv6 frame from `::` carrying ICMPv6 (directly or after a hop-by-hop header): an MLD
@@ -138,7 +151,11 @@ pub fn read(path: &Path) -> Trace {
         }
         let frac = u64::from(u32_at(off + 4));
         let ts_ns = u64::from(u32_at(off)) * 1_000_000_000 + if nano { frac } else { frac * 1_000 };
-        match parse_frame(&data[start..start + caplen], ts_ns) {
+        let frame = &data[start..start + caplen];
+        match parse_frame(frame, ts_ns) {
+            Some(packet) if frame.get(6..12) == Some(&REPLAY_MAC[..]) => {
+                trace.replayed.push(Replayed { after_copies: trace.packets.len(), packet })
+            }
             Some(p) => trace.packets.push(p),
             None => {
                 trace.other += 1;

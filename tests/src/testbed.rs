@@ -11,7 +11,7 @@ use mirror_bpf::testing::{self, ifindex};
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{
     AttachMode, Attachment, Counters, Datapath, DatapathOptions, HistKind, Histogram, MirrorDelivery,
-    MirrorMethod, RuleId, TriggerEvent,
+    MirrorMethod, ReplayHook, RuleId, TriggerEvent,
 };
 use tempfile::TempDir;
 
@@ -40,6 +40,7 @@ impl Events {
 pub struct Testbed {
     servers: Vec<Server>,
     attachments: Vec<Attachment>,
+    replay: Option<ReplayHook>,
     /// The classifier.
     pub dp: Datapath<'static>,
     _inside: Entered,
@@ -60,6 +61,7 @@ impl Testbed {
         Testbed {
             servers: Vec::new(),
             attachments: Vec::new(),
+            replay: None,
             dp,
             _inside: inside,
             topo,
@@ -93,6 +95,13 @@ impl Testbed {
             MirrorDelivery::Ingress => MIRROR_SINK,
         };
         self.dp.set_mirror_target(ifindex(target), delivery).expect("setting the mirror interface");
+    }
+
+    /// Attaches the replay program to the mirror sink: the request behind each trigger reaches
+    /// the mirror ahead of the response (recorded in [`crate::pcap::Trace::replayed`]).
+    pub fn replay_to_sink(&mut self) {
+        let hook = self.dp.attach_replay(ifindex(MIRROR_DEV)).expect("attaching the replay program");
+        self.replay = Some(hook);
     }
 
     /// Adds a rule.

@@ -24,6 +24,7 @@
 #include "include/timing.h"
 #include "include/mirror.h"
 #include "include/http.h"
+#include "include/replay.h"
 #include "include/ifaces.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -58,6 +59,8 @@ enum stat_idx _stat_idx = 0;
 enum http_stream_state _http_stream_state = 0;
 enum http_dir_kind _http_dir_kind = 0;
 struct flow_nat _flow_nat = {};
+struct replay_slot _replay_slot = {};
+enum replay_keep _replay_keep = 0;
 
 /*
  * classify - everything the classifier does for one packet. A global function: verified once
@@ -163,4 +166,20 @@ SEC("tc")
 int tc_egress_mirred(struct __sk_buff *skb)
 {
     return classify(skb, HOOK_EGRESS, MIRROR_MIRRED) ? CLS_MATCH : CLS_NO_MATCH;
+}
+
+/*
+ * The replay program, on the mirror interface's egress: turns the clone the classifier sends
+ * it at a trigger into the request kept before it (replay.h); copies pass untouched.
+ */
+SEC("tc")
+int tc_replay(struct __sk_buff *skb)
+{
+    return replay_reshape(skb);
+}
+
+SEC("tcx/egress")
+int tcx_replay(struct __sk_buff *skb)
+{
+    return replay_reshape(skb);
 }

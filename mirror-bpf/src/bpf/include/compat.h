@@ -9,6 +9,8 @@
 /* tc verdicts (uapi/linux/pkt_cls.h). TC_ACT_UNSPEC lets later filters run: we never end the chain. */
 #define TC_ACT_UNSPEC (-1)
 #define TC_ACT_OK 0
+#define TC_ACT_SHOT 2
+#define TC_ACT_REDIRECT 7
 
 /* Classic (non direct-action) cls_bpf: 0 means "no match", -1 "match with the default classid". */
 #define CLS_NO_MATCH 0

@@ -21,6 +21,7 @@
 #include "parse.h"
 #include "timing.h"
 #include "mirror.h"
+#include "replay.h"
 
 /* Bytes read to classify the start of a message; the shortest status line "HTTP/1.1 200" has 12. */
 #define HTTP_PEEK_LEN 16
@@ -433,8 +434,10 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
     int chunked = f->chunked, close = 0;
     if (kind == HTTP_REQUEST) {
         cnt->v[STAT_HTTP_REQUESTS]++;
-        if (t)
+        if (t) {
             timing_request(t, s, avail, m->now);
+            replay_keep(skb, m, t);
+        }
     } else {
         cnt->v[STAT_HTTP_RESPONSES]++;
         __u64 took = 0;

@@ -174,6 +174,31 @@ struct {
 volatile __u32 mark_epoch SEC(".data") = 1;
 
 /*
+ * How bpf_clone_redirect hands a copy to the mirror interface: 0, transmitted by it (a capture
+ * on it sees it going out, one on its veth peer sees it coming in); BPF_F_INGRESS, received by
+ * it as if from the wire (no transmit path, no veth crossing: a capture on it sees it coming
+ * in). Set by user space through the mmapped .data, before the interface in settings.
+ */
+volatile __u32 mirror_clone_flags SEC(".data") = 0;
+
+/*
+ * Key: slot. Value: struct replay_slot, the segment of a flow's latest request (replay.h).
+ * Sized at load (a power of two); slots are handed out in turn, so a flow keeps its slot until
+ * as many flows started requests after it.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 4096);
+    __type(key, __u32);
+    __type(value, struct replay_slot);
+} request_replay SEC(".maps");
+
+/* request_replay's size - 1, set by user space at load. */
+volatile __u32 replay_mask SEC(".data") = 4095;
+/* The next request_replay slot to hand out. */
+volatile __u32 replay_next SEC(".data") = 0;
+
+/*
  * Switched by user space through the mmapped .data: whether the classifier stamps packets for
  * the kernel stack latency (a plain load per packet, no map lookup).
  */

@@ -12,6 +12,7 @@
 #include "parse.h"
 #include "nat.h"
 #include "budget.h"
+#include "replay.h"
 
 /* rule_pick - the rule of @e that matches a response that took @took ns (0: unknown). */
 static __always_inline struct rule_action *rule_pick(struct rule_entry *e, __u64 took)
@@ -100,14 +101,6 @@ end:
 }
 
 /*
- * How bpf_clone_redirect hands a copy to the mirror interface: 0, transmitted by it (a capture
- * on it sees it going out, one on its veth peer sees it coming in); BPF_F_INGRESS, received by
- * it as if from the wire (no transmit path, no veth crossing: a capture on it sees it coming
- * in). Set by user space through the mmapped .data, before the interface in settings.
- */
-volatile __u32 mirror_clone_flags SEC(".data") = 0;
-
-/*
  * mirror_copy - copy the packet to the mirror interface.
  * With MIRROR_MIRRED the classic filter's act_mirred copies (on the program's match): we
  * only count.
@@ -144,7 +137,7 @@ static __always_inline void emit_trigger(struct __sk_buff *skb, const struct pkt
                                          const struct rule_action *ra,
                                          const struct trigger_info *ti,
                                          const struct http_request *req, const struct flow_key *peer,
-                                         struct counters *cnt)
+                                         const struct replay_slot *r, struct counters *cnt)
 {
     struct trigger_event *ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
 
@@ -170,6 +163,15 @@ static __always_inline void emit_trigger(struct __sk_buff *skb, const struct pkt
         __builtin_memcpy(ev->request_head, req->head, HTTP_REQUEST_HEAD_LEN);
     } else {
         __builtin_memset(ev->request_head, 0, HTTP_REQUEST_HEAD_LEN);
+    }
+    ev->replay_ts_ns = 0;
+    ev->replay_wire_len = 0;
+    ev->replay_len = 0;
+    if (r) {
+        ev->replay_ts_ns = r->ts_ns;
+        ev->replay_wire_len = r->wire_len;
+        ev->replay_len = r->len;
+        __builtin_memcpy(ev->replay, r->frame, REPLAY_FRAME_MAX);
     }
     bpf_ringbuf_submit(ev, 0);
 }
@@ -226,7 +228,9 @@ __noinline int mirror_trigger(struct __sk_buff *skb, struct pkt_meta *m, struct 
     if (hits)
         (*hits)++;
     cnt->v[STAT_TRIGGERS]++;
-    emit_trigger(skb, m, ra, ti, &s->req, nat ? peer : NULL, cnt);
+    /* The request before the trigger goes to the mirror now, ahead of this response. */
+    struct replay_slot *r = replay_trigger(skb, s, t, &m->key, cnt);
+    emit_trigger(skb, m, ra, ti, &s->req, nat ? peer : NULL, r, cnt);
     return 1;
 }
 

@@ -34,6 +34,9 @@ enum mirror_limits {
     HIST_BUCKETS = 256,
     /* iface_cache slots (a power of two), indexed by ifindex. */
     IFACE_CACHE_SLOTS = 1024,
+    /* Bytes of a request's segment kept for its replay, from the frame's start: the headers
+     * (up to 128 bytes) and 512 bytes of the request. */
+    REPLAY_FRAME_MAX = 640,
 };
 
 /* What a latency histogram measures. */
@@ -96,6 +99,10 @@ enum stat_idx {
     STAT_CT_LOOKUPS,          /* conntrack lookups (new flows, and responses or triggers whose
                                * other tuple was not known yet) */
     STAT_NAT_FLOWS,           /* connections found translated by conntrack: one flow, two tuples */
+    STAT_REPLAY_KEPT,         /* request segments kept for a replay */
+    STAT_REPLAYED,            /* requests replayed to the mirror ahead of their trigger */
+    STAT_REPLAY_MISSED,       /* triggers whose request was not kept (or its slot reused) */
+    STAT_REPLAY_FAILED,       /* replays that could not be made (the copy could not be reshaped) */
     STAT_MAX,
 };
 
@@ -254,7 +261,8 @@ struct flow_timing {
     __u8 nat_checked; /* conntrack was asked whether this connection is translated */
     __u8 deep;        /* more requests were pending at once than req holds: every response
                        * is framed (see HTTP_ANSWERED) */
-    __u8 _pad[5];
+    __u8 _pad;
+    __u32 replay;     /* request_replay slot + 1 holding its latest request (0: none) */
     struct http_stream stream[FLOW_DIRS];
     struct http_request req[HTTP_PIPELINE];
 };
@@ -333,6 +341,21 @@ struct http_scratch {
     struct http_pos pos;             /* where the HTTP stage stands in the segment */
     struct pkt_meta meta;            /* the packet (classify: its frame is on the deepest call
                                       * chain, and nothing reads it after the copy is made) */
+    __u32 replay_arm;                /* request_replay slot + 1 to replay: set around the clone
+                                      * sent to the replay program (replay.h), on this CPU */
+    __u32 _pad;
+};
+
+/*
+ * The segment that carried the latest request of a flow (request_replay map), kept so that
+ * the request behind a trigger reaches the mirror ahead of the response (replay.h).
+ */
+struct replay_slot {
+    struct flow_key key; /* the flow that owns the slot */
+    __u64 ts_ns;         /* when the request passed */
+    __u32 wire_len;      /* the segment's length (more than len: kept truncated) */
+    __u32 len;           /* bytes kept in frame */
+    __u8 frame[REPLAY_FRAME_MAX]; /* from the Ethernet header on */
 };
 
 /* When a packet entered the node and reached the classifier (kernel stack latency). */
@@ -378,6 +401,10 @@ struct trigger_event {
     __u8 dir;       /* enum flow_dir of the response */
     __u32 request_head_len;
     __u8 request_head[HTTP_REQUEST_HEAD_LEN];
+    __u64 replay_ts_ns;  /* when the replayed request passed (0: none kept) */
+    __u32 replay_wire_len; /* its segment's length */
+    __u32 replay_len;    /* bytes of it in replay (0: none kept) */
+    __u8 replay[REPLAY_FRAME_MAX]; /* the request's segment, from the Ethernet header on */
 };
 
 /* Timing groups, switched at run time (bits of settings.timing). */
@@ -390,6 +417,15 @@ enum timing_group {
 struct settings {
     __u32 mirror_ifindex; /* 0 = no mirror interface: marked packets are counted, not copied */
     __u32 timing;         /* enum timing_group bits that are on */
+    __u32 replay_keep;    /* enum replay_keep: which flows keep their latest request */
+    __u32 replay_ifindex; /* where the replay program runs (the sink's egress; 0: no replays) */
+};
+
+/* Which flows keep the segment of their latest request for a replay (settings.replay_keep). */
+enum replay_keep {
+    REPLAY_OFF = 0,   /* none */
+    REPLAY_ALL = 1,   /* every flow: a rule for any server port exists */
+    REPLAY_PORTS = 2, /* flows to a server port that has rules of its own */
 };
 
 /* Per-CPU counters (one entry in the stats map). */

@@ -1,0 +1,198 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * This file contains the request behind a trigger. The segment that carried each flow's latest
+ * request is kept (its first REPLAY_FRAME_MAX bytes, in the flow's request_replay slot) for the
+ * flows a rule could trigger on. When a response of the flow triggers, that segment reaches the
+ * mirror ahead of the response: the classifier sends one more clone of the response to the
+ * replay program on the sink's egress, which reshapes it into the kept segment (its Ethernet
+ * source set to REPLAY_MAC, so a reader can tell it from a copy) and hands it on the way copies
+ * go. Both run on this CPU in one call chain, before the response's own copy is made: readers
+ * see the request first. The production packet is only read (cloned), never changed.
+ */
+#ifndef MIRROR_REPLAY_H
+#define MIRROR_REPLAY_H
+
+#include "maps.h"
+#include "parse.h"
+#include "nat.h"
+
+/* Ethernet source of a replayed request: 02:72:65:70:6c:79, locally administered ("\2reply"). */
+#define REPLAY_MAC_0 0x02
+#define REPLAY_MAC_1 0x72
+#define REPLAY_MAC_2 0x65
+#define REPLAY_MAC_3 0x70
+#define REPLAY_MAC_4 0x6c
+#define REPLAY_MAC_5 0x79
+
+/* replay_wanted - does a rule cover @m's server port (its destination, @m being a request)? */
+static __always_inline int replay_wanted(const struct settings *set, const struct pkt_meta *m)
+{
+    if (set->replay_keep == REPLAY_ALL)
+        return 1;
+    if (set->replay_keep != REPLAY_PORTS)
+        return 0;
+    __u32 word = m->dst_port / 64;
+    __u64 *bits = bpf_map_lookup_elem(&port_rule_bits, &word);
+    return bits && (*bits & (1ULL << (m->dst_port % 64)));
+}
+
+/* replay_slot_of - the slot of @t holding @key's latest request, or NULL. */
+static __always_inline struct replay_slot *replay_slot_of(const struct flow_timing *t,
+                                                          const struct flow_key *key)
+{
+    if (!t || !t->replay)
+        return NULL;
+    __u32 idx = t->replay - 1;
+    struct replay_slot *r = bpf_map_lookup_elem(&request_replay, &idx);
+    return r && flow_key_eq(&r->key, key) ? r : NULL;
+}
+
+/*
+ * replay_keep - a request starts in @m's segment: keep the segment (from its Ethernet header,
+ * up to REPLAY_FRAME_MAX bytes) in the flow's slot, taking the next slot when the flow has none
+ * (or lost it to a newer flow). A global function: verified once.
+ */
+__noinline int replay_keep(struct __sk_buff *skb, struct pkt_meta *m, struct flow_timing *t)
+{
+    __u32 zero = 0;
+    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
+    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+
+    if (!skb || !m || !t || !set || !cnt || !replay_wanted(set, m))
+        return 0;
+    struct replay_slot *r = replay_slot_of(t, &m->key);
+    if (!r) {
+        __u32 idx = __sync_fetch_and_add(&replay_next, 1) & replay_mask;
+        r = bpf_map_lookup_elem(&request_replay, &idx);
+        if (!r)
+            return 0;
+        t->replay = idx + 1;
+        r->key = m->key;
+    }
+    __u64 len = skb->len < REPLAY_FRAME_MAX ? skb->len : REPLAY_FRAME_MAX;
+    /* A no-op the compiler cannot drop: it bounds the register for the verifier. */
+    asm volatile("%0 &= 0x3ff" : "+r"(len));
+    if (len < 1 || len > REPLAY_FRAME_MAX || bpf_skb_load_bytes(skb, 0, r->frame, len)) {
+        r->len = 0;
+        return 0;
+    }
+    r->len = len;
+    r->wire_len = skb->len;
+    r->ts_ns = m->now;
+    cnt->v[STAT_REPLAY_KEPT]++;
+    return 0;
+}
+
+/*
+ * replay_trigger - the flow of @key was just marked by a response (the production packet,
+ * @skb): send its kept request to the mirror ahead of it, through the replay program (one
+ * clone of @skb, which the program reshapes). Triggers only: a clone is paid once per mark.
+ * @t: the flow's shared entry (may be NULL).
+ * @return the flow's slot (for the event), NULL when no request was kept.
+ */
+static __always_inline struct replay_slot *replay_trigger(struct __sk_buff *skb,
+                                                          struct http_scratch *s,
+                                                          struct flow_timing *t,
+                                                          const struct flow_key *key,
+                                                          struct counters *cnt)
+{
+    __u32 zero = 0;
+    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
+
+    if (!set || set->replay_keep == REPLAY_OFF)
+        return NULL;
+    struct replay_slot *r = replay_slot_of(t, key);
+    if (!r || !r->len) {
+        cnt->v[STAT_REPLAY_MISSED]++;
+        return NULL;
+    }
+    if (!set->replay_ifindex || !set->mirror_ifindex)
+        return r;
+    s->replay_arm = t->replay;
+    if (bpf_clone_redirect(skb, set->replay_ifindex, 0))
+        cnt->v[STAT_REPLAY_FAILED]++;
+    /* Still armed: no replay program ran (the clone went out unchanged). */
+    else if (s->replay_arm)
+        cnt->v[STAT_REPLAY_FAILED]++;
+    s->replay_arm = 0;
+    return r;
+}
+
+/*
+ * replay_fix_length - the kept segment was cut at @len bytes: make its IP header say so (the
+ * TCP checksum is left as it was; see the README on checksums of copies).
+ * @return 0 on success.
+ */
+static __always_inline int replay_fix_length(struct __sk_buff *skb, const struct replay_slot *r,
+                                             __u32 len)
+{
+    __u32 l3 = 14;
+    __u16 proto = (__u16)r->frame[12] << 8 | r->frame[13];
+
+    if (proto == ETH_P_8021Q || proto == ETH_P_8021AD) {
+        proto = (__u16)r->frame[16] << 8 | r->frame[17];
+        l3 = 18;
+        if (proto == ETH_P_8021Q || proto == ETH_P_8021AD) {
+            proto = (__u16)r->frame[20] << 8 | r->frame[21];
+            l3 = 22;
+        }
+    }
+    if (proto == ETH_P_IP) {
+        __u16 old = (__u16)r->frame[l3 + 2] | (__u16)r->frame[l3 + 3] << 8;
+        __u16 now = bpf_htons(len - l3);
+        if (bpf_skb_store_bytes(skb, l3 + 2, &now, 2, 0))
+            return -1;
+        return bpf_l3_csum_replace(skb, l3 + 10, old, now, 2);
+    }
+    if (proto == ETH_P_IPV6) {
+        __u16 now = bpf_htons(len - l3 - 40);
+        return bpf_skb_store_bytes(skb, l3 + 4, &now, 2, 0);
+    }
+    return -1;
+}
+
+/*
+ * replay_reshape - the replay program, on the sink's egress: a clone sent by replay_send
+ * becomes the kept request and goes on to the mirror the way copies go; any other packet
+ * (a copy passing) goes on untouched. A global function: verified once.
+ * @return a tc verdict: TC_ACT_UNSPEC (go on), TC_ACT_REDIRECT, or TC_ACT_SHOT for a replay
+ * that could not be made (the clone is ours: nothing of production is dropped).
+ */
+__noinline int replay_reshape(struct __sk_buff *skb)
+{
+    __u32 zero = 0;
+    struct http_scratch *s = bpf_map_lookup_elem(&http_scratch, &zero);
+    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
+
+    if (!skb || !s || !cnt || !set || !s->replay_arm)
+        return TC_ACT_UNSPEC;
+    __u32 idx = s->replay_arm - 1;
+    s->replay_arm = 0;
+    struct replay_slot *r = bpf_map_lookup_elem(&request_replay, &idx);
+    if (!r)
+        goto fail;
+    __u64 len = r->len;
+    asm volatile("%0 &= 0x3ff" : "+r"(len));
+    if (len < 54 || len > REPLAY_FRAME_MAX)
+        goto fail;
+    if (bpf_skb_change_tail(skb, len, 0) || bpf_skb_store_bytes(skb, 0, r->frame, len, 0))
+        goto fail;
+    __u8 mac[6] = {REPLAY_MAC_0, REPLAY_MAC_1, REPLAY_MAC_2,
+                   REPLAY_MAC_3, REPLAY_MAC_4, REPLAY_MAC_5};
+    if (bpf_skb_store_bytes(skb, 6, mac, sizeof(mac), 0))
+        goto fail;
+    if (r->wire_len > len && replay_fix_length(skb, r, len))
+        goto fail;
+    cnt->v[STAT_REPLAYED]++;
+    __u32 flags = mirror_clone_flags & BPF_F_INGRESS;
+    /* Copies are transmitted by this interface: so is the replay, from here. */
+    if (set->mirror_ifindex == skb->ifindex && !flags)
+        return TC_ACT_UNSPEC;
+    return bpf_redirect(set->mirror_ifindex, flags);
+fail:
+    cnt->v[STAT_REPLAY_FAILED]++;
+    return TC_ACT_SHOT;
+}
+
+#endif /* MIRROR_REPLAY_H */
