@@ -87,6 +87,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
                 pin_path: Some(cfg.bpf.pin_path.clone()),
                 only: Some((cfg.attach.mode.into(), cfg.mirror.method.into())),
                 expedite_rcu: cfg.attach.expedite_rcu.then_some(rcu_marker),
+                replay_slots: cfg.mirror.replay_requests,
                 ..Default::default()
             },
             mode: cfg.attach.mode.into(),
@@ -377,7 +378,7 @@ async fn point_at_sink(engine: &Engine, sink: &Sink, ifindex: Option<u32>) -> an
         None => None,
     };
     let (i, delivery) = target.as_ref().map_or((0, MirrorDelivery::Egress), |t| (t.ifindex, t.delivery));
-    engine.set_mirror(i, delivery).await?;
+    engine.set_mirror(i, delivery, ifindex.unwrap_or(0)).await?;
     if let Some(t) = &target {
         tracing::info!(
             interface = sink.name(),

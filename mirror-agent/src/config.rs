@@ -177,6 +177,9 @@ pub struct Mirror {
     pub tunnel: Tunnel,
     /// The node-wide ceiling on copies.
     pub budget: Budget,
+    /// Flows whose latest request is kept, to replay it to the sink ahead of the response that
+    /// triggers (a power of two; 0: off).
+    pub replay_requests: u32,
 }
 
 impl Default for Mirror {
@@ -189,9 +192,14 @@ impl Default for Mirror {
             mtu: 65535,
             tunnel: Tunnel::default(),
             budget: Budget::default(),
+            replay_requests: 4096,
         }
     }
 }
+
+/// The most flows `mirror.replay_requests` can keep a request of (each slot takes
+/// `mirror_bpf::replay::SLOT_BYTES`, 696 bytes: 44 MiB at this size).
+pub const REPLAY_REQUESTS_MAX: u32 = 65_536;
 
 /// `api:` section.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -603,6 +611,13 @@ impl Config {
                 ));
             }
         }
+        let replay = self.mirror.replay_requests;
+        if replay != 0 && (!replay.is_power_of_two() || !(64..=REPLAY_REQUESTS_MAX).contains(&replay)) {
+            return Err(err(
+                "mirror.replay_requests",
+                format!("{replay}: 0 (off) or a power of two from 64 to {REPLAY_REQUESTS_MAX}"),
+            ));
+        }
         if self.latency.stack_sample == 0 {
             return Err(err("latency.stack_sample", "must be at least 1 (1: every packet)"));
         }
@@ -821,6 +836,8 @@ mod tests {
             ("flows:\n  marks_max: 4294967295\n", "flows.marks_max", "the most entries the kernel gives"),
             ("flows:\n  max: 268435457\n", "flows.max", "268435456"),
             ("mirror:\n  interface: \"..\"\n", "mirror.interface", "not a link name"),
+            ("mirror:\n  replay_requests: 1000\n", "mirror.replay_requests", "a power of two"),
+            ("mirror:\n  replay_requests: 1048576\n", "mirror.replay_requests", "65536"),
             ("mirror:\n  interface: \"m\\t0\"\n", "mirror.interface", "not a link name"),
             (
                 "rules: [\"status=500\", \"status=5xx\", \"status=500 packets=10k\"]\n",

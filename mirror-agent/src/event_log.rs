@@ -206,6 +206,7 @@ mod tests {
             method: Some("GET".into()),
             target: Some("/bar".into()),
             response_ms: Some(1.5),
+            request: None,
         }
     }
 

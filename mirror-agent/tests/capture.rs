@@ -101,10 +101,15 @@ fn captures_name_pods_directions_and_rules() {
     // The trigger's event names the pod whose veth saw the 500.
     let events: Vec<mirror_agent::api::types::EventView> = json(&env.ctl_ok(&["-o", "json", "events"]));
     assert!(events.iter().any(|e| e.status == 500 && e.pod.as_deref() == Some("web-0/shop")), "{events:?}");
+    // It carries the request behind the 500, replayed to the sink.
+    let request = events.iter().find_map(|e| e.request.as_ref()).expect("the event carries the request");
+    assert!(request.text.starts_with("GET /fail?bytes=") && request.replayed && !request.cut, "{request:?}");
+    assert!(request.before_ms > 0.0, "{request:?}");
     let st = cap.stop(libc::SIGINT, Duration::from_secs(5));
     assert!(st.is_some_and(|s| s.success()), "mirrorctl capture: {st:?} {}", cap.output());
     assert!(
-        cap.output().contains(&format!("{mirrored} packets written")),
+        cap.output().contains(&format!("{} packets written", mirrored + 1))
+            && cap.output().contains("(1 replayed requests,"),
         "{mirrored} mirrored: {}",
         cap.output()
     );
@@ -120,7 +125,11 @@ fn captures_name_pods_directions_and_rules() {
         "ip.checksum.status",
     ];
     let pkts = tshark(&file, &fields);
-    assert_eq!(pkts.len() as u64, mirrored, "{pkts:?}");
+    // The request behind the 500 first, replayed (not a copy: not counted as mirrored).
+    assert_eq!(pkts.len() as u64, mirrored + 1, "{pkts:?}");
+    assert!(pkts[0][2].starts_with("replayed: the request before the trigger"), "{:?}", pkts[0]);
+    assert_eq!(pkts[0][3], client_ip, "{:?}", pkts[0]);
+    assert!(pkts[1..].iter().all(|p| !p[2].starts_with("replayed")), "{pkts:?}");
     let names: BTreeSet<&str> = pkts.iter().map(|p| p[0].as_str()).collect();
     assert_eq!(names, BTreeSet::from(["curl-0/tools (vethclient)", "web-0/shop (vethserver)"]), "{pkts:?}");
     for p in &pkts {
@@ -129,7 +138,7 @@ fn captures_name_pods_directions_and_rules() {
         assert!([&client_ip, &server_ip].contains(&&p[3]), "{p:?}");
         // epb_flags: 2, outbound.
         assert_eq!((p[0].as_str(), p[1].as_str()), (sender, "0x00000002"), "{p:?}");
-        assert!(p[2].starts_with("mirrored by rule 1 (status=500"), "{p:?}");
+        assert!(p[2].contains("mirrored by rule 1 (status=500"), "{p:?}");
         assert!(p[2].ends_with("on a 500"), "{p:?}");
         // 1: good. tshark calls a checksum it could not verify 2, a bad one 0.
         assert_eq!((p[6].as_str(), p[7].as_str()), ("1", "1"), "checksum not good: {p:?}");
@@ -178,7 +187,7 @@ fn captures_name_pods_directions_and_rules() {
     assert!(pkts.iter().any(|p| p[2].parse::<u32>().unwrap() > 1000), "nothing was cut: {pkts:?}");
     let written = text.lines().find(|l| l.contains("packets written to stdout")).unwrap_or_default();
     assert!(
-        written.contains(&format!("{} packets written", pkts.len())) && written.contains("0 checksums"),
+        written.contains(&format!("{} packets written", pkts.len())) && written.contains(" 0 checksums"),
         "{text}"
     );
     // A cut packet cannot be verified: the uncut ones can, and the client's own are bad.

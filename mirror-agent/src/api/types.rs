@@ -325,6 +325,24 @@ pub struct EventView {
     pub target: Option<String>,
     /// Request (first segment) to status line, milliseconds, when the request was seen.
     pub response_ms: Option<f64>,
+    /// The flow's latest request before the trigger, as the classifier kept it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<RequestView>,
+}
+
+/// The request behind a trigger: the start of the segment that carried it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RequestView {
+    /// Its bytes as text (invalid UTF-8 replaced), at most 512 bytes of it.
+    pub text: String,
+    /// How many bytes of the request were kept.
+    pub bytes: usize,
+    /// The segment was longer than what was kept.
+    pub cut: bool,
+    /// How long before the response it passed, milliseconds.
+    pub before_ms: f64,
+    /// The sink received it ahead of the response (Ethernet source 02:72:65:70:6c:79).
+    pub replayed: bool,
 }
 
 /// GET /v1/events query.

@@ -147,7 +147,7 @@ pub async fn run(c: &Client<'_>, args: CaptureArgs) -> anyhow::Result<()> {
 
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let (mut written, mut fixed) = (0u64, 0u64);
+    let (mut written, mut fixed, mut replayed) = (0u64, 0u64, 0u64);
     let mut asked = std::collections::HashSet::new();
     let done = |written: u64| args.count.is_some_and(|n| written >= n);
     'outer: while !done(written) {
@@ -202,7 +202,7 @@ pub async fn run(c: &Client<'_>, args: CaptureArgs) -> anyhow::Result<()> {
                     (out.interface(&iface, "copies not sent or received by a known pod")?, Direction::Unknown)
                 }
             };
-            let comment = match place.rule {
+            let mut comment = match place.rule {
                 Some((r, status)) => {
                     let text = known.rules.get(&r).map_or("deleted since", String::as_str);
                     let st = status.map_or(String::new(), |s| format!(", on a {s}"));
@@ -210,6 +210,11 @@ pub async fn run(c: &Client<'_>, args: CaptureArgs) -> anyhow::Result<()> {
                 }
                 None => "rule unknown: the agent has no flow with this tuple".to_string(),
             };
+            if frame.data.get(6..12) == Some(&mirror_bpf::replay::REPLAY_MAC[..]) {
+                replayed += 1;
+                comment =
+                    format!("replayed: the request before the trigger, kept by the classifier; {comment}");
+            }
             let cut = frame.data.len().min(snaplen as usize);
             out.packet(id, frame.time, &frame.data[..cut], frame.orig_len, direction, &comment)?;
             written += 1;
@@ -224,7 +229,8 @@ pub async fn run(c: &Client<'_>, args: CaptureArgs) -> anyhow::Result<()> {
     out.flush()?;
     let drops = sock.get_ref().drops();
     eprintln!(
-        "mirrorctl: {written} packets written to {} ({fixed} checksums filled in, {drops} dropped by the kernel)",
+        "mirrorctl: {written} packets written to {} ({replayed} replayed requests, {fixed} checksums filled in, \
+         {drops} dropped by the kernel)",
         if to_stdout { "stdout".into() } else { args.write.display().to_string() }
     );
     Ok(())

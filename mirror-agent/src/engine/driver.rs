@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use mirror_bpf::{AttachMode, Attachment, Datapath, MirrorDelivery, MirrorMethod, Rule, TraceGroup, Tracing};
+use mirror_bpf::{
+    AttachMode, Attachment, Datapath, MirrorDelivery, MirrorMethod, ReplayHook, Rule, TraceGroup, Tracing,
+};
 
 use super::cpu::CpuSampler;
 use super::events::Events;
@@ -38,6 +40,8 @@ pub(super) struct Driver {
     /// The tracing programs, or why they could not be loaded.
     tracing: Result<Tracing, String>,
     cpu: CpuSampler,
+    /// The replay program on the sink's egress (requests behind triggers), when attached.
+    replay: Option<ReplayHook>,
 }
 
 impl Driver {
@@ -109,6 +113,7 @@ impl Driver {
             events,
             tracing,
             cpu: CpuSampler::default(),
+            replay: None,
         };
         for (g, on) in d.cfg.groups.clone() {
             d.set_group(g, on)?;
@@ -193,8 +198,14 @@ impl Driver {
         Ok(true)
     }
 
-    pub(super) fn set_mirror(&mut self, ifindex: u32, delivery: MirrorDelivery) -> anyhow::Result<()> {
+    pub(super) fn set_mirror(
+        &mut self,
+        ifindex: u32,
+        delivery: MirrorDelivery,
+        sink: u32,
+    ) -> anyhow::Result<()> {
         self.dp.set_mirror_target(ifindex, delivery)?;
+        self.set_replay_sink(sink);
         // act_mirred carries the ifindex itself: point every filter at the new sink.
         if self.cfg.method == MirrorMethod::Mirred && ifindex != 0 {
             let links: Vec<_> = self.attached.iter().map(|(i, a)| (*i, a.name.clone())).collect();
@@ -212,6 +223,38 @@ impl Driver {
             }
         }
         Ok(())
+    }
+
+    /// Moves the replay program to the sink `sink` (0: none). Without it, events still carry
+    /// the request behind each trigger; only the sink does not receive it.
+    fn set_replay_sink(&mut self, sink: u32) {
+        if sink != 0 && self.replay.as_ref().is_some_and(|h| h.ifindex == sink) {
+            return;
+        }
+        if let Some(old) = self.replay.take() {
+            // Gone with a deleted sink, most often.
+            if let Err(e) = self.dp.detach_replay(old) {
+                tracing::debug!(error = %e, "detaching the replay program");
+            }
+        }
+        if sink == 0 || self.cfg.datapath.replay_slots == 0 {
+            return;
+        }
+        match self.dp.attach_replay(sink) {
+            Ok(hook) => {
+                tracing::info!(
+                    ifindex = sink,
+                    tcx = hook.tcx(),
+                    "the request behind each trigger goes to the sink ahead of its response"
+                );
+                self.replay = Some(hook);
+            }
+            Err(e) => tracing::warn!(
+                ifindex = sink,
+                error = %e,
+                "the sink cannot replay requests (events still carry them)"
+            ),
+        }
     }
 
     pub(super) fn set_created_sink(&mut self, created: bool) -> anyhow::Result<()> {
@@ -326,11 +369,18 @@ impl Driver {
             for (_, a) in attached {
                 self.dp.release(a.att);
             }
+            // Pinned (TCX) or on its qdisc: it stays for the next agent.
+            drop(self.replay.take());
             self.save_rules()?;
             tracing::info!(interfaces = n, "leaving the data path attached and pinned for the next agent");
             return Ok(());
         }
         let mut first_err = None;
+        if let Some(hook) = self.replay.take() {
+            if let Err(e) = self.dp.detach_replay(hook) {
+                tracing::debug!(error = %e, "detaching the replay program");
+            }
+        }
         for (ifindex, a) in attached {
             if let Err(e) = self.dp.detach(a.att) {
                 tracing::warn!(name = %a.name, ifindex, error = %e, "detaching");

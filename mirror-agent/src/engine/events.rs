@@ -12,7 +12,7 @@ use mirror_bpf::flow::monotonic_ns;
 use mirror_bpf::{Datapath, EventRing, TriggerEvent};
 
 use super::driver::Attached;
-use crate::api::types::{EventView, TupleView};
+use crate::api::types::{EventView, RequestView, TupleView};
 use crate::community_id;
 use crate::event_log::EventLog;
 
@@ -111,5 +111,16 @@ fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &BTreeMap<u32, Attach
         method: e.method.clone(),
         target: e.target.clone(),
         response_ms: e.request_to_response.map(ms),
+        request: e.request.as_ref().and_then(|r| {
+            let payload = r.payload()?;
+            let headers = r.frame.len() - payload.len();
+            Some(RequestView {
+                text: String::from_utf8_lossy(payload).into_owned(),
+                bytes: payload.len(),
+                cut: r.wire_len as usize > r.frame.len(),
+                before_ms: ms(Duration::from_nanos(e.ts_ns.saturating_sub(r.ts_ns))),
+                replayed: headers > 0 && dp.settings().is_ok_and(|s| s.replay_ifindex != 0),
+            })
+        }),
     }
 }

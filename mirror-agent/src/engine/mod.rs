@@ -95,7 +95,7 @@ type Reply<T> = oneshot::Sender<anyhow::Result<T>>;
 enum Cmd {
     Attach { ifindex: u32, name: String, since: Instant, reply: Reply<InterfaceView> },
     Detach { ifindex: u32, reply: Reply<bool> },
-    SetMirror { ifindex: u32, delivery: MirrorDelivery, reply: Reply<()> },
+    SetMirror { ifindex: u32, delivery: MirrorDelivery, sink: u32, reply: Reply<()> },
     AddRule { rule: Rule, reply: Reply<AddedRule> },
     DelRule { id: u32, reply: Reply<RuleView> },
     Rules { reply: Reply<Vec<RuleView>> },
@@ -161,9 +161,9 @@ impl Engine {
     }
 
     /// Sets the interface copies are handed to (0: none) and whether it transmits or receives
-    /// them.
-    pub async fn set_mirror(&self, ifindex: u32, delivery: MirrorDelivery) -> anyhow::Result<()> {
-        self.call(|reply| Cmd::SetMirror { ifindex, delivery, reply }).await
+    /// them, and the sink itself (`sink`, 0: none), whose egress replays requests.
+    pub async fn set_mirror(&self, ifindex: u32, delivery: MirrorDelivery, sink: u32) -> anyhow::Result<()> {
+        self.call(|reply| Cmd::SetMirror { ifindex, delivery, sink, reply }).await
     }
 
     /// Adds a rule; it is saved at once. The same rule given again is not added twice: its
@@ -250,8 +250,8 @@ fn handle(d: &mut Driver, cmd: Cmd) {
         Cmd::Detach { ifindex, reply } => {
             let _ = reply.send(d.detach(ifindex));
         }
-        Cmd::SetMirror { ifindex, delivery, reply } => {
-            let _ = reply.send(d.set_mirror(ifindex, delivery));
+        Cmd::SetMirror { ifindex, delivery, sink, reply } => {
+            let _ = reply.send(d.set_mirror(ifindex, delivery, sink));
         }
         Cmd::AddRule { rule, reply } => {
             let _ = reply.send(d.add_rule(rule));
