@@ -40,8 +40,10 @@ const MARKED_EVERY: Duration = Duration::from_millis(20);
 const FLOWS_MAX: usize = 1024;
 /// Flows of the flood that overfills it.
 const FLOOD: u32 = 20_000;
-/// Where the flood goes (the node drops it).
-const FLOOD_DST: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 1);
+/// Where the flood of round `r` goes (the node drops it): other flows each round.
+fn flood_dst(round: usize) -> Ipv4Addr {
+    Ipv4Addr::new(198, 19, 255, 1 + round as u8)
+}
 
 /// What one fault did to the load and the mirror.
 struct Figure {
@@ -163,7 +165,7 @@ fn faults_under_load_lose_no_request_and_mirroring_resumes() {
         }
         sink_deleted(&mut run);
         sink_down(&mut run);
-        flow_table_full(&mut run);
+        flow_table_full(&mut run, flood_dst(round));
         ring_buffer_full(&mut run, &agent);
         agent = sigkill_and_restart(&mut run, &env, agent);
         agent = upgrade(&mut run, &env, agent);
@@ -234,13 +236,13 @@ fn sink_down(run: &mut Run<'_>) {
 }
 
 /// A flood of new flows, many times the table's size, through the client's veth.
-fn flow_table_full(run: &mut Run<'_>) {
+fn flow_table_full(run: &mut Run<'_>, dst: Ipv4Addr) {
     let created = |run: &Run<'_>| status(run.env).counters["flows_created"];
     let before = created(run);
     let pod = run.topo.pod("client");
-    flood::blackhole(&run.topo.node, FLOOD_DST);
+    flood::blackhole(&run.topo.node, dst);
     let start = Instant::now();
-    let took = flood::syn_flood(&pod.ns, pod.v4, FLOOD_DST, FLOOD);
+    let took = flood::syn_flood(&pod.ns, pod.v4, dst, FLOOD);
     let end = Instant::now();
     let new = created(run) - before;
     let (live, size) = (map_entries(run.env, "flow_table"), map_size(run.env, "flow_table"));
