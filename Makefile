@@ -64,15 +64,21 @@ bench-quick: deps
 # The reliability suite in its long form (`make test` runs the short one): differential
 # fuzzing of the classifier over MIRROR_FUZZ_PACKETS frames (default 1,000,000; seed
 # MIRROR_FUZZ_SEED), a burst of MIRROR_BURST_VETHS veths (default 50) and MIRROR_CHURN_VETHS
-# veths churned (default 500) under the agent. Needs root.
+# veths churned (default 500) under the agent, MIRROR_FAULT_ROUNDS rounds (default 5) of
+# faults injected under HTTP and iperf3 load, and a flood of MIRROR_FLOOD_FLOWS new flows
+# (default 300,000). Needs root.
 MIRROR_FUZZ_PACKETS ?= 1000000
 MIRROR_BURST_VETHS ?= 50
 MIRROR_CHURN_VETHS ?= 500
+MIRROR_FAULT_ROUNDS ?= 5
+MIRROR_FLOOD_FLOWS ?= 300000
 reliability: deps
 	MIRROR_FUZZ_PACKETS=$(MIRROR_FUZZ_PACKETS) $(CARGO) test --release -p mirror-bpf --test differential -- --nocapture
 	MIRROR_BURST_VETHS=$(MIRROR_BURST_VETHS) MIRROR_CHURN_VETHS=$(MIRROR_CHURN_VETHS) \
 		$(CARGO) test --release -p mirror-agent --test churn -- --nocapture --test-threads=1
 	MIRROR_INPUT_FUZZ_CASES=4096 $(CARGO) test --release -p mirror-agent --test input_fuzz -- --nocapture
+	MIRROR_FAULT_ROUNDS=$(MIRROR_FAULT_ROUNDS) $(CARGO) test --release -p mirror-agent --test faults -- --nocapture
+	MIRROR_FLOOD_FLOWS=$(MIRROR_FLOOD_FLOWS) $(CARGO) test --release -p mirror-agent --test flood -- --nocapture
 
 lint:
 	$(CARGO) fmt --all --check

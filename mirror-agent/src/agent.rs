@@ -298,12 +298,19 @@ async fn on_link_event(
     ev: LinkEvent,
 ) {
     match ev {
-        LinkEvent::Present { ifindex, name, at } => {
+        LinkEvent::Present { ifindex, name, up, at } => {
             let renamed = known.insert(ifindex, name.clone()).is_some_and(|old| old != name);
             if name == sink.name() {
                 set_sink(engine, sink, info, Some(ifindex)).await;
             }
             if sink.owns(&name) {
+                if !up && sink.created {
+                    // Copies to a link that is down (or to the peer of one) are lost.
+                    tracing::warn!(interface = %name, "mirror sink set down: bringing it up again");
+                    if let Err(e) = sink.bring_up(&name).await {
+                        tracing::error!(interface = %name, error = format!("{e:#}"), "bringing the sink up");
+                    }
+                }
                 return;
             }
             if cfg.interfaces.matches(&name) {

@@ -3,7 +3,7 @@
 
 use futures::StreamExt;
 use netlink_packet_core::NetlinkPayload;
-use netlink_packet_route::link::{LinkAttribute, LinkMessage};
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{AsyncSocket, SocketAddr};
 use rtnetlink::constants::RTMGRP_LINK;
@@ -19,6 +19,8 @@ pub enum LinkEvent {
         ifindex: u32,
         /// Its current name.
         name: String,
+        /// Whether it is up (administratively).
+        up: bool,
         /// When the agent received the event (for attach latency).
         at: Instant,
     },
@@ -48,7 +50,8 @@ pub async fn watch(tx: mpsc::Sender<LinkEvent>) -> anyhow::Result<()> {
     while let Some(msg) = existing.next().await {
         let msg = msg?;
         if let Some(name) = name_of(&msg) {
-            let ev = LinkEvent::Present { ifindex: msg.header.index, name, at: Instant::now() };
+            let up = msg.header.flags.contains(LinkFlags::Up);
+            let ev = LinkEvent::Present { ifindex: msg.header.index, name, up, at: Instant::now() };
             if tx.send(ev).await.is_err() {
                 return Ok(());
             }
@@ -62,7 +65,8 @@ pub async fn watch(tx: mpsc::Sender<LinkEvent>) -> anyhow::Result<()> {
         let at = Instant::now();
         let ev = match msg.payload {
             NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(m)) => {
-                name_of(&m).map(|name| LinkEvent::Present { ifindex: m.header.index, name, at })
+                let up = m.header.flags.contains(LinkFlags::Up);
+                name_of(&m).map(|name| LinkEvent::Present { ifindex: m.header.index, name, up, at })
             }
             NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(m)) => {
                 Some(LinkEvent::Gone { ifindex: m.header.index, name: name_of(&m).unwrap_or_default() })

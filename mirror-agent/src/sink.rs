@@ -1,7 +1,7 @@
 //! The mirror sink: the link mirrored packets are copied to. Created when asked (dummy, a veth
 //! pair whose peer is where captures read, or auto: dummy where the kernel has the type, else
-//! a veth pair), brought up with a large MTU, recreated if it
-//! disappears; removed at exit only if we created it. Where and how copies are handed to it
+//! a veth pair), brought up with a large MTU, recreated if it disappears, brought up again if
+//! set down (when we created it); removed at exit only if we created it. Where and how copies are handed to it
 //! (its transmit, its receive path, or its veth peer's) depends on its kind: see [`deliver_for`].
 
 use futures::TryStreamExt;
@@ -188,6 +188,12 @@ impl Sink {
         }
         self.handle.link().set(msg.build()).execute().await?;
         Ok(())
+    }
+
+    /// Brings `name` (the sink or its peer, when we created them) up again after someone set it
+    /// down.
+    pub async fn bring_up(&self, name: &str) -> anyhow::Result<()> {
+        self.set_up(name, None).await
     }
 
     /// Makes sure the sink exists and is up; returns its ifindex (`None`: absent, not ours to create).

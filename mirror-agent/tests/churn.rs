@@ -13,10 +13,10 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use libbpf_rs::MapCore;
 use mirror_bpf::rcu::RCU_EXPEDITED;
 use mirror_bpf::testing::{ifindex, require_root};
 use mirror_e2e::agent::{Agent, AgentConfig, AgentEnv};
+use mirror_e2e::footprint::{links, map_entries, pins, process};
 use mirror_e2e::netns::Netns;
 use mirror_e2e::proc::wait_until;
 
@@ -48,38 +48,9 @@ fn batch(node: &Netns, dir: &Path, text: &str) {
     assert!(out.status.success(), "ip -batch: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// Entries of a pinned map of the agent.
-fn map_entries(env: &AgentEnv, map: &str) -> usize {
-    let path = env.pin_path().join(map);
-    let m =
-        libbpf_rs::MapHandle::from_pinned_path(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    m.keys().count()
-}
-
-/// Files under the agent's pin directory (maps and links).
-fn pins(env: &AgentEnv) -> usize {
-    fn count(p: &Path) -> usize {
-        std::fs::read_dir(p)
-            .map_or(0, |d| d.flatten().map(|e| if e.path().is_dir() { count(&e.path()) } else { 1 }).sum())
-    }
-    count(env.pin_path())
-}
-
 /// The agent's open descriptors and resident memory (KiB).
 fn footprint(agent: &Agent<'_>) -> (usize, u64) {
-    let pid = agent.pid();
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("reading the agent's fds").count();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("reading its status");
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:")?.split_whitespace().next()?.parse().ok())
-        .expect("VmRSS");
-    (fds, rss)
-}
-
-/// Links in the node namespace.
-fn links(node: &Netns) -> usize {
-    node.sh("ip -o link show").lines().count()
+    process(agent.pid())
 }
 
 fn expedited() -> String {

@@ -10,10 +10,14 @@
 pub mod agent;
 pub mod capture;
 pub mod client;
+pub mod flood;
+pub mod footprint;
 pub mod http_stream;
 pub mod kube;
 pub mod kubelet;
 pub mod kubeproxy;
+pub mod load;
+pub mod mirror_watch;
 pub mod nat_oracle;
 pub mod netns;
 pub mod oracle;

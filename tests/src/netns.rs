@@ -104,6 +104,12 @@ pub fn nsenter(path: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
     c
 }
 
+/// Moves the calling thread into the namespace at `path` for the rest of its life (a thread
+/// spawned to run there).
+pub fn join(path: &str) {
+    setns(&File::open(path).unwrap_or_else(|e| panic!("opening {path}: {e}")));
+}
+
 fn setns(ns: &File) {
     // SAFETY: setns on a namespace file we hold open; it only changes this thread's namespace.
     let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };

@@ -21,6 +21,16 @@ const STARTUP: Duration = Duration::from_secs(10);
 impl Server {
     /// nginx on `port` of `pod`, with its config, pid, logs and temp paths under `dir`.
     pub fn nginx(pod: &Pod, port: u16, dir: &Path) -> Server {
+        Self::nginx_with(pod, port, dir, "")
+    }
+
+    /// Like [`Server::nginx`], keeping a connection open for as many requests as it is sent
+    /// (nginx closes one after 1,000 by default): a load that must stay on its connections.
+    pub fn nginx_long_lived(pod: &Pod, port: u16, dir: &Path) -> Server {
+        Self::nginx_with(pod, port, dir, "keepalive_requests 100000000;\n    keepalive_timeout 600s;")
+    }
+
+    fn nginx_with(pod: &Pod, port: u16, dir: &Path, http: &str) -> Server {
         let dir = dir.join(format!("nginx-{}-{port}", pod.ns.name()));
         std::fs::create_dir_all(&dir).expect("creating the nginx dir");
         let d = dir.display();
@@ -33,6 +43,7 @@ error_log {d}/error.log;
 events {{ worker_connections 256; }}
 http {{
     access_log off;
+    {http}
     client_body_temp_path {d}/body;
     proxy_temp_path {d}/proxy;
     fastcgi_temp_path {d}/fastcgi;
