@@ -63,6 +63,7 @@ impl MapSpec {
 /// loader sets them); every other map keeps the size its object declares.
 const FLOW_MAPS: [&str; 3] = ["flow_table", "flow_timing", "flow_nat"];
 const MARK_MAP: &str = "mirror_marks";
+const REPLAY_MAP: &str = "request_replay";
 
 /// What the classifier's object declares, read once (opened, not loaded: no privilege
 /// needed).
@@ -100,6 +101,8 @@ pub struct TableMemory {
     pub flows: u64,
     /// `mirror_marks`, sized by `flows.marks_max`.
     pub marks: u64,
+    /// `request_replay`, sized by `mirror.replay_requests`.
+    pub replay: u64,
     /// Every other map, at the size its object declares (per-CPU ones grow with the CPUs).
     pub fixed: u64,
     /// The largest of those, and its bytes.
@@ -107,14 +110,18 @@ pub struct TableMemory {
 }
 
 impl TableMemory {
-    /// The classifier's maps with `flows` flows and `marks` marks on `cpus` possible CPUs.
-    pub fn of(flows: u32, marks: u32, cpus: u32) -> Self {
-        let mut m = TableMemory { flows: 0, marks: 0, fixed: 0, largest_fixed: (String::new(), 0) };
+    /// The classifier's maps with `flows` flows, `marks` marks and `replay` request slots on
+    /// `cpus` possible CPUs.
+    pub fn of(flows: u32, marks: u32, replay: u32, cpus: u32) -> Self {
+        let mut m =
+            TableMemory { flows: 0, marks: 0, replay: 0, fixed: 0, largest_fixed: (String::new(), 0) };
         for spec in &object().maps {
             if FLOW_MAPS.contains(&spec.name.as_str()) {
                 m.flows += spec.bytes(flows, cpus);
             } else if spec.name == MARK_MAP {
                 m.marks += spec.bytes(marks, cpus);
+            } else if spec.name == REPLAY_MAP {
+                m.replay += spec.bytes(replay.max(1), cpus);
             } else {
                 let b = spec.bytes(spec.entries, cpus);
                 m.fixed += b;
@@ -128,7 +135,7 @@ impl TableMemory {
 
     /// All of them.
     pub fn total(&self) -> u64 {
-        self.flows + self.marks + self.fixed
+        self.flows + self.marks + self.replay + self.fixed
     }
 }
 
@@ -283,17 +290,19 @@ mod tests {
     fn table_memory_counts_every_map() {
         // 65536 flows on 2 CPUs: flow_table 2^16 x (16 + 96 + 2 x 112), flow_timing
         // 2^16 x (16 + 584), flow_nat 2^16 x (16 + 208); 16384 marks x (16 + 192).
-        let m = TableMemory::of(65_536, 16_384, 2);
+        let m = TableMemory::of(65_536, 16_384, 4096, 2);
         assert_eq!(m.flows, 65_536 * (336 + 600 + 224));
         assert_eq!(m.marks, 16_384 * 208);
         // Buckets are a power of two.
-        assert_eq!(TableMemory::of(0, 65_537, 1).marks, 131_072 * 16 + 65_537 * 192);
+        assert_eq!(TableMemory::of(0, 65_537, 1, 1).marks, 131_072 * 16 + 65_537 * 192);
+        // One slot of 696 bytes per flow whose request is kept.
+        assert_eq!(m.replay, 4096 * 696);
         // The other maps: 34,881,552 bytes as the kernel counted them (bpftool's memlock) on 2
         // CPUs when written; the per-CPU latency histograms are the largest and grow with CPUs.
         let kernel = 34_881_552f64;
         assert!((m.fixed as f64 - kernel).abs() < kernel * 0.05, "{m:?}");
         assert_eq!(m.largest_fixed.0, "latency_hists");
-        let big = TableMemory::of(65_536, 16_384, 64);
+        let big = TableMemory::of(65_536, 16_384, 4096, 64);
         assert!(big.fixed > 500 << 20 && big.largest_fixed.0 == "latency_hists", "{big:?}");
         assert_eq!(human(3 << 20), "3.0 MiB");
         assert_eq!(human(3 << 30), "3.0 GiB");

@@ -721,12 +721,14 @@ impl Config {
     pub fn check_host(&self, host: &Host) -> Result<(), ConfigError> {
         let flows =
             self.flows.max.resolve(host.cpus, std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32);
-        let mem = TableMemory::of(flows, self.flows.marks_max, host.cpus);
+        let mem = TableMemory::of(flows, self.flows.marks_max, self.mirror.replay_requests, host.cpus);
         let budget = host.map_budget();
         if mem.total() > budget {
             // The key that can bring it down; none when the fixed maps alone are too much.
             let key = if mem.fixed >= budget {
                 "config"
+            } else if mem.replay > mem.flows && mem.replay > mem.marks {
+                "mirror.replay_requests"
             } else if mem.flows >= mem.marks {
                 "flows.max"
             } else {
@@ -737,13 +739,15 @@ impl Config {
                 key,
                 format!(
                     "the classifier's maps take {} of kernel memory on {} CPUs: {} for {flows} flows (flows.max), \
-                     {} for {} marks (flows.marks_max), {} for the other maps (the largest: {largest}, {}): \
-                     more than {}, {}",
+                     {} for {} marks (flows.marks_max), {} for {} requests (mirror.replay_requests), {} for the \
+                     other maps (the largest: {largest}, {}): more than {}, {}",
                     capacity::human(mem.total()),
                     host.cpus,
                     capacity::human(mem.flows),
                     capacity::human(mem.marks),
                     self.flows.marks_max,
+                    capacity::human(mem.replay),
+                    self.mirror.replay_requests,
                     capacity::human(mem.fixed),
                     capacity::human(*largest_bytes),
                     capacity::human(budget),

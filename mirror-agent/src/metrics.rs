@@ -47,6 +47,14 @@ const EXPORTED: &[(&str, &str, &str)] = &[
     ),
     ("ct_lookups", "conntrack_lookups", "Conntrack lookups (new flows, responses or triggers across NAT)"),
     ("nat_flows", "nat_flows", "Connections found translated by conntrack: one flow, two tuples"),
+    ("replay_kept", "requests_kept", "Request segments kept for a replay ahead of a trigger"),
+    ("replayed", "requests_replayed", "Requests replayed to the mirror interface ahead of their trigger"),
+    (
+        "replay_missed",
+        "requests_not_kept",
+        "Triggers whose request had not been kept (or its slot was reused)",
+    ),
+    ("replay_failed", "replays_failed", "Replays that could not be made"),
 ];
 
 /// What a scrape reads.

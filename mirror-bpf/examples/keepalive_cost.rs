@@ -3,7 +3,8 @@
 //! program on the same segments: the per-flow state moves as on real traffic (requests queued,
 //! answered, the framing followed), which repeating one packet does not give.
 //!
-//! Usage: `keepalive_cost [EXCHANGES]` (default 20000; the first tenth warms up), as root.
+//! Usage: `keepalive_cost [EXCHANGES] [noreplay]` (default 20000; the first tenth warms up), as
+//! root; `noreplay` keeps no request for a replay (the cost of keeping them is the difference).
 use mirror_bpf::testing::packet::PacketBuilder;
 use mirror_bpf::testing::{self, run_repeat, SkbContext};
 
@@ -14,7 +15,10 @@ fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let _ = testing::pin_thread(1);
     testing::enter_private_netns();
-    let rig = testing::rig::Rig::new(1, testing::rig::mirror_veth());
+    let mut rig = testing::rig::Rig::new(1, testing::rig::mirror_veth());
+    if std::env::args().nth(2).as_deref() == Some("noreplay") {
+        rig.dp.set_replay(false).expect("switching replays off");
+    }
     let empty = testing::empty_program().expect("empty program");
     let prog = rig.prog();
     let conns: Vec<u16> = (0..4).map(|i| 40000 + i).collect();

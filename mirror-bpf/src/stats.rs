@@ -30,6 +30,10 @@ pub const COUNTER_NAMES: &[(stat_idx, &str)] = &[
     (stat_idx::STAT_HTTP_UNFRAMED, "http_unframed"),
     (stat_idx::STAT_CT_LOOKUPS, "ct_lookups"),
     (stat_idx::STAT_NAT_FLOWS, "nat_flows"),
+    (stat_idx::STAT_REPLAY_KEPT, "replay_kept"),
+    (stat_idx::STAT_REPLAYED, "replayed"),
+    (stat_idx::STAT_REPLAY_MISSED, "replay_missed"),
+    (stat_idx::STAT_REPLAY_FAILED, "replay_failed"),
 ];
 
 /// Counters summed over every CPU.

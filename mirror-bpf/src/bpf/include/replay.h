@@ -15,6 +15,7 @@
 #include "maps.h"
 #include "parse.h"
 #include "nat.h"
+#include "budget.h"
 
 /* Ethernet source of a replayed request: 02:72:65:70:6c:79, locally administered ("\2reply"). */
 #define REPLAY_MAC_0 0x02
@@ -106,7 +107,8 @@ static __always_inline struct replay_slot *replay_trigger(struct __sk_buff *skb,
         cnt->v[STAT_REPLAY_MISSED]++;
         return NULL;
     }
-    if (!set->replay_ifindex || !set->mirror_ifindex)
+    /* A replay is a copy: within the node-wide budget (refusals counted there). */
+    if (!set->replay_ifindex || !set->mirror_ifindex || !budget_admit(r->len))
         return r;
     s->replay_arm = t->replay;
     if (bpf_clone_redirect(skb, set->replay_ifindex, 0))
