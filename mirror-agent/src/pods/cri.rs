@@ -112,7 +112,7 @@ impl Cri {
         let conn = self.conn.as_ref().expect("connected");
         let path = conn.path.clone();
         let grpc = conn.grpc.clone();
-        match tokio::time::timeout(self.timeout, refresh(grpc, &mut self.statuses, self.timeout)).await {
+        match tokio::time::timeout(self.timeout, refresh(grpc, &mut self.statuses)).await {
             Ok(Ok(list)) => {
                 self.retry_at = None;
                 self.say(Said::Cri(path.clone()), || {
@@ -153,7 +153,7 @@ impl Cri {
         let present: Vec<&PathBuf> = self.sockets.iter().filter(|p| p.exists()).collect();
         let mut errors = Vec::new();
         for path in &present {
-            match tokio::time::timeout(self.timeout, connect(path, self.timeout)).await {
+            match tokio::time::timeout(self.timeout, connect(path)).await {
                 Ok(Ok((grpc, v))) => {
                     tracing::info!(
                         socket = %path.display(),
@@ -188,13 +188,12 @@ impl Cri {
 }
 
 /// Connects to the runtime at `path` and asks its version.
-async fn connect(path: &Path, timeout: Duration) -> anyhow::Result<(Grpc<Channel>, api::VersionResponse)> {
-    let endpoint =
-        Endpoint::from_shared(format!("unix:{}", path.display()))?.connect_timeout(timeout).timeout(timeout);
+async fn connect(path: &Path) -> anyhow::Result<(Grpc<Channel>, api::VersionResponse)> {
+    let endpoint = Endpoint::from_shared(format!("unix:{}", path.display()))?;
     let channel = endpoint.connect().await?;
     let mut grpc = Grpc::new(channel);
     let v: api::VersionResponse =
-        unary(&mut grpc, api::VERSION, api::VersionRequest { version: "v1".into() }, timeout).await?;
+        unary(&mut grpc, api::VERSION, api::VersionRequest { version: "v1".into() }).await?;
     Ok((grpc, v))
 }
 
@@ -203,16 +202,15 @@ pub async fn unary<Req, Resp>(
     grpc: &mut Grpc<Channel>,
     method: &'static str,
     req: Req,
-    timeout: Duration,
 ) -> Result<Resp, tonic::Status>
 where
     Req: prost::Message + Send + Sync + 'static,
     Resp: prost::Message + Default + Send + Sync + 'static,
 {
     grpc.ready().await.map_err(|e| tonic::Status::unavailable(format!("not ready: {e}")))?;
-    let mut req = tonic::Request::new(req);
-    // The runtime learns the deadline too (grpc-timeout).
-    req.set_timeout(timeout);
+    // The caller bounds the call (a grpc-timeout here would race with it, and end it with a
+    // less telling error).
+    let req = tonic::Request::new(req);
     let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
     Ok(grpc.unary(req, PathAndQuery::from_static(method), codec).await?.into_inner())
 }
@@ -222,7 +220,6 @@ where
 async fn refresh(
     mut grpc: Grpc<Channel>,
     statuses: &mut HashMap<String, Status>,
-    timeout: Duration,
 ) -> Result<Vec<Sandbox>, tonic::Status> {
     let ready = api::ListPodSandboxRequest {
         filter: Some(api::PodSandboxFilter {
@@ -230,7 +227,7 @@ async fn refresh(
             ..Default::default()
         }),
     };
-    let list: api::ListPodSandboxResponse = unary(&mut grpc, api::LIST_POD_SANDBOX, ready, timeout).await?;
+    let list: api::ListPodSandboxResponse = unary(&mut grpc, api::LIST_POD_SANDBOX, ready).await?;
     let new: Vec<String> =
         list.items.iter().map(|s| s.id.clone()).filter(|id| !statuses.contains_key(id)).collect();
     let asked: Vec<(String, Result<api::PodSandboxStatusResponse, tonic::Status>)> =
@@ -239,7 +236,7 @@ async fn refresh(
                 let mut grpc = grpc.clone();
                 async move {
                     let req = api::PodSandboxStatusRequest { pod_sandbox_id: id.clone(), verbose: true };
-                    (id, unary(&mut grpc, api::POD_SANDBOX_STATUS, req, timeout).await)
+                    (id, unary(&mut grpc, api::POD_SANDBOX_STATUS, req).await)
                 }
             })
             .buffer_unordered(CONCURRENT)
