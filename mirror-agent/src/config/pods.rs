@@ -167,4 +167,17 @@ mod tests {
         }
         assert_eq!(metric_label("app.kubernetes.io/name"), "label_app_kubernetes_io_name");
     }
+
+    #[test]
+    fn cri_sockets_auto_none_or_paths() {
+        let cri = |t: &str| crate::config::Config::parse(&format!("pods:\n  cri: {t}\n")).unwrap().pods.cri;
+        assert_eq!(cri("auto").paths().len(), 4);
+        assert_eq!(cri("auto").paths()[0], PathBuf::from("/run/containerd/containerd.sock"));
+        assert_eq!(cri("none").paths(), Vec::<PathBuf>::new());
+        assert_eq!(
+            cri("[/run/k3s/containerd/containerd.sock]").paths(),
+            [PathBuf::from("/run/k3s/containerd/containerd.sock")]
+        );
+        assert_eq!(cri("[]"), CriSockets::Paths(Vec::new()));
+    }
 }
