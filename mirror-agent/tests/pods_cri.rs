@@ -382,7 +382,7 @@ fn the_pods_module_resolves_from_the_runtime_within_its_bounds() {
     let t0 = Instant::now();
     assert_eq!(rt.block_on(cri.sandboxes()), None);
     let hung = t0.elapsed();
-    assert!(hung >= timeout && hung < timeout + Duration::from_millis(300), "{hung:?}");
+    assert!(hung >= timeout && hung < timeout + Duration::from_secs(1), "{hung:?}");
     let t0 = Instant::now();
     assert_eq!(rt.block_on(cri.sandboxes()), None);
     let backoff = t0.elapsed();
