@@ -24,7 +24,7 @@ impl CriSockets {
     /// The sockets to try, in order (empty: none).
     pub fn paths(&self) -> Vec<PathBuf> {
         match self {
-            CriSockets::Auto => crate::pods::cri::DEFAULT_SOCKETS.iter().map(PathBuf::from).collect(),
+            CriSockets::Auto => DEFAULT_SOCKETS.iter().map(PathBuf::from).collect(),
             CriSockets::None => Vec::new(),
             CriSockets::Paths(p) => p.clone(),
         }
@@ -53,6 +53,14 @@ impl<'de> Deserialize<'de> for CriSockets {
         }
     }
 }
+
+/// The sockets tried by default, in order.
+pub const DEFAULT_SOCKETS: [&str; 4] = [
+    "/run/containerd/containerd.sock",
+    "/run/crio/crio.sock",
+    "/var/run/containerd/containerd.sock",
+    "/var/run/crio/crio.sock",
+];
 
 /// Pod labels shown at most.
 pub const LABELS_MAX: usize = 16;

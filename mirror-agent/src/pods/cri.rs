@@ -30,14 +30,6 @@ pub const RETRY: Duration = Duration::from_secs(30);
 /// Status requests in flight at once.
 const CONCURRENT: usize = 16;
 
-/// The sockets tried by default, in order.
-pub const DEFAULT_SOCKETS: [&str; 4] = [
-    "/run/containerd/containerd.sock",
-    "/run/crio/crio.sock",
-    "/var/run/containerd/containerd.sock",
-    "/var/run/crio/crio.sock",
-];
-
 /// What one sandbox's status says, kept while the sandbox is listed.
 #[derive(Debug, Clone, Default)]
 struct Status {
