@@ -216,7 +216,7 @@ async fn serve(
         mirror,
     }));
     let ready = Readiness::default();
-    let pods = Pods::new();
+    let pods = Pods::new(cfg.pods.clone());
     pods.start(engine.clone());
     events.name_pods(pods.clone());
     let listener = api::bind(&cfg.api.socket).await?;

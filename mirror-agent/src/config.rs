@@ -12,7 +12,9 @@ use mirror_bpf::{AttachMode, MirrorMethod};
 
 use crate::capacity::{self, Host, RuleCapacity, TableMemory, HASH_MAX_ENTRIES};
 
+mod pods;
 mod tunnel;
+pub use pods::{metric_label, CriSockets, Pods};
 pub use tunnel::{Budget, Tunnel};
 
 /// A configuration that cannot be used: where, and why.
@@ -474,6 +476,8 @@ pub struct Config {
     pub latency: Latency,
     /// Trigger events.
     pub events: Events,
+    /// Where pods are named from, and their labels shown.
+    pub pods: Pods,
     /// Logging.
     pub log: Log,
     /// On SIGTERM, leave the data path attached and pinned for the next agent.
@@ -553,6 +557,7 @@ impl Config {
             return Err(err("mirror.mtu", format!("{} is outside 1280-65535", self.mirror.mtu)));
         }
         self.mirror.tunnel.validate(self.mirror.create)?;
+        self.pods.validate()?;
         self.mirror.budget.validate()?;
         if self.mirror.method == MethodCfg::Mirred && self.attach.mode == AttachModeCfg::Tcx {
             return Err(err(
@@ -891,6 +896,11 @@ mod tests {
             ),
             ("mirror:\n  method: mirred\n  deliver: ingress\n", "mirror.deliver", "egress only"),
             ("mirror:\n  create: dummy\n  deliver: peer-ingress\n", "mirror.deliver", "create: veth"),
+            ("pods:\n  cri: containerd\n", "pods.cri", "[containerd]"),
+            ("pods:\n  cri: [run/crio.sock]\n", "pods.cri[0]", "absolute"),
+            ("pods:\n  cri_timeout: 5m\n", "pods.cri_timeout", "at most 60s"),
+            ("pods:\n  labels: [app, \"team name\"]\n", "pods.labels[1]", "not a label key"),
+            ("pods:\n  labels: [app.name, app_name]\n", "pods.labels[1]", "label_app_name"),
         ];
         for (text, path, reason) in cases {
             let e = Config::parse(text).expect_err(text);

@@ -132,7 +132,10 @@ impl EventLog {
     pub fn push(&self, mut ev: EventView) -> u64 {
         if ev.pod.is_none() {
             if let Some(pods) = self.pods.lock().expect("event pods lock").as_ref() {
-                ev.pod = pods.by_ifindex(ev.ifindex).map(|p| p.label());
+                if let Some(p) = pods.by_ifindex(ev.ifindex) {
+                    ev.pod = Some(p.label());
+                    ev.labels = p.labels;
+                }
             }
         }
         let seq = {
@@ -195,6 +198,7 @@ mod tests {
             time: "2025-01-01T00:00:00.000Z".into(),
             interface: "vethserver".into(),
             pod: None,
+            labels: Default::default(),
             ifindex: 3,
             hook: "ingress".into(),
             client_side: t.clone(),

@@ -16,7 +16,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::api::types::HistogramView;
+use crate::api::types::{HistogramView, PodView};
+use crate::config::metric_label;
 use crate::engine::Engine;
 use crate::pods::Pods;
 
@@ -147,17 +148,28 @@ pub const POD_LABELS_MAX: usize = 512;
 /// The `pod` label beyond [`POD_LABELS_MAX`], and of an interface with no pod known.
 pub const OTHER_POD: &str = "";
 
-/// The `pod` label of each histogram's interface (`name/namespace`), bounded.
-fn pod_labels(pods: &Pods, hists: &[HistogramView]) -> impl Fn(u32) -> String {
+/// The `pod` label of each histogram's interface (`name/namespace`), bounded, and the
+/// `label_<key>` labels of its pod's labels among `pods.labels` (`""` where it has none): one
+/// value each per interface, so they add no series.
+fn pod_labels(pods: &Pods, hists: &[HistogramView]) -> impl Fn(u32) -> Vec<(String, String)> {
     let mut ifindexes: Vec<(String, u32)> = hists.iter().map(|h| (h.interface.clone(), h.ifindex)).collect();
     ifindexes.sort();
     ifindexes.dedup();
-    let labels: std::collections::HashMap<u32, String> = ifindexes
+    let keys: Vec<String> = pods.label_keys().to_vec();
+    let labels: std::collections::HashMap<u32, PodView> = ifindexes
         .into_iter()
-        .filter_map(|(_, i)| Some((i, pods.by_ifindex(i)?.label())))
+        .filter_map(|(_, i)| Some((i, pods.by_ifindex(i)?)))
         .take(POD_LABELS_MAX)
         .collect();
-    move |i| labels.get(&i).cloned().unwrap_or_else(|| OTHER_POD.to_string())
+    move |i| {
+        let pod = labels.get(&i);
+        let mut out = vec![("pod".to_string(), pod.map_or_else(|| OTHER_POD.to_string(), PodView::label))];
+        out.extend(keys.iter().map(|k| {
+            let v = pod.and_then(|p| p.labels.get(k)).cloned().unwrap_or_default();
+            (metric_label(k), v)
+        }));
+        out
+    }
 }
 
 async fn render(engine: &Engine, pods: &Pods, rule_text: bool) -> anyhow::Result<String> {
@@ -191,8 +203,8 @@ async fn render(engine: &Engine, pods: &Pods, rule_text: bool) -> anyhow::Result
                 .iter()
                 .filter_map(|h| kind(&h.kind).map(|extra| (h, extra)))
                 .map(|(h, extra)| {
-                    let mut labels =
-                        vec![label("interface", h.interface.clone()), label("pod", pod_of(h.ifindex))];
+                    let mut labels = vec![label("interface", h.interface.clone())];
+                    labels.extend(pod_of(h.ifindex));
                     labels.extend(extra);
                     if h.kind == "http_response" {
                         labels.push(label("class", format!("{}xx", h.class.unwrap_or(0))));

@@ -208,3 +208,72 @@ fn captures_name_pods_directions_and_rules() {
     }
     agent.terminate();
 }
+
+/// `--rule ID` with two rules mirroring at once (500s on nginx's port and on python's): only the
+/// copies of the named rule's flows are written, and they are all of them.
+#[test]
+fn a_capture_of_one_rule_leaves_out_the_others() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&PODS);
+    let _client = pod(&topo.pod("client").ns, "curl-0", "tools", 1);
+    let _server = pod(&topo.pod("server").ns, "web-0", "shop", 2);
+    let port = mirror_e2e::scenario::HTTP;
+    let cfg = AgentConfig {
+        rules: vec![format!("status=500 port={port}"), format!("status=500 port={ALT}")],
+        ..AgentConfig::default()
+    };
+    let env = AgentEnv::new(&bins(), &topo.node, &cfg);
+    let _nginx = Server::nginx(topo.pod("server"), port, env.dir());
+    let _python = Server::python(&topo.pod("server").ns, ALT, env.dir());
+    let agent = env.start(&[]);
+    agent.wait_attached(&VETHS, ATTACH);
+    let rules: Vec<mirror_agent::api::types::RuleView> = json(&env.ctl_ok(&["-o", "json", "rules", "list"]));
+    let id_of = |p: u16| {
+        rules
+            .iter()
+            .find(|r| r.rule.contains(&format!("port={p}")))
+            .unwrap_or_else(|| panic!("no rule for port {p}: {rules:?}"))
+            .id
+    };
+    let (nginx_rule, python_rule) = (id_of(port), id_of(ALT));
+
+    let file = env.dir().join("one-rule.pcapng");
+    let mut cmd = nsenter(&topo.node.path(), &bins().ctl);
+    cmd.arg("--socket").arg(env.socket()).args(["capture", "-w", file.to_str().unwrap()]);
+    cmd.args(["--rule", &python_rule.to_string()]);
+    let mut cap = Proc::spawn("mirrorctl capture --rule", &mut cmd);
+    cap.wait_for_output("capturing copies received by", Duration::from_secs(5));
+    let server = topo.pod("server").addr(false);
+    let before = status(&env).counters["mirrored_packets"];
+    // Two connections, each triggering its own rule.
+    let urls = [url(server, port, "/bar"), url(server, port, "/foo")];
+    assert_eq!(client::get_keepalive(&topo.pod("client").ns, &urls), [500, 200]);
+    let urls = [url(server, ALT, "/fail?bytes=20000"), url(server, ALT, "/ok")];
+    assert_eq!(client::get_keepalive(&topo.pod("client").ns, &urls), [500, 200]);
+    let both = wait_until(Duration::from_secs(5), || {
+        let flows: Vec<mirror_agent::api::types::FlowView> = json(&env.ctl_ok(&["-o", "json", "flows"]));
+        [nginx_rule, python_rule]
+            .iter()
+            .all(|r| flows.iter().any(|f| f.rule_id == Some(*r) && f.mirrored_packets > 0))
+    });
+    assert!(both, "both rules mirror: {}", env.ctl_ok(&["flows"]));
+    std::thread::sleep(Duration::from_millis(500));
+    let flows: Vec<mirror_agent::api::types::FlowView> = json(&env.ctl_ok(&["-o", "json", "flows"]));
+    let mirrored_by =
+        |r: u32| -> u64 { flows.iter().filter(|f| f.rule_id == Some(r)).map(|f| f.mirrored_packets).sum() };
+    let total = status(&env).counters["mirrored_packets"] - before;
+    assert_eq!(total, mirrored_by(nginx_rule) + mirrored_by(python_rule), "{flows:?}");
+    let st = cap.stop(libc::SIGINT, Duration::from_secs(5));
+    assert!(st.is_some_and(|s| s.success()), "mirrorctl capture: {st:?} {}", cap.output());
+
+    let pkts = tshark(&file, &["frame.comment", "tcp.srcport", "tcp.dstport"]);
+    assert_eq!(pkts.len() as u64, mirrored_by(python_rule), "{pkts:?}");
+    for p in &pkts {
+        assert!(p[0].starts_with(&format!("mirrored by rule {python_rule} (")), "{p:?}");
+        assert!(p[1] == ALT.to_string() || p[2] == ALT.to_string(), "{p:?}");
+    }
+    assert!(cap.output().contains(&format!("{} packets written", pkts.len())), "{}", cap.output());
+    agent.terminate();
+}

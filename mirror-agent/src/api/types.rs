@@ -93,6 +93,9 @@ pub struct FlowPod {
     pub pod: String,
     /// Its host-side veth.
     pub interface: String,
+    /// Its labels among `pods.labels` (from the container runtime).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A pod behind an attached veth (GET /v1/pods).
@@ -106,10 +109,16 @@ pub struct PodView {
     pub name: String,
     /// Its Kubernetes namespace, when known.
     pub namespace: Option<String>,
-    /// Its UID (from the cgroup path).
+    /// Its UID (from the container runtime, else the cgroup path).
     pub uid: Option<String>,
     /// A container's id (from the cgroup path).
     pub container: Option<String>,
+    /// Its sandbox's id (from the container runtime).
+    #[serde(default)]
+    pub sandbox: Option<String>,
+    /// Its labels among `pods.labels` (from the container runtime).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
     /// A process in the pod's network namespace.
     pub pid: Option<u32>,
     /// The network namespace: its name under /run/netns, or /proc/PID/ns/net.
@@ -118,7 +127,7 @@ pub struct PodView {
     pub peer: Option<String>,
     /// Its addresses.
     pub addresses: Vec<String>,
-    /// Where the name came from: env, hostname, hostname-env, cgroup, netns, interface.
+    /// Where the name came from: cri, env, hostname, hostname-env, cgroup, netns, interface.
     pub source: String,
 }
 
@@ -304,6 +313,9 @@ pub struct EventView {
     /// The pod behind that interface (`name/namespace`), when known.
     #[serde(default)]
     pub pod: Option<String>,
+    /// Its labels among `pods.labels` (from the container runtime).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
     /// ingress | egress of that interface.
     pub hook: String,
     /// The connection as the client sent it (before DNAT).

@@ -194,8 +194,11 @@ pub async fn run(c: &Client<'_>, args: CaptureArgs) -> anyhow::Result<()> {
             }
             let (id, direction) = match &place.pod {
                 Some((p, d)) => {
-                    let desc =
+                    let mut desc =
                         format!("pod {} behind {} ({})", p.label(), p.interface, p.addresses.join(", "));
+                    if !p.labels.is_empty() {
+                        desc += &format!(", labels {}", super::labels_text(&p.labels));
+                    }
                     (out.interface(&interface_name(p), &desc)?, *d)
                 }
                 None => {

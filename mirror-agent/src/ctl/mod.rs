@@ -306,10 +306,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                         p.source.clone(),
                         p.netns.clone().unwrap_or_else(|| "-".into()),
                         p.pid.map_or("-".into(), |p| p.to_string()),
+                        labels_text(&p.labels),
                     ]
                 })
                 .collect();
-            let header = ["INTERFACE", "POD", "NAMESPACE", "ADDRESSES", "FROM", "NETNS", "PID"];
+            let header = ["INTERFACE", "POD", "NAMESPACE", "ADDRESSES", "FROM", "NETNS", "PID", "LABELS"];
             print!("{}", table::render(&header, &rows));
         }
         Command::Flows { limit } => {
@@ -355,4 +356,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `k=v,k=v`, or `-`.
+pub fn labels_text(labels: &std::collections::BTreeMap<String, String>) -> String {
+    if labels.is_empty() {
+        return "-".into();
+    }
+    labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
 }

@@ -95,6 +95,7 @@ fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &BTreeMap<u32, Attach
             .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         interface: attached.get(&e.ifindex).map(|a| a.name.clone()).unwrap_or_default(),
         pod: None,
+        labels: BTreeMap::new(),
         ifindex: e.ifindex,
         hook: if e.egress { "egress" } else { "ingress" }.into(),
         client_side: tuple(client_side, proto),

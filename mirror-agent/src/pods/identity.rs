@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 /// How a pod was named, best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Source {
+    /// The container runtime's sandbox (CRI), matched to the namespace (see `sandbox`).
+    Cri,
     /// `POD_NAME` in a process's environment.
     Env,
     /// The container's `/etc/hostname`.
@@ -34,6 +36,7 @@ impl Source {
     /// As the API shows it.
     pub fn name(self) -> &'static str {
         match self {
+            Source::Cri => "cri",
             Source::Env => "env",
             Source::Hostname => "hostname",
             Source::HostnameEnv => "hostname-env",

@@ -4,16 +4,21 @@
 //! endpoints to pods. Without a process that says more, the pod is named after its named
 //! namespace, else after the interface.
 //!
-//! The container runtime's CRI socket is not asked: the kubelet's conventions in `/proc`
-//! (environment, hostname, service account, cgroup path) give the same names without a gRPC
-//! client, and work under any runtime.
+//! When the container runtime's CRI socket answers ([`cri`]), its ready pod sandboxes name the
+//! pods instead, with their labels: each is matched to the peer's namespace ([`sandbox`]). A
+//! pod the runtime does not list (or a runtime that does not answer in time) keeps the name
+//! `/proc` gives.
 //!
-//! One task writes the table: it resolves again when told that links changed (after each
-//! attach and detach), and every few seconds while a pod is known by a fallback name only (a
-//! container starts after its veth) or has no address yet. Readers take a copy.
+//! One task writes the table and owns the CRI client: it resolves again when told that links
+//! changed (after each attach and detach), and every few seconds while a pod is known by a
+//! fallback name only (a container starts after its veth), has no address yet, or is not (yet)
+//! among the runtime's sandboxes. Readers take a copy.
 
+pub mod cri;
+pub mod cri_api;
 pub mod identity;
 pub mod netns;
+pub mod sandbox;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -23,9 +28,11 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::api::types::{FlowPod, FlowView, PodView};
+use crate::config::Pods as PodsCfg;
 use crate::engine::Engine;
 use identity::Source;
 use netns::{Namespace, Rtnl};
+use sandbox::{Index, Sandbox};
 
 /// Link events come in bursts: resolve once after the burst.
 const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -41,28 +48,38 @@ struct Table {
 }
 
 /// The pods behind the attached veths; cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Pods {
     table: Arc<RwLock<Table>>,
     wake: Arc<Notify>,
+    cfg: Arc<PodsCfg>,
 }
 
 impl Pods {
-    /// A table that [`Pods::start`] keeps.
-    pub fn new() -> Pods {
-        Pods::default()
+    /// A table that [`Pods::start`] keeps, as `cfg` says.
+    pub fn new(cfg: PodsCfg) -> Pods {
+        Pods { table: Arc::default(), wake: Arc::default(), cfg: Arc::new(cfg) }
+    }
+
+    /// The pod labels shown (`pods.labels`).
+    pub fn label_keys(&self) -> &[String] {
+        &self.cfg.labels
     }
 
     /// Starts the task that keeps the table: it reads the attached interfaces from `engine`.
     pub fn start(&self, engine: Engine) {
         let pods = self.clone();
+        let mut cri = cri::Cri::new(self.cfg.cri.paths(), self.cfg.cri_timeout);
         tokio::spawn(async move {
             loop {
                 // Also while a pod has no address yet: addresses are set after the veth's last
-                // link event (a CNI plugin configures the pod's side after plugging it).
+                // link event (a CNI plugin configures the pod's side after plugging it). And
+                // while a pod in a namespace of its own is not among the runtime's sandboxes:
+                // a runtime lists a sandbox once its network is set up, after the veth.
                 let fallback = pods.list().iter().any(|p| {
                     [Source::Interface.name(), Source::Netns.name()].contains(&p.source.as_str())
                         || p.addresses.is_empty()
+                        || (cri.connected() && p.netns.is_some() && p.source != Source::Cri.name())
                 });
                 if fallback {
                     let _ = tokio::time::timeout(RECHECK, pods.wake.notified()).await;
@@ -75,7 +92,9 @@ impl Pods {
                     // The engine has stopped: so do we.
                     Err(_) => return,
                 };
-                match tokio::task::spawn_blocking(move || resolve(&attached)).await {
+                let sandboxes = cri.sandboxes().await;
+                let keys = pods.cfg.labels.clone();
+                match tokio::task::spawn_blocking(move || resolve(&attached, sandboxes, &keys)).await {
                     Ok(Ok(found)) => pods.set(found),
                     Ok(Err(e)) => tracing::warn!(error = %e, "resolving pods"),
                     Err(e) => tracing::warn!(error = %e, "resolving pods"),
@@ -143,16 +162,27 @@ impl Pods {
                 }
                 let Ok(sa) = ep.parse::<SocketAddr>() else { continue };
                 if let Some(p) = self.by_addr(sa.ip()) {
-                    f.pods.push(FlowPod { endpoint: ep.clone(), pod: p.label(), interface: p.interface });
+                    f.pods.push(FlowPod {
+                        endpoint: ep.clone(),
+                        pod: p.label(),
+                        interface: p.interface,
+                        labels: p.labels,
+                    });
                 }
             }
         }
     }
 }
 
-/// Finds the pod behind each attached interface `(ifindex, name)`.
-fn resolve(attached: &[(u32, String)]) -> std::io::Result<Vec<PodView>> {
+/// Finds the pod behind each attached interface `(ifindex, name)`: from the runtime's
+/// `sandboxes` when given (showing their labels among `keys`), else from `/proc`.
+pub fn resolve(
+    attached: &[(u32, String)],
+    sandboxes: Option<Vec<Sandbox>>,
+    keys: &[String],
+) -> std::io::Result<Vec<PodView>> {
     use std::os::unix::fs::MetadataExt;
+    let index = sandboxes.map(|s| Index::new(s, |p| std::fs::metadata(p).ok().map(|m| m.ino())));
     let mut rtnl = Rtnl::open()?;
     let peers = netns::peers(&mut rtnl)?;
     let own_mnt = std::fs::metadata("/proc/self/ns/mnt").ok().map(|m| m.ino());
@@ -167,6 +197,8 @@ fn resolve(attached: &[(u32, String)]) -> std::io::Result<Vec<PodView>> {
             namespace: None,
             uid: None,
             container: None,
+            sandbox: None,
+            labels: BTreeMap::new(),
             pid: None,
             netns: None,
             peer: None,
@@ -181,6 +213,9 @@ fn resolve(attached: &[(u32, String)]) -> std::io::Result<Vec<PodView>> {
             };
             if let Some(ns) = spaces.get(&nsid) {
                 describe(&mut pod, ns, peer.expect("has a peer").ifindex, own_mnt);
+                if let Some(ix) = &index {
+                    from_sandbox(&mut pod, ix, Some(ns.ino), keys);
+                }
             }
         }
         out.push(pod);
@@ -233,4 +268,18 @@ fn describe(pod: &mut PodView, ns: &Namespace, peer: u32, own_mnt: Option<u64>) 
             }
         }
     }
+}
+
+/// Names the pod after its sandbox, if the runtime lists one for it: the namespace whose inode
+/// is `ino`, else the pod's addresses, else the UID its cgroup path gave.
+fn from_sandbox(pod: &mut PodView, ix: &Index, ino: Option<u64>, keys: &[String]) {
+    let addrs: Vec<IpAddr> = pod.addresses.iter().filter_map(|a| a.parse().ok()).collect();
+    let Some((sb, how)) = ix.find(ino, &addrs, pod.uid.as_deref()) else { return };
+    tracing::debug!(interface = %pod.interface, sandbox = %sb.id, matched = ?how, "pod sandbox");
+    pod.name = sb.name.clone();
+    pod.namespace = Some(sb.namespace.clone()).filter(|n| !n.is_empty());
+    pod.uid = Some(sb.uid.clone()).filter(|u| !u.is_empty()).or(pod.uid.take());
+    pod.sandbox = Some(sb.id.clone());
+    pod.labels = sandbox::pick_labels(sb, keys);
+    pod.source = Source::Cri.name().into();
 }

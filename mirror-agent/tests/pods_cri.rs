@@ -1,0 +1,395 @@
+//! Pod identity from the container runtime's CRI socket: a fake runtime (a tonic server of
+//! `runtime.v1.RuntimeService` on a Unix socket) lists sandboxes that match namespaces and
+//! processes set up as containers are; the agent names the veths' pods after them, with the
+//! configured labels, in `mirrorctl pods`, flows, events and metrics. Each way of matching a
+//! sandbox to the veth's peer is used once: the pause process's namespace, the namespace's
+//! path, the pod's address; a sandbox on the node's network never names a veth. A runtime that
+//! is absent, never answers, or stops answering leaves the pods named from `/proc` within the
+//! configured timeout.
+
+mod common;
+mod fake_cri;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use mirror_agent::api::types::{EventView, PodView};
+use mirror_agent::pods::{cri::Cri, resolve};
+use mirror_bpf::testing::require_root;
+use mirror_e2e::agent::{AgentConfig, AgentEnv};
+use mirror_e2e::client::{self, url};
+use mirror_e2e::kubelet::{plug, pod_uid, PodProcess, PodSpec};
+use mirror_e2e::netns::{Netns, Topology};
+use mirror_e2e::proc::wait_until;
+use mirror_e2e::scenario::HTTP;
+use mirror_e2e::servers::Server;
+
+use common::{add_rule, bins, flows, json, ATTACH};
+use fake_cri::{FakeCri, FakeSandbox, Silent};
+
+/// Where the metrics listen, inside the test's own node namespace.
+const METRICS: &str = "127.0.0.1:9464";
+/// The labels the agent is told to show.
+const LABELS: &str = "[app, team, app.kubernetes.io/name]";
+
+fn pods(env: &AgentEnv) -> Vec<PodView> {
+    json(&env.ctl_ok(&["-o", "json", "pods"]))
+}
+
+#[track_caller]
+fn find<'a>(pods: &'a [PodView], interface: &str) -> &'a PodView {
+    pods.iter()
+        .find(|p| p.interface == interface)
+        .unwrap_or_else(|| panic!("no pod on {interface}: {pods:?}"))
+}
+
+fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+    kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn pods_section(sockets: &[&Path], timeout: &str) -> String {
+    let list: Vec<String> = sockets.iter().map(|p| format!("{:?}", p.display().to_string())).collect();
+    format!("pods:\n  cri: [{}]\n  cri_timeout: {timeout}\n  labels: {LABELS}\n", list.join(", "))
+}
+
+/// The sandboxes of the topology's pods: `server` found through its pause process, `bare`
+/// through its namespace's path, `client` through its addresses; a `hostNetwork` sandbox that
+/// claims `other`'s address; none for `other`.
+fn sandboxes(topo: &Topology, server_pid: u32) -> Vec<FakeSandbox> {
+    let kv = |l: &[(&str, &str)]| l.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    vec![
+        FakeSandbox {
+            id: "sb-server".into(),
+            name: "web-0".into(),
+            namespace: "shop".into(),
+            uid: pod_uid(11),
+            labels: kv(&[("app", "web"), ("team", "shop"), ("pod-template-hash", "5c8d")]),
+            pid: Some(server_pid),
+            ..FakeSandbox::default()
+        },
+        FakeSandbox {
+            id: "sb-bare".into(),
+            name: "db-0".into(),
+            namespace: "data".into(),
+            uid: pod_uid(13),
+            labels: kv(&[("app.kubernetes.io/name", "postgres")]),
+            netns_path: Some(topo.pod("bare").ns.path()),
+            ..FakeSandbox::default()
+        },
+        FakeSandbox {
+            id: "sb-client".into(),
+            name: "curl-0".into(),
+            namespace: "tools".into(),
+            uid: pod_uid(14),
+            labels: kv(&[("app", "curl")]),
+            ips: vec![topo.pod("client").v4.into(), topo.pod("client").v6.into()],
+            ..FakeSandbox::default()
+        },
+        FakeSandbox {
+            id: "sb-host".into(),
+            name: "kube-proxy-x".into(),
+            namespace: "kube-system".into(),
+            uid: pod_uid(15),
+            ips: vec![topo.pod("other").v4.into()],
+            host_network: true,
+            ..FakeSandbox::default()
+        },
+    ]
+}
+
+#[test]
+fn the_runtime_names_the_pods_with_their_labels() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&["client", "server", "bare", "other"]);
+    // The server's container says another name in its environment: the runtime's wins.
+    let server_proc = PodProcess::start(
+        &topo.pod("server").ns,
+        &PodSpec {
+            env_name: Some("from-env".into()),
+            env_namespace: Some("env-ns".into()),
+            uid: pod_uid(11),
+            ..PodSpec::default()
+        },
+    );
+    let _other_proc = PodProcess::start(
+        &topo.pod("other").ns,
+        &PodSpec {
+            env_name: Some("other-0".into()),
+            env_namespace: Some("batch".into()),
+            uid: pod_uid(12),
+            ..PodSpec::default()
+        },
+    );
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let fake = FakeCri::start(&dir.path().join("cri.sock"), sandboxes(&topo, server_proc.pid()));
+    let absent = dir.path().join("absent.sock");
+    let cfg = AgentConfig {
+        metrics: METRICS.into(),
+        extra: pods_section(&[&absent, &fake.socket], "1s"),
+        ..AgentConfig::default()
+    };
+    let env = AgentEnv::new(&bins(), &topo.node, &cfg);
+    let _nginx = Server::nginx(topo.pod("server"), HTTP, env.dir());
+    let agent = env.start(&[]);
+    let veths = ["vethclient", "vethserver", "vethbare", "vethother"];
+    agent.wait_attached(&veths, ATTACH);
+    let mut listed = Vec::new();
+    let resolved = wait_until(Duration::from_secs(5), || {
+        listed = pods(&env);
+        listed.iter().filter(|p| p.source == "cri").count() == 3 && find(&listed, "vethother").source == "env"
+    });
+    assert!(resolved, "{listed:#?}\n{}", agent.output());
+    let log = agent.output();
+    assert!(
+        log.contains("pod identity: asking the container runtime (CRI)") && log.contains("fake-runtime"),
+        "{log}"
+    );
+
+    let server = find(&listed, "vethserver");
+    assert_eq!((server.label(), server.source.as_str()), ("web-0/shop".to_string(), "cri"), "{server:?}");
+    assert_eq!(server.uid, Some(pod_uid(11)));
+    assert_eq!(server.sandbox.as_deref(), Some("sb-server"));
+    // Only the configured labels.
+    assert_eq!(server.labels, labels(&[("app", "web"), ("team", "shop")]));
+    // What /proc tells stays: the process and its container.
+    assert_eq!(server.pid, Some(server_proc.pid()));
+    assert_eq!(server.container.as_deref(), Some(server_proc.container.as_str()));
+    let bare = find(&listed, "vethbare");
+    assert_eq!(
+        (bare.label(), bare.sandbox.as_deref(), bare.labels.clone()),
+        ("db-0/data".to_string(), Some("sb-bare"), labels(&[("app.kubernetes.io/name", "postgres")]))
+    );
+    let client_pod = find(&listed, "vethclient");
+    assert_eq!(
+        (client_pod.label(), client_pod.labels.clone()),
+        ("curl-0/tools".to_string(), labels(&[("app", "curl")]))
+    );
+    // Not listed by the runtime (and the hostNetwork sandbox with its address is not it).
+    let other = find(&listed, "vethother");
+    assert_eq!(
+        (other.label(), other.source.as_str(), other.labels.is_empty()),
+        ("other-0/batch".to_string(), "env", true)
+    );
+    let table = env.ctl_ok(&["pods"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("vethserver") && l.contains("web-0") && l.contains("app=web,team=shop")),
+        "{table}"
+    );
+
+    // Events and flows carry the labels.
+    let id = add_rule(&env, "status=500");
+    let server_ip = topo.pod("server").addr(false);
+    let urls = ["/foo", "/bar"].map(|p| url(server_ip, HTTP, p));
+    assert_eq!(client::get_keepalive(&topo.pod("client").ns, &urls), [200, 500]);
+    let mut events: Vec<EventView> = Vec::new();
+    let seen = wait_until(Duration::from_secs(3), || {
+        events = json(&env.ctl_ok(&["-o", "json", "events"]));
+        !events.is_empty()
+    });
+    assert!(seen, "no event");
+    let ev = &events[0];
+    assert_eq!(
+        (ev.pod.as_deref(), ev.labels.clone()),
+        (Some("web-0/shop"), labels(&[("app", "web"), ("team", "shop")]))
+    );
+    let all = flows(&env);
+    let f = all.iter().find(|f| f.rule_id == Some(id)).unwrap_or_else(|| panic!("no mirrored flow: {all:?}"));
+    let by_pod =
+        |pod: &str| f.pods.iter().find(|p| p.pod == pod).unwrap_or_else(|| panic!("{pod} not in {f:?}"));
+    assert_eq!(by_pod("web-0/shop").labels, labels(&[("app", "web"), ("team", "shop")]));
+    assert_eq!(by_pod("curl-0/tools").labels, labels(&[("app", "curl")]));
+
+    // The histograms: one label per configured key, "" where the pod has none.
+    let metrics = topo.node.sh(&format!("curl -sS --max-time 5 http://{METRICS}/metrics"));
+    let line = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("mirror_http_response_seconds_count{") && l.contains("interface=\"vethserver\"")
+        })
+        .unwrap_or_else(|| panic!("{metrics}"));
+    for want in [
+        "pod=\"web-0/shop\"",
+        "label_app=\"web\"",
+        "label_team=\"shop\"",
+        "label_app_kubernetes_io_name=\"\"",
+    ] {
+        assert!(line.contains(want), "{want} not in {line}");
+    }
+
+    // Each sandbox's status was asked once, however often the list was.
+    assert_eq!(fake.calls("PodSandboxStatusRequest"), 4, "{:?}", fake.state.lock().unwrap().calls);
+    assert!(fake.calls("ListPodSandboxRequest") >= 1);
+
+    // The runtime stops answering; a pod appears: named from /proc within the timeout.
+    fake.state.lock().unwrap().hang = true;
+    // Past the list's cache.
+    std::thread::sleep(mirror_agent::pods::cri::MIN_INTERVAL);
+    let late = Netns::new("late");
+    let _late_proc = PodProcess::start(
+        &late,
+        &PodSpec {
+            env_name: Some("late-0".into()),
+            env_namespace: Some("batch".into()),
+            uid: pod_uid(16),
+            ..PodSpec::default()
+        },
+    );
+    let t0 = Instant::now();
+    plug(&topo.node, &late, "vethlate", 40);
+    agent.wait_attached(&["vethlate"], ATTACH);
+    let found = wait_until(Duration::from_secs(5), || {
+        pods(&env)
+            .iter()
+            .any(|p| p.interface == "vethlate" && p.label() == "late-0/batch" && p.source == "env")
+    });
+    let took = t0.elapsed();
+    assert!(found, "{:#?}\n{}", pods(&env), agent.output());
+    eprintln!("hung runtime: the new pod named from /proc {took:?} after its veth appeared (cri_timeout 1s)");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    let log = agent.output();
+    assert!(log.contains("the container runtime (CRI) failed; from /proc until it answers"), "{log}");
+    // The API answered meanwhile, and the pods the runtime named are named from /proc now.
+    assert_eq!(find(&pods(&env), "vethserver").label(), "from-env/env-ns");
+    agent.terminate();
+}
+
+#[test]
+fn an_absent_or_silent_runtime_leaves_the_pods_to_proc() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&["server"]);
+    let _proc = PodProcess::start(
+        &topo.pod("server").ns,
+        &PodSpec {
+            env_name: Some("web-0".into()),
+            env_namespace: Some("shop".into()),
+            uid: pod_uid(21),
+            ..PodSpec::default()
+        },
+    );
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let silent_path = dir.path().join("silent.sock");
+    let _silent = Silent::bind(&silent_path);
+    let absent = dir.path().join("absent.sock");
+    for (case, extra) in [
+        ("silent", pods_section(&[&absent, &silent_path], "500ms")),
+        ("absent", pods_section(&[&absent], "500ms")),
+        ("none", "pods:\n  cri: none\n".to_string()),
+    ] {
+        let cfg = AgentConfig { extra, ..AgentConfig::default() };
+        let env = AgentEnv::new(&bins(), &topo.node, &cfg);
+        let agent = env.start(&[]);
+        agent.wait_attached(&["vethserver"], ATTACH);
+        let t0 = Instant::now();
+        let resolved = wait_until(Duration::from_secs(5), || {
+            pods(&env).iter().any(|p| p.label() == "web-0/shop" && p.source == "env")
+        });
+        let took = t0.elapsed();
+        assert!(resolved, "{case}: {:#?}\n{}", pods(&env), agent.output());
+        eprintln!("{case} runtime: pods named from /proc {took:?} after the attach");
+        // The timeout, the debounce, the polling: well within 2 s.
+        assert!(took < Duration::from_secs(2), "{case}: {took:?}");
+        let log = agent.terminate();
+        let says = match case {
+            "silent" => format!("no CRI answered: {}: no answer within 500ms", silent_path.display()),
+            "absent" => format!("no CRI socket at {}", absent.display()),
+            _ => "pods.cri: none".to_string(),
+        };
+        assert!(log.contains(&format!("pod identity: from /proc ({says}")), "{case}: {log}");
+    }
+}
+
+/// The pods module on its own: the CRI client against the fake runtime (cached, bounded), and
+/// the resolution from its sandboxes and from /proc, timed.
+#[test]
+fn the_pods_module_resolves_from_the_runtime_within_its_bounds() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&["client", "server", "bare", "other"]);
+    let server_proc = PodProcess::start(
+        &topo.pod("server").ns,
+        &PodSpec { env_name: Some("from-env".into()), uid: pod_uid(11), ..PodSpec::default() },
+    );
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let fake = FakeCri::start(&dir.path().join("cri.sock"), sandboxes(&topo, server_proc.pid()));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let timeout = Duration::from_millis(500);
+    let mut cri = Cri::new(vec![dir.path().join("absent.sock"), fake.socket.clone()], timeout);
+
+    let t0 = Instant::now();
+    let first = rt.block_on(cri.sandboxes()).expect("the fake runtime's sandboxes");
+    let connect_and_list = t0.elapsed();
+    assert_eq!(first.len(), 4);
+    let t0 = Instant::now();
+    let cached = rt.block_on(cri.sandboxes()).expect("cached");
+    let from_cache = t0.elapsed();
+    assert_eq!(cached, first);
+    assert_eq!(fake.calls("ListPodSandboxRequest"), 1, "asked again within the minimum interval");
+    std::thread::sleep(mirror_agent::pods::cri::MIN_INTERVAL);
+    let t0 = Instant::now();
+    let again = rt.block_on(cri.sandboxes()).expect("listed again");
+    let list_only = t0.elapsed();
+    assert_eq!(again, first);
+    assert_eq!((fake.calls("ListPodSandboxRequest"), fake.calls("PodSandboxStatusRequest")), (2, 4));
+
+    // Resolve in the node's namespace, with the sandboxes and without.
+    let keys: Vec<String> = ["app", "team"].map(String::from).into();
+    let _in_node = topo.node.enter();
+    let attached: Vec<(u32, String)> = ["vethclient", "vethserver", "vethbare", "vethother"]
+        .iter()
+        .map(|n| {
+            let c = std::ffi::CString::new(*n).unwrap();
+            // SAFETY: a valid C string, only read.
+            (unsafe { libc::if_nametoindex(c.as_ptr()) }, n.to_string())
+        })
+        .collect();
+    assert!(attached.iter().all(|(i, _)| *i != 0), "{attached:?}");
+    let t0 = Instant::now();
+    let with = resolve(&attached, Some(again.clone()), &keys).expect("resolving");
+    let with_cri = t0.elapsed();
+    let t0 = Instant::now();
+    let without = resolve(&attached, None, &keys).expect("resolving");
+    let proc_only = t0.elapsed();
+    let by = |v: &[PodView], i: &str| find(v, i).clone();
+    assert_eq!(
+        ["vethserver", "vethbare", "vethclient", "vethother"]
+            .map(|i| (by(&with, i).label(), by(&with, i).source)),
+        [
+            ("web-0/shop".to_string(), "cri".to_string()),
+            ("db-0/data".into(), "cri".into()),
+            ("curl-0/tools".into(), "cri".into()),
+            // The netns' name: no process, no sandbox but the hostNetwork one with its address.
+            (topo.pod("other").ns.name().to_string(), "netns".into()),
+        ]
+    );
+    assert_eq!(by(&with, "vethserver").labels, labels(&[("app", "web"), ("team", "shop")]));
+    assert_eq!(
+        (by(&without, "vethserver").name.as_str(), by(&without, "vethserver").source.as_str()),
+        ("from-env", "env")
+    );
+    assert!(without.iter().all(|p| p.labels.is_empty() && p.sandbox.is_none()), "{without:?}");
+
+    // A runtime that hangs: no sandboxes, within the timeout; then none asked for a while.
+    fake.state.lock().unwrap().hang = true;
+    std::thread::sleep(mirror_agent::pods::cri::MIN_INTERVAL);
+    let t0 = Instant::now();
+    assert_eq!(rt.block_on(cri.sandboxes()), None);
+    let hung = t0.elapsed();
+    assert!(hung >= timeout && hung < timeout + Duration::from_secs(1), "{hung:?}");
+    let t0 = Instant::now();
+    assert_eq!(rt.block_on(cri.sandboxes()), None);
+    let backoff = t0.elapsed();
+    assert!(backoff < Duration::from_millis(50), "{backoff:?}");
+    eprintln!(
+        "CRI: connect + Version + list + 4 statuses {connect_and_list:?}, cached {from_cache:?}, list again {list_only:?}; \
+         resolve 4 veths with sandboxes {with_cri:?}, from /proc only {proc_only:?}; hung runtime given up after {hung:?}, \
+         then {backoff:?} while backing off"
+    );
+}
