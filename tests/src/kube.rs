@@ -105,6 +105,9 @@ impl Manifests {
         let mut a: Vec<String> = Vec::new();
         assert_eq!(spec["hostNetwork"].as_bool(), Some(true), "the agent runs in the node's network");
         a.push(format!("--network=ns:{}", node.netns_path));
+        if spec["hostPID"].as_bool() == Some(true) {
+            a.push("--pid=host".into());
+        }
 
         let sc = &c["securityContext"];
         if sc["privileged"].as_bool() == Some(true) {

@@ -16,6 +16,7 @@ use mirror_e2e::agent::Binaries;
 use mirror_e2e::capture::Recorder;
 use mirror_e2e::client::{self, url, Session};
 use mirror_e2e::kube::{Manifests, Node};
+use mirror_e2e::kubelet::{pod_uid, PodProcess, PodSpec};
 use mirror_e2e::netns::Topology;
 use mirror_e2e::oracle::Expected;
 use mirror_e2e::podman::{build_prebuilt, Container};
@@ -100,10 +101,20 @@ fn the_image_installs_upgrades_and_uninstalls_as_the_daemonset_runs_it() {
     );
 
     let topo = Topology::without_sink(&PODS);
+    // A pod's process, as the kubelet starts them (its name in the environment, its UID in the
+    // cgroup path): the DaemonSet's agent names the pod from the node's processes.
+    let web = PodSpec {
+        env_name: Some("web-0".into()),
+        env_namespace: Some("shop".into()),
+        uid: pod_uid(7),
+        ..PodSpec::default()
+    };
+    let _web = PodProcess::start(&topo.pod("server").ns, &web);
     let dir = tempfile::Builder::new().prefix("mirror-image").tempdir().expect("a temp dir");
     let bpffs = SharedMount::new(&dir.path().join("bpf"));
     let (state, run, config) = (dir.path().join("state"), dir.path().join("run"), dir.path().join("config"));
-    for d in [&state, &run, &config] {
+    let host_run = dir.path().join("host-run");
+    for d in [&state, &run, &config, &host_run] {
         std::fs::create_dir_all(d).expect("creating a host directory");
     }
     std::fs::write(config.join("agent.yaml"), m.agent_config()).expect("writing the ConfigMap's file");
@@ -113,6 +124,8 @@ fn the_image_installs_upgrades_and_uninstalls_as_the_daemonset_runs_it() {
             ("/sys/fs/bpf", bpffs.0.clone()),
             ("/var/lib/mirror-agent", state.clone()),
             ("/run/mirror-agent", run.clone()),
+            // No container runtime here: an empty /run, the pods named from /proc.
+            ("/run", host_run.clone()),
         ]),
         config_maps: BTreeMap::from([("mirror-agent", config.clone())]),
         fields: BTreeMap::from([("status.hostIP", node_ip.clone())]),
@@ -156,6 +169,13 @@ fn the_image_installs_upgrades_and_uninstalls_as_the_daemonset_runs_it() {
         let code = http_status(&topo, &node_ip, port, &path);
         assert_eq!(code, 200, "{kind} {path} on {node_ip}:{port}");
     }
+
+    let named = wait_until(Duration::from_secs(5), || {
+        let pods: serde_json::Value =
+            serde_json::from_str(&first.exec_ok(&["mirrorctl", "-o", "json", "pods"])).expect("pods is JSON");
+        pods.as_array().is_some_and(|p| p.iter().any(|p| p["name"] == "web-0" && p["namespace"] == "shop"))
+    });
+    assert!(named, "the pod is not named: {}", first.exec_ok(&["mirrorctl", "pods"]));
 
     let id = first.exec_ok(&["mirrorctl", "rules", "add", "status=500"]);
     assert!(!id.trim().is_empty());
