@@ -3,8 +3,10 @@
 //! program on the same segments: the per-flow state moves as on real traffic (requests queued,
 //! answered, the framing followed), which repeating one packet does not give.
 //!
-//! Usage: `keepalive_cost [EXCHANGES] [noreplay]` (default 20000; the first tenth warms up), as
-//! root; `noreplay` keeps no request for a replay (the cost of keeping them is the difference).
+//! Two classifiers run side by side, packet by packet: one keeping each request for a replay
+//! (the default), one not: the cost of keeping them is the difference.
+//!
+//! Usage: `keepalive_cost [EXCHANGES]` (default 20000; the first tenth warms up), as root.
 use mirror_bpf::testing::packet::PacketBuilder;
 use mirror_bpf::testing::{self, run_repeat, SkbContext};
 
@@ -15,15 +17,16 @@ fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let _ = testing::pin_thread(1);
     testing::enter_private_netns();
-    let mut rig = testing::rig::Rig::new(1, testing::rig::mirror_veth());
-    if std::env::args().nth(2).as_deref() == Some("noreplay") {
-        rig.dp.set_replay(false).expect("switching replays off");
-    }
+    let mirror = testing::rig::mirror_veth();
+    let rig = testing::rig::Rig::new(1, mirror);
+    let mut plain = testing::rig::Rig::new(1, mirror);
+    plain.dp.set_replay(false).expect("switching replays off");
     let empty = testing::empty_program().expect("empty program");
-    let prog = rig.prog();
+    let (prog, plain_prog) = (rig.prog(), plain.prog());
     let conns: Vec<u16> = (0..4).map(|i| 40000 + i).collect();
     let mut seq = vec![(1000u32, 5000u32); conns.len()];
     let (mut req_ns, mut resp_ns, mut req_e, mut resp_e) = (vec![], vec![], vec![], vec![]);
+    let (mut req_p, mut resp_p) = (vec![], vec![]);
     let ctx = SkbContext::default();
     for i in 0..n {
         let c = i % conns.len();
@@ -40,8 +43,10 @@ fn main() {
             .build();
         seq[c] = (cs + REQ.len() as u32, ss + RESP.len() as u32);
         req_ns.push(run_repeat(prog, &req, ctx, 1).2);
+        req_p.push(run_repeat(plain_prog, &req, ctx, 1).2);
         req_e.push(run_repeat(&empty.progs.tc_empty, &req, ctx, 1).2);
         resp_ns.push(run_repeat(prog, &resp, ctx, 1).2);
+        resp_p.push(run_repeat(plain_prog, &resp, ctx, 1).2);
         resp_e.push(run_repeat(&empty.progs.tc_empty, &resp, ctx, 1).2);
     }
     let c = rig.counters();
@@ -50,10 +55,18 @@ fn main() {
         (v[v.len() / 2], v.iter().sum::<f64>() / v.len() as f64)
     };
     let skip = n / 10; // warm-up
-    for (name, mut a, mut e) in [("request", req_ns, req_e), ("response", resp_ns, resp_e)] {
+    for (name, mut a, mut p, mut e) in
+        [("request", req_ns, req_p, req_e), ("response", resp_ns, resp_p, resp_e)]
+    {
         let (ma, aa) = med(&mut a.split_off(skip));
+        let (mp, ap) = med(&mut p.split_off(skip));
         let (me, ae) = med(&mut e.split_off(skip));
-        println!("{name:9} classifier median {ma:6.0} mean {aa:6.0} | empty median {me:4.0} mean {ae:4.0} | added median {:6.0}", ma - me);
+        println!(
+            "{name:9} classifier median {ma:6.0} mean {aa:6.0} | without replays median {mp:6.0} mean {ap:6.0} | \
+             empty median {me:4.0} mean {ae:4.0} | added median {:6.0} (replays {:+4.0})",
+            ma - me,
+            ma - mp
+        );
     }
     println!("{c:?}");
 }
