@@ -9,7 +9,6 @@ mod common;
 
 use std::time::Duration;
 
-use mirror_agent::api::types::PodView;
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
 use mirror_e2e::client::{self, url};
@@ -19,21 +18,7 @@ use mirror_e2e::proc::wait_until;
 use mirror_e2e::scenario::HTTP;
 use mirror_e2e::servers::Server;
 
-use common::{add_rule, bins, flows, json, status, ATTACH};
-
-/// Where the metrics listen, inside the test's own node namespace.
-const METRICS: &str = "127.0.0.1:9464";
-
-fn pods(env: &AgentEnv) -> Vec<PodView> {
-    json(&env.ctl_ok(&["-o", "json", "pods"]))
-}
-
-#[track_caller]
-fn find<'a>(pods: &'a [PodView], interface: &str) -> &'a PodView {
-    pods.iter()
-        .find(|p| p.interface == interface)
-        .unwrap_or_else(|| panic!("no pod on {interface}: {pods:?}"))
-}
+use common::{add_rule, bins, find, flows, pods, status, ATTACH, METRICS};
 
 #[test]
 fn veths_are_mapped_to_their_pods() {

@@ -25,24 +25,11 @@ use mirror_e2e::proc::wait_until;
 use mirror_e2e::scenario::HTTP;
 use mirror_e2e::servers::Server;
 
-use common::{add_rule, bins, flows, json, ATTACH};
+use common::{add_rule, bins, find, flows, json, pods, ATTACH, METRICS};
 use fake_cri::{FakeCri, FakeSandbox, Silent};
 
-/// Where the metrics listen, inside the test's own node namespace.
-const METRICS: &str = "127.0.0.1:9464";
 /// The labels the agent is told to show.
 const LABELS: &str = "[app, team, app.kubernetes.io/name]";
-
-fn pods(env: &AgentEnv) -> Vec<PodView> {
-    json(&env.ctl_ok(&["-o", "json", "pods"]))
-}
-
-#[track_caller]
-fn find<'a>(pods: &'a [PodView], interface: &str) -> &'a PodView {
-    pods.iter()
-        .find(|p| p.interface == interface)
-        .unwrap_or_else(|| panic!("no pod on {interface}: {pods:?}"))
-}
 
 fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
     kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()

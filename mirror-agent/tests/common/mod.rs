@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use mirror_agent::api::types::{FlowView, RuleView, StatusView};
+use mirror_agent::api::types::{FlowView, PodView, RuleView, StatusView};
 use mirror_bpf::attach::tcx_prog_ids;
 use mirror_e2e::agent::{AgentEnv, Binaries};
 
@@ -71,4 +71,20 @@ pub fn link_exists(name: &str) -> bool {
     let c = std::ffi::CString::new(name).expect("a link name");
     // SAFETY: a valid C string, only read.
     unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
+}
+
+/// Where the metrics listen, inside a test's own node namespace.
+pub const METRICS: &str = "127.0.0.1:9464";
+
+/// `mirrorctl pods`.
+pub fn pods(env: &AgentEnv) -> Vec<PodView> {
+    json(&env.ctl_ok(&["-o", "json", "pods"]))
+}
+
+/// The pod behind `interface`.
+#[track_caller]
+pub fn find<'a>(pods: &'a [PodView], interface: &str) -> &'a PodView {
+    pods.iter()
+        .find(|p| p.interface == interface)
+        .unwrap_or_else(|| panic!("no pod on {interface}: {pods:?}"))
 }
