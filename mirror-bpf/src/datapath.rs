@@ -136,13 +136,39 @@ impl<'obj> Datapath<'obj> {
             data.mark_epoch = (flow::monotonic_ns() as u32) | 1;
         }
         let mut adopted = false;
+        let mut fresh_settings = true;
         if let Some(dir) = &opts.pin_path {
             std::fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
             for mut map in open.open_object_mut().maps_mut() {
                 let path = dir.join(map.name());
-                if path.exists() {
-                    map.reuse_pinned_map(&path).context(|| format!("reusing {}", path.display()))?;
-                    adopted = true;
+                if !path.exists() {
+                    continue;
+                }
+                // Left by an earlier version with another layout (or by other sizes): the
+                // kernel would refuse it. A fresh map replaces it; the earlier programs keep
+                // theirs until the links move to ours.
+                let want =
+                    (map.map_type(), map.key_size(), map.value_size(), map.max_entries(), map.map_flags());
+                let pinned = libbpf_rs::MapHandle::from_pinned_path(&path).and_then(|m| {
+                    let flags = m.info()?.info.map_flags;
+                    Ok((m.map_type(), m.key_size(), m.value_size(), m.max_entries(), flags))
+                });
+                match pinned {
+                    Ok(had) if had == want => {
+                        map.reuse_pinned_map(&path).context(|| format!("reusing {}", path.display()))?;
+                        adopted = true;
+                        fresh_settings &= map.name() != "settings";
+                    }
+                    had => {
+                        tracing::warn!(
+                            map = %path.display(),
+                            pinned = ?had.as_ref().map(|h| (h.1, h.2, h.3)),
+                            ours = ?(want.1, want.2, want.3),
+                            "a pinned map differs from ours (key, value bytes, entries): replaced, its contents \
+                             start afresh"
+                        );
+                        std::fs::remove_file(&path).context(|| format!("unpinning {}", path.display()))?;
+                    }
                 }
             }
         }
@@ -167,7 +193,7 @@ impl<'obj> Datapath<'obj> {
             replay_slots: opts.replay_slots != 0,
         };
         dp.sync_replay()?;
-        if !adopted {
+        if fresh_settings {
             // Response and handshake times are on by default; adopted settings are kept.
             settings::update(&dp.skel.maps.settings, |s| {
                 s.timing = TimingGroup::Http.bit() | TimingGroup::Handshake.bit()

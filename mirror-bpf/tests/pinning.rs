@@ -63,3 +63,38 @@ fn prog_id(p: &libbpf_rs::ProgramMut<'_>) -> u32 {
     use std::os::fd::AsFd;
     libbpf_rs::Program::id_from_fd(p.as_fd()).unwrap()
 }
+
+/// A pinned map of another layout (an earlier version's counters, other sizes) is replaced by a
+/// fresh one, not refused at load; the maps that match are adopted.
+#[test]
+fn a_pinned_map_of_another_layout_is_replaced() {
+    if !testing::require_root() {
+        return;
+    }
+    use libbpf_rs::{MapCore, MapHandle, MapType};
+    let pins = PinDir(PathBuf::from(format!("/sys/fs/bpf/mirror-bpf-test-layout-{}", std::process::id())));
+    let opts = DatapathOptions { pin_path: Some(pins.0.clone()), ..Default::default() };
+    let first = testing::load(&opts);
+    drop(first);
+    // The counters and settings of an earlier version: fewer of them.
+    let stats = pins.0.join("stats");
+    std::fs::remove_file(&stats).unwrap();
+    let settings = pins.0.join("settings");
+    std::fs::remove_file(&settings).unwrap();
+    let create = libbpf_sys::bpf_map_create_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as _,
+        ..Default::default()
+    };
+    let mut old = MapHandle::create(MapType::PercpuArray, Some("stats"), 4, 8 * 20, 1, &create).unwrap();
+    old.pin(&stats).unwrap();
+    let mut old = MapHandle::create(MapType::Array, Some("settings"), 4, 8, 1, &create).unwrap();
+    old.pin(&settings).unwrap();
+
+    let second = testing::load(&opts);
+    assert!(second.adopted(), "the other maps are adopted");
+    let now = MapHandle::from_pinned_path(&stats).unwrap();
+    assert_eq!(now.value_size() as usize, std::mem::size_of::<mirror_bpf::types::counters>());
+    assert_eq!(second.counters().unwrap().get(S::STAT_PACKETS), 0);
+    // Fresh settings get the defaults: response times on.
+    assert!(second.timing(mirror_bpf::TimingGroup::Http).unwrap());
+}
