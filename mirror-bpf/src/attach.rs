@@ -164,7 +164,7 @@ pub fn attach_tcx(prog: &Program<'_>, ifindex: u32) -> io::Result<Link> {
 
 /// The lowest priority no filter uses on that hook: we run before any filter added later
 /// with a higher number, and never share a priority (a tcf_proto) with another tool.
-fn free_prio(used: &[netlink::FilterId]) -> u16 {
+pub(crate) fn free_prio(used: &[netlink::FilterId]) -> u16 {
     (1..u16::MAX).find(|p| !used.iter().any(|f| f.prio == *p)).unwrap_or(u16::MAX)
 }
 

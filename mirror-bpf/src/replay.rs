@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use libbpf_rs::{Link, TcHookBuilder, TC_EGRESS};
 
-use crate::attach::{attach_tcx, TC_HANDLE};
+use crate::attach::{attach_tcx, free_prio, TC_HANDLE};
 use crate::error::{Context, Error, Result};
 use crate::netlink;
 use crate::rule::Rule;
@@ -144,8 +144,7 @@ pub(crate) fn attach(
     };
     let filters = netlink::filters(ifindex, true).context(what)?;
     let ours = filters.iter().find(|f| f.handle == TC_HANDLE && f.kind == "bpf").map(|f| f.prio);
-    let prio = ours
-        .unwrap_or_else(|| (1..u16::MAX).find(|p| !filters.iter().any(|f| f.prio == *p)).unwrap_or(u16::MAX));
+    let prio = ours.unwrap_or_else(|| free_prio(&filters));
     TcHookBuilder::new(prog.as_fd())
         .ifindex(ifindex as i32)
         .replace(ours.is_some())
