@@ -48,6 +48,79 @@ fn response_time_is_kept_per_flow_and_in_the_histogram() {
     assert!(hist(&dp, HistKind::HttpResponse, 5).is_none());
 }
 
+/// Sends `frame` out of `ifindex` through a packet socket, stamped with the CLOCK_MONOTONIC
+/// departure time `at_ns` (SO_TXTIME: the stamp TCP puts on its segments, set by hand).
+fn send_stamped(ifindex: u32, frame: &[u8], at_ns: u64) {
+    #[repr(C)]
+    struct SockTxtime {
+        clockid: libc::clockid_t,
+        flags: u32,
+    }
+    // SAFETY: plain syscalls on a socket this function owns, with buffers that outlive them.
+    unsafe {
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "packet socket: {}", std::io::Error::last_os_error());
+        let txt = SockTxtime { clockid: libc::CLOCK_MONOTONIC, flags: 0 };
+        let rc = libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TXTIME,
+            (&txt as *const SockTxtime).cast(),
+            std::mem::size_of::<SockTxtime>() as u32,
+        );
+        assert_eq!(rc, 0, "SO_TXTIME: {}", std::io::Error::last_os_error());
+        let mut sll: libc::sockaddr_ll = std::mem::zeroed();
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_ifindex = ifindex as i32;
+        sll.sll_halen = 6;
+        let mut iov = libc::iovec { iov_base: frame.as_ptr() as *mut _, iov_len: frame.len() };
+        let mut cbuf = [0u64; 8];
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_name = (&mut sll as *mut libc::sockaddr_ll).cast();
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(8) as usize;
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_TXTIME;
+        (*c).cmsg_len = libc::CMSG_LEN(8) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u64>(), at_ns);
+        let sent = libc::sendmsg(fd, &msg, 0);
+        assert_eq!(sent, frame.len() as isize, "sendmsg: {}", std::io::Error::last_os_error());
+        libc::close(fd);
+    }
+}
+
+/// A segment carrying its sender's departure time (TCP stamps every segment it sends, and the
+/// stamp crosses the veth) is timed by that stamp at the classifier's TCX ingress, not by the
+/// clock; one without (test_run cannot stamp) is timed by the clock.
+#[test]
+fn the_departure_stamp_times_a_segment_that_has_one() {
+    let Some(dp) = load() else { return };
+    testing::enter_private_netns();
+    testing::sh("ip link add mtsa type veth peer name mtsb && ip link set mtsa up && ip link set mtsb up");
+    let (a, b) = (testing::ifindex("mtsa"), testing::ifindex("mtsb"));
+    let _link = mirror_bpf::attach::attach_tcx(&dp.skel().progs.tcx_ingress_mirror, a).expect("attach");
+    // Far from now, so the clock could not give these times.
+    let base = 1_000_000_000_000_000;
+    send_stamped(b, &fixtures::v4_request(50001, PORT_HTTP, REQ_GET_BAR), base);
+    send_stamped(b, &fixtures::v4_response(PORT_HTTP, 50001, RESP_200), base + 7_654_321);
+    let f = dp.flows().unwrap().into_iter().find(|f| f.key == key(50001)).expect("the flow, seen at ingress");
+    assert_eq!(f.http_timed, 1);
+    assert_eq!(f.http_time_max, Some(Duration::from_nanos(7_654_321)), "timed by the stamps");
+    let last = f.forward.last_seen_ns.max(f.reverse.last_seen_ns);
+    assert_eq!(last, base + 7_654_321, "the flow's times are the stamps too");
+
+    run(&dp, &fixtures::v4_request(50002, PORT_HTTP, REQ_GET_BAR));
+    sleep(Duration::from_millis(5));
+    run(&dp, &fixtures::v4_response(PORT_HTTP, 50002, RESP_200));
+    let f = dp.flows().unwrap().into_iter().find(|f| f.key == key(50002)).unwrap();
+    let took = f.http_time_max.unwrap();
+    assert!(took >= Duration::from_millis(5) && took < Duration::from_secs(1), "{took:?}");
+}
+
 #[test]
 fn latency_rules_trigger_only_on_slow_responses() {
     let Some(mut dp) = load() else { return };

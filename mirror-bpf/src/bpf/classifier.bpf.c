@@ -19,6 +19,7 @@
 #include "include/types.h"
 #include "include/maps.h"
 #include "include/parse.h"
+#include "include/clock.h"
 #include "include/flow.h"
 #include "include/nat.h"
 #include "include/timing.h"
@@ -101,9 +102,9 @@ __noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
         return 0;
     }
 
-    /* One clock read per packet serves flow times, mark limits and timing (the "coarse"
-     * clock costs as much: a seqlock read and a timespec conversion). */
-    __u64 now = m->now = bpf_ktime_get_ns();
+    /* One time per packet serves flow times, mark limits and timing: its sender's stamp
+     * when it has one, else one clock read (clock.h). */
+    __u64 now = m->now = packet_time(skb);
     int created = 0;
     struct flow_traffic *fs = flow_account(m, skb->len, now, cnt, &created);
 

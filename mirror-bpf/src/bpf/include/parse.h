@@ -7,6 +7,8 @@
 #ifndef MIRROR_PARSE_H
 #define MIRROR_PARSE_H
 
+#include <bpf/bpf_endian.h>
+
 #include "compat.h"
 #include "types.h"
 

@@ -144,7 +144,7 @@ struct flow_nat {
 struct flow_dir_stats {
     __u64 packets;
     __u64 bytes;
-    __u64 first_seen_ns; /* bpf_ktime_get_ns() */
+    __u64 first_seen_ns; /* CLOCK_MONOTONIC ns: packet_time() */
     __u64 last_seen_ns;
     __u8 tcp_flags; /* OR of every TCP flag byte seen */
     /* Whether this direction speaks HTTP/1.x, as far as this CPU saw: enum http_dir_kind. */
@@ -242,7 +242,7 @@ struct http_stream {
 
 /* A request awaiting its response. */
 struct http_request {
-    __u64 ts_ns;     /* its first segment, bpf_ktime_get_ns() */
+    __u64 ts_ns;     /* its first segment, packet_time() */
     __u32 head_len;  /* valid bytes in head */
     __u32 _pad;
     __u8 head[HTTP_REQUEST_HEAD_LEN]; /* raw "METHOD target HTTP/1.x" prefix */
@@ -302,7 +302,7 @@ struct pkt_meta {
     __u8 dir;          /* enum flow_dir */
     __u8 tcp_flags;
     __u8 _pad[2];
-    __u64 now; /* bpf_ktime_get_ns(), read once per packet (set by classify) */
+    __u64 now; /* packet_time(), read once per packet (set by classify) */
 };
 
 /* Where the HTTP stage stands in one segment (carried from one http_message() to the next). */
