@@ -70,33 +70,57 @@ pub fn delta(before: &[ProgRun], after: &[ProgRun]) -> Vec<ProgRun> {
         .collect()
 }
 
-/// The empty programs attached with TCX at both hooks of some interfaces: the baseline the
+/// The baseline programs, attached with TCX at both hooks of some interfaces: what the
 /// classifier's run time is compared with, on the same hooks under the same load.
-pub struct EmptyAttached {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Baseline {
+    /// The empty program.
+    Empty,
+    /// The floor of the design: parse, the packet's time and one per-CPU flow-table update.
+    Floor,
+}
+
+impl Baseline {
+    fn prefix(self) -> &'static str {
+        match self {
+            Baseline::Empty => "tcx_empty",
+            Baseline::Floor => "tcx_floor",
+        }
+    }
+}
+
+/// A baseline attached (see [`Baseline`]); detached when dropped.
+pub struct BaselineAttached {
+    which: Baseline,
     _links: Vec<Link>,
     _skel: BaselineSkel<'static>,
 }
 
-impl EmptyAttached {
-    /// Attaches to `veths` of the namespace `node` (at the head of each hook, as the agent).
-    pub fn new(node: &Netns, veths: &[&str]) -> Result<EmptyAttached> {
+impl BaselineAttached {
+    /// Attaches `which` to `veths` of the namespace `node` (at the head of each hook, as the agent).
+    pub fn new(node: &Netns, veths: &[&str], which: Baseline) -> Result<BaselineAttached> {
         let skel = mirror_bpf::testing::empty_program()?;
         let _in = node.enter();
         let mut links = Vec::new();
         for veth in veths {
             let ifindex = mirror_bpf::testing::ifindex(veth);
-            for prog in [&skel.progs.tcx_empty_ingress, &skel.progs.tcx_empty_egress] {
+            let progs = match which {
+                Baseline::Empty => [&skel.progs.tcx_empty_ingress, &skel.progs.tcx_empty_egress],
+                Baseline::Floor => [&skel.progs.tcx_floor_ingress, &skel.progs.tcx_floor_egress],
+            };
+            for prog in progs {
                 let link = mirror_bpf::attach::attach_tcx(prog, ifindex)
-                    .with_context(|| format!("attaching the empty program to {veth}"))?;
+                    .with_context(|| format!("attaching the {which:?} program to {veth}"))?;
                 links.push(link);
             }
         }
-        Ok(EmptyAttached { _links: links, _skel: skel })
+        Ok(BaselineAttached { which, _links: links, _skel: skel })
     }
 
-    /// The accounting of the empty programs (this process holds them).
+    /// The accounting of the attached programs (this process holds them).
     pub fn programs(&self) -> Result<Vec<ProgRun>> {
-        Ok(programs_of(std::process::id())?.into_iter().filter(|p| p.name.starts_with("tcx_empty")).collect())
+        let prefix = self.which.prefix();
+        Ok(programs_of(std::process::id())?.into_iter().filter(|p| p.name.starts_with(prefix)).collect())
     }
 }
 

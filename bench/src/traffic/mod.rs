@@ -154,22 +154,30 @@ pub struct Profile {
     pub secs: f64,
 }
 
-/// One round of the headline ratio: the classifier's programs, then the empty ones, under the
-/// same load for the same time.
+/// One round of the headline ratio: the classifier's programs, then the empty ones, then the
+/// floor program, under the same load for the same time.
 #[derive(Debug, Clone)]
 pub struct RatioRound {
     pub agent: Vec<ProgRun>,
     pub empty: Vec<ProgRun>,
+    pub floor: Vec<ProgRun>,
+}
+
+/// ns per run over all the runs of `p`.
+fn per_run(p: &[ProgRun]) -> f64 {
+    let runs: u64 = p.iter().map(|r| r.run_cnt).sum();
+    p.iter().map(|r| r.run_time_ns).sum::<u64>() as f64 / runs.max(1) as f64
 }
 
 impl RatioRound {
     /// ns per run of all the classifier's runs over ns per run of all the empty program's.
     pub fn ratio(&self) -> f64 {
-        let per_run = |p: &[ProgRun]| {
-            let runs: u64 = p.iter().map(|r| r.run_cnt).sum();
-            p.iter().map(|r| r.run_time_ns).sum::<u64>() as f64 / runs.max(1) as f64
-        };
         per_run(&self.agent) / per_run(&self.empty)
+    }
+
+    /// The same for the floor program: what the design's flow table alone costs.
+    pub fn floor_ratio(&self) -> f64 {
+        per_run(&self.floor) / per_run(&self.empty)
     }
 }
 
@@ -285,7 +293,7 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
         for round in 0..rounds {
             check_stop()?;
             if let Some(r) = stage(&what, &mut failures, || ratio_round(&ctx, load, &cfg, plan.secs)) {
-                eprintln!("  {what}, round {}: {:.2}x", round + 1, r.ratio());
+                eprintln!("  {what}, round {}: {:.2}x (floor {:.2}x)", round + 1, r.ratio(), r.floor_ratio());
                 done.push(r);
             }
         }
@@ -396,19 +404,24 @@ fn profile(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<(Vec<Pr
 }
 
 /// One round of the headline ratio: `load` under the agent of `cfg`, then under the empty
-/// program attached with TCX to the same veths, each with BPF run-time accounting on.
+/// program attached with TCX to the same veths, then under the floor program, each with BPF
+/// run-time accounting on.
 fn ratio_round(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<RatioRound> {
     let (agent, _) = profile(ctx, load, cfg, secs)?;
     let _on = bpfstats::StatsOn::enable()?;
     let veths = ctx.bed.pod_veths();
-    let empty = bpfstats::EmptyAttached::new(ctx.bed.node(), &veths)?;
-    let before = empty.programs()?;
-    load.run(ctx.bed, secs)?;
-    let empty = bpfstats::delta(&before, &empty.programs()?);
-    if empty.is_empty() || agent.is_empty() {
-        bail!("no runs counted (agent: {agent:?}, empty: {empty:?})");
+    let under = |which| -> Result<Vec<ProgRun>> {
+        let attached = bpfstats::BaselineAttached::new(ctx.bed.node(), &veths, which)?;
+        let before = attached.programs()?;
+        load.run(ctx.bed, secs)?;
+        Ok(bpfstats::delta(&before, &attached.programs()?))
+    };
+    let empty = under(bpfstats::Baseline::Empty)?;
+    let floor = under(bpfstats::Baseline::Floor)?;
+    if empty.is_empty() || agent.is_empty() || floor.is_empty() {
+        bail!("no runs counted (agent: {agent:?}, empty: {empty:?}, floor: {floor:?})");
     }
-    Ok(RatioRound { agent, empty })
+    Ok(RatioRound { agent, empty, floor })
 }
 
 /// `load` under the agent of `cfg` with `perf` sampling every CPU: the samples under each

@@ -9,7 +9,8 @@
  *
  * Fail-open: every entry point returns "continue" (TC_ACT_UNSPEC / TCX_NEXT, both -1), so
  * the production packet and any filter after ours always go on, whatever happens here.
- * Exactly once: at egress, a packet that came in through an attached ingress was handled there.
+ * Exactly once: at egress, a packet that came in through an attached ingress was handled there
+ * (egress_seen, in the entry program: most packets at a pod's egress are such).
  */
 #include "include/vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -64,6 +65,26 @@ struct replay_slot _replay_slot = {};
 enum replay_keep _replay_keep = 0;
 
 /*
+ * egress_seen - did @skb, at egress, come in through an interface where our ingress runs? Then
+ * it was classified there: counted as a duplicate and skipped. Inlined into the egress entry
+ * programs, so that a duplicate costs no call into classify.
+ */
+static __always_inline int egress_seen(struct __sk_buff *skb)
+{
+    __u32 iif = skb->ingress_ifindex, zero = 0;
+
+    if (!iif || !ingress_attached(iif))
+        return 0;
+    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+    if (cnt) {
+        cnt->v[STAT_PACKETS]++;
+        cnt->v[STAT_BYTES] += skb->len;
+        cnt->v[STAT_DUPLICATE]++;
+    }
+    return 1;
+}
+
+/*
  * classify - everything the classifier does for one packet. A global function: verified once
  * for all six entry programs, each of its stages (parse, NAT, handshake, HTTP, trigger) a
  * global function verified once too.
@@ -82,14 +103,6 @@ __noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
     cnt->v[STAT_BYTES] += skb->len;
     if (hook == HOOK_INGRESS && stack_stamps_on)
         stack_stamp_tc(skb);
-
-    if (hook == HOOK_EGRESS) {
-        __u32 iif = skb->ingress_ifindex;
-        if (iif && ingress_attached(iif)) {
-            cnt->v[STAT_DUPLICATE]++;
-            return 0;
-        }
-    }
 
     struct http_scratch *hs = bpf_map_lookup_elem(&http_scratch, &zero);
     if (!hs)
@@ -134,7 +147,8 @@ int tc_ingress_mirror(struct __sk_buff *skb)
 SEC("tc")
 int tc_egress_mirror(struct __sk_buff *skb)
 {
-    classify(skb, HOOK_EGRESS, MIRROR_CLONE);
+    if (!egress_seen(skb))
+        classify(skb, HOOK_EGRESS, MIRROR_CLONE);
     return TC_ACT_UNSPEC;
 }
 
@@ -149,7 +163,8 @@ int tcx_ingress_mirror(struct __sk_buff *skb)
 SEC("tcx/egress")
 int tcx_egress_mirror(struct __sk_buff *skb)
 {
-    classify(skb, HOOK_EGRESS, MIRROR_CLONE);
+    if (!egress_seen(skb))
+        classify(skb, HOOK_EGRESS, MIRROR_CLONE);
     return TCX_NEXT;
 }
 
@@ -166,6 +181,8 @@ int tc_ingress_mirred(struct __sk_buff *skb)
 SEC("tc")
 int tc_egress_mirred(struct __sk_buff *skb)
 {
+    if (egress_seen(skb))
+        return CLS_NO_MATCH;
     return classify(skb, HOOK_EGRESS, MIRROR_MIRRED) ? CLS_MATCH : CLS_NO_MATCH;
 }
 
