@@ -4,7 +4,8 @@
  * time, kept per flow and aggregated in the kernel into per-interface latency histograms
  * (never one event per packet). The two ends of an interval may be seen on different CPUs,
  * and, across NAT, under the two keys of one connection: their timestamps meet in the shared
- * flow_timing map; the precise clock is read only on the packets that start or end an interval.
+ * flow_timing map. The times are the packets' own (packet_time(), clock.h: their senders' TCP
+ * departure stamps where they carry one).
  */
 #ifndef MIRROR_TIMING_H
 #define MIRROR_TIMING_H
