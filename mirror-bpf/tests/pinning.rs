@@ -16,13 +16,19 @@ impl Drop for PinDir {
     }
 }
 
+/// A pin directory named for `test` and this process, and the options that pin there.
+fn pinned(test: &str) -> (PinDir, DatapathOptions) {
+    let pins = PinDir(PathBuf::from(format!("/sys/fs/bpf/mirror-bpf-test-{test}-{}", std::process::id())));
+    let opts = DatapathOptions { pin_path: Some(pins.0.clone()), ..Default::default() };
+    (pins, opts)
+}
+
 #[test]
 fn a_second_instance_adopts_maps_and_links() {
     if !testing::require_root() {
         return;
     }
-    let pins = PinDir(PathBuf::from(format!("/sys/fs/bpf/mirror-bpf-test-{}", std::process::id())));
-    let opts = DatapathOptions { pin_path: Some(pins.0.clone()), ..Default::default() };
+    let (pins, opts) = pinned("adopt");
     testing::enter_private_netns();
     testing::sh("ip link add pa type veth peer name pb && ip link set pa up && ip link set pb up");
     let pa = testing::ifindex("pa");
@@ -72,8 +78,7 @@ fn a_pinned_map_of_another_layout_is_replaced() {
         return;
     }
     use libbpf_rs::{MapCore, MapHandle, MapType};
-    let pins = PinDir(PathBuf::from(format!("/sys/fs/bpf/mirror-bpf-test-layout-{}", std::process::id())));
-    let opts = DatapathOptions { pin_path: Some(pins.0.clone()), ..Default::default() };
+    let (pins, opts) = pinned("layout");
     let first = testing::load(&opts);
     drop(first);
     // The counters and settings of an earlier version: fewer of them.

@@ -11,6 +11,7 @@
 #include "include/types.h"
 #include "include/parse.h"
 #include "include/clock.h"
+#include "include/flow_dir.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -51,16 +52,14 @@ static __always_inline void floor_count(struct __sk_buff *skb)
     __u64 now = packet_time(skb);
     struct flow_dir_stats *d = bpf_map_lookup_elem(&floor_flows, &m.key);
     if (!d) {
-        struct flow_dir_stats z = {.first_seen_ns = now};
+        struct flow_dir_stats z = {};
         bpf_map_update_elem(&floor_flows, &m.key, &z, BPF_NOEXIST);
         d = bpf_map_lookup_elem(&floor_flows, &m.key);
         if (!d)
             return;
     }
-    d->packets++;
-    d->bytes += skb->len;
-    d->last_seen_ns = now;
-    d->tcp_flags |= m.tcp_flags;
+    /* Counted as the classifier counts (flow_dir.h). */
+    flow_dir_add(d, skb->len, m.tcp_flags, now);
 }
 
 SEC("tcx/ingress")

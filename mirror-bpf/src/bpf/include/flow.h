@@ -7,17 +7,7 @@
 
 #include "maps.h"
 #include "parse.h"
-
-/* flow_dir_add - count one packet of @len bytes in @d. */
-static __always_inline void flow_dir_add(struct flow_dir_stats *d, __u32 len, __u8 flags, __u64 now)
-{
-    if (!d->first_seen_ns)
-        d->first_seen_ns = now;
-    d->packets++;
-    d->bytes += len;
-    d->last_seen_ns = now;
-    d->tcp_flags |= flags;
-}
+#include "flow_dir.h"
 
 /*
  * flow_account - count the packet in this CPU's slot of flow_table, creating the flow.
