@@ -61,7 +61,7 @@ impl MapSpec {
 
 /// The maps `flows.max` sizes, and the one `flows.marks_max` sizes (as the data path's
 /// loader sets them); every other map keeps the size its object declares.
-const FLOW_MAPS: [&str; 3] = ["flow_table", "flow_timing", "flow_nat"];
+const FLOW_MAPS: [&str; 4] = ["flow_table", "flow_timing", "flow_timing_index", "flow_nat"];
 const MARK_MAP: &str = "mirror_marks";
 const REPLAY_MAP: &str = "request_replay";
 
@@ -97,7 +97,7 @@ fn object() -> &'static Object {
 /// Kernel memory of the classifier's maps with the configured sizes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableMemory {
-    /// `flow_table` (per CPU), `flow_timing` and `flow_nat`, sized by `flows.max`.
+    /// `flow_table` (per CPU), `flow_timing` (and its index) and `flow_nat`, sized by `flows.max`.
     pub flows: u64,
     /// `mirror_marks`, sized by `flows.marks_max`.
     pub marks: u64,

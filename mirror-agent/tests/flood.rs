@@ -29,7 +29,7 @@ const FLOOD_DST: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 1);
 /// Where the warm-up flood goes (other flows than the flood's).
 const WARM_UP_DST: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 2);
 /// The maps whose entries are compared.
-const MAPS: [&str; 5] = ["flow_table", "flow_timing", "flow_nat", "mirror_marks", "attached_ifaces"];
+const MAPS: [&str; 5] = ["flow_table", "flow_timing_index", "flow_nat", "mirror_marks", "attached_ifaces"];
 
 #[test]
 fn a_flood_of_new_flows_keeps_a_marked_flow_mirrored_and_leaks_nothing() {

@@ -122,6 +122,7 @@ impl<'obj> Datapath<'obj> {
         let maps = &mut open.maps;
         maps.flow_table.set_max_entries(opts.flows_max).context(|| "sizing flow_table".into())?;
         maps.flow_timing.set_max_entries(opts.flows_max).context(|| "sizing flow_timing".into())?;
+        maps.flow_timing_index.set_max_entries(opts.flows_max).context(|| "sizing flow_timing_index".into())?;
         maps.flow_nat.set_max_entries(opts.flows_max).context(|| "sizing flow_nat".into())?;
         maps.mirror_marks.set_max_entries(opts.marks_max).context(|| "sizing mirror_marks".into())?;
         maps.events.set_max_entries(opts.ringbuf_bytes).context(|| "sizing events".into())?;
@@ -130,6 +131,7 @@ impl<'obj> Datapath<'obj> {
             .context(|| "sizing request_replay".into())?;
         if let Some(data) = open.maps.data_data.as_deref_mut() {
             data.replay_mask = opts.replay_slots.max(1) - 1;
+            data.timing_slots = opts.flows_max;
         }
         // A fresh epoch: flow entries adopted from an earlier instance look their mark up again.
         if let Some(data) = open.maps.data_data.as_deref_mut() {
@@ -454,7 +456,7 @@ impl<'obj> Datapath<'obj> {
 
     /// Every latency histogram, summed over CPUs.
     pub fn histograms(&self) -> Result<Vec<Histogram>> {
-        latency::read_histograms(&self.skel.maps.latency_hists)
+        latency::read_histograms(&self.skel.maps.hist_slots, &self.skel.maps.latency_hists)
     }
 
     /// A ring buffer that calls `f` for each trigger event; poll it to receive them.

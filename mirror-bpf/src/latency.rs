@@ -118,12 +118,15 @@ impl Histogram {
     }
 }
 
-/// Every histogram of the `latency_hists` map, summed over CPUs.
-pub(crate) fn read_histograms(map: &MapMut<'_>) -> Result<Vec<Histogram>> {
+/// Every histogram (`hist_slots` gives each one's slot of `latency_hists`), summed over CPUs.
+pub(crate) fn read_histograms(slots: &MapMut<'_>, hists: &MapMut<'_>) -> Result<Vec<Histogram>> {
     let mut out = Vec::new();
-    for k in map.keys() {
+    for k in slots.keys() {
+        let Some(slot) = slots.lookup(&k, MapFlags::ANY).context(|| "reading hist_slots".into())? else {
+            continue;
+        };
         let Some(per_cpu) =
-            map.lookup_percpu(&k, MapFlags::ANY).context(|| "reading latency_hists".into())?
+            hists.lookup_percpu(&slot, MapFlags::ANY).context(|| "reading latency_hists".into())?
         else {
             continue;
         };

@@ -74,7 +74,8 @@ fn open(dp: &Datapath<'_>, with_fexit: bool) -> Result<OpenTracingSkel<'static>>
     for (map, shared, name) in [
         (&mut maps.attached_ifaces, ours.attached_ifaces.as_fd(), "attached_ifaces"),
         (&mut maps.latency_hists, ours.latency_hists.as_fd(), "latency_hists"),
-        (&mut maps.hist_zero, ours.hist_zero.as_fd(), "hist_zero"),
+        (&mut maps.hist_slots, ours.hist_slots.as_fd(), "hist_slots"),
+        (&mut maps.hist_next, ours.hist_next.as_fd(), "hist_next"),
         (&mut maps.skb_stamps, ours.skb_stamps.as_fd(), "skb_stamps"),
     ] {
         map.reuse_fd(shared).context(|| format!("sharing {name} with the tracing programs"))?;

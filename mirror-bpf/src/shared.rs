@@ -19,7 +19,7 @@ macro_rules! plain_types {
 plain_types! {
     flow_key = 40,
     flow_dir_stats = 40,
-    flow_traffic = 112,
+    flow_traffic = 128,
     rule_action = 40,
     rule_entry = 80,
     port_status_key = 4,
@@ -28,7 +28,7 @@ plain_types! {
     flow_nat = 120,
     http_stream = 24,
     http_request = 104,
-    flow_timing = 496,
+    flow_timing = 544,
     http_scratch = 992,
     skb_stamp = 24,
     hist_key = 8,

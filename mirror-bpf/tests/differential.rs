@@ -53,12 +53,7 @@ fn flow_exists(rig: &Rig, key: &mirror_bpf::FlowKey) -> bool {
 }
 
 fn forget(rig: &Rig, key: &mirror_bpf::FlowKey) {
-    let raw = key.to_raw();
-    let bytes = mirror_bpf::testing::key_bytes(&raw);
-    let m = &rig.dp.skel().maps;
-    for map in [&m.flow_table, &m.flow_timing, &m.flow_nat, &m.mirror_marks] {
-        let _ = map.delete(bytes);
-    }
+    testing::forget_flow(&rig.dp, &key.to_raw());
 }
 
 #[test]

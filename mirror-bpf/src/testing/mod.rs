@@ -72,6 +72,27 @@ pub fn key_bytes(key: &types::flow_key) -> &[u8] {
     crate::shared::bytes_of(key)
 }
 
+/// The flow_timing slot that the flow of `key` owns, if any.
+pub fn timing_slot(dp: &Datapath<'_>, key: &types::flow_key) -> Option<u32> {
+    use libbpf_rs::{MapCore, MapFlags};
+    let v = dp.skel().maps.flow_timing_index.lookup(key_bytes(key), MapFlags::ANY).ok()??;
+    Some(u32::from_ne_bytes(v.try_into().ok()?))
+}
+
+/// Makes the classifier forget the flow of `key`: its traffic, shared entry, tuples and mark.
+pub fn forget_flow(dp: &Datapath<'_>, key: &types::flow_key) {
+    use libbpf_rs::{MapCore, MapFlags};
+    let m = &dp.skel().maps;
+    if let Some(slot) = timing_slot(dp, key) {
+        let free = vec![0u8; std::mem::size_of::<types::flow_timing>()];
+        m.flow_timing.update(&slot.to_ne_bytes(), &free, MapFlags::ANY).expect("freeing a flow_timing slot");
+    }
+    for map in [&m.flow_table, &m.flow_timing_index, &m.flow_nat, &m.mirror_marks] {
+        // Absent already is fine.
+        let _ = map.delete(key_bytes(key));
+    }
+}
+
 /// Runs `prog` once over `frame`; returns its verdict and the frame it left.
 pub fn run(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext) -> (u32, Vec<u8>) {
     let (ret, out, _) = run_repeat(prog, frame, ctx, 1);

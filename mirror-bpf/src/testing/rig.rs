@@ -89,10 +89,7 @@ impl Rig {
     pub fn setup(&self, fx: &Fixture) -> Result<Primed, String> {
         let Some(key) = fx.expect.key() else { return Ok(Primed::default()) };
         let maps = &self.dp.skel().maps;
-        for map in [&maps.flow_table, &maps.flow_timing, &maps.flow_nat, &maps.mirror_marks] {
-            // Absent already is fine.
-            let _ = map.delete(bytes_of(&key.to_raw()));
-        }
+        super::forget_flow(&self.dp, &key.to_raw());
         for frame in &fx.setup {
             let (verdict, _, _) = run_repeat(self.prog(), frame, self.ctx, 1);
             if verdict != VERDICT_CONTINUE {
@@ -104,7 +101,15 @@ impl Rig {
             map.lookup(bytes_of(&key.to_raw()), MapFlags::ANY)
                 .map_err(|e| format!("{}: reading {key}: {e}", fx.name))
         };
-        Ok(Primed { timing: lookup(&maps.flow_timing)?, mark: lookup(&maps.mirror_marks)? })
+        let timing = match super::timing_slot(&self.dp, &key.to_raw()) {
+            Some(slot) => maps
+                .flow_timing
+                .lookup(&slot.to_ne_bytes(), MapFlags::ANY)
+                .map_err(|e| format!("{}: reading {key}'s shared entry: {e}", fx.name))?
+                .map(|v| (slot, v)),
+            None => None,
+        };
+        Ok(Primed { timing, mark: lookup(&maps.mirror_marks)? })
     }
 
     /// Puts back what the fixture's frame changed, so that it runs again with the same
@@ -116,12 +121,21 @@ impl Rig {
             (Repeat::Restore, Some(key)) => key.to_raw(),
         };
         let maps = &self.dp.skel().maps;
-        for (map, value) in [(&maps.flow_timing, &primed.timing), (&maps.mirror_marks, &primed.mark)] {
-            let put = match value {
-                Some(v) => map.update(bytes_of(&key), v, MapFlags::ANY),
-                None => map.delete(bytes_of(&key)).or(Ok(())),
-            };
-            put.map_err(|e| format!("{}: restoring its flow: {e}", fx.name))?;
+        let failed = |e: libbpf_rs::Error| format!("{}: restoring its flow: {e}", fx.name);
+        match &primed.timing {
+            // The frame runs on the flow's own slot: it keeps it.
+            Some((slot, v)) => maps.flow_timing.update(&slot.to_ne_bytes(), v, MapFlags::ANY).map_err(failed)?,
+            None => {
+                if let Some(slot) = super::timing_slot(&self.dp, &key) {
+                    let free = vec![0u8; std::mem::size_of::<types::flow_timing>()];
+                    maps.flow_timing.update(&slot.to_ne_bytes(), &free, MapFlags::ANY).map_err(failed)?;
+                    maps.flow_timing_index.delete(bytes_of(&key)).map_err(failed)?;
+                }
+            }
+        }
+        match &primed.mark {
+            Some(v) => maps.mirror_marks.update(bytes_of(&key), v, MapFlags::ANY).map_err(failed)?,
+            None => maps.mirror_marks.delete(bytes_of(&key)).or(Ok(())).map_err(failed)?,
         }
         Ok(())
     }
@@ -173,7 +187,8 @@ impl Rig {
 /// its mark, which [`Repeat::Restore`] puts back.
 #[derive(Debug, Clone, Default)]
 pub struct Primed {
-    timing: Option<Vec<u8>>,
+    /// Its flow_timing slot and the slot's bytes.
+    timing: Option<(u32, Vec<u8>)>,
     mark: Option<Vec<u8>>,
 }
 

@@ -44,30 +44,54 @@ static __always_inline __u32 hist_bucket(__u64 ns)
 }
 
 /*
- * hist_add - count one interval of @ns in the histogram (@ifindex, @kind, @class).
- * @return 0, or -1 when the histogram could not be created (the sample is lost).
+ * hist_slot - the latency_hists slot of the histogram (@ifindex, @kind, @class), given out on
+ * its first sample. A global function: verified once (and its frame off the deepest chain).
+ * @return the slot + 1, or 0 when every slot is taken.
  */
-static __always_inline int hist_add(__u32 ifindex, __u8 kind, __u8 class, __u64 ns)
+__noinline __u32 hist_slot(__u32 ifindex, __u32 kind, __u32 class)
 {
     struct hist_key k = {.ifindex = ifindex, .kind = kind, .class = class};
-    struct latency_hist *h = bpf_map_lookup_elem(&latency_hists, &k);
+    __u32 *at = bpf_map_lookup_elem(&hist_slots, &k);
 
-    if (!h) {
-        __u32 zero = 0;
-        struct latency_hist *init = bpf_map_lookup_elem(&hist_zero, &zero);
-        if (!init)
-            return -1;
-        bpf_map_update_elem(&latency_hists, &k, init, BPF_NOEXIST);
-        h = bpf_map_lookup_elem(&latency_hists, &k);
-        if (!h)
-            return -1;
-    }
+    if (at)
+        return *at + 1;
+    __u32 zero = 0;
+    __u32 *next = bpf_map_lookup_elem(&hist_next, &zero);
+    if (!next)
+        return 0;
+    __u32 slot = __sync_fetch_and_add(next, 1);
+    if (slot >= HIST_SLOTS)
+        return 0;
+    /* A slot never given out is zero on every CPU. Racing with another CPU, the first insert
+     * wins (this slot stays unused). */
+    bpf_map_update_elem(&hist_slots, &k, &slot, BPF_NOEXIST);
+    at = bpf_map_lookup_elem(&hist_slots, &k);
+    return at ? *at + 1 : 0;
+}
+
+/* hist_count - count one interval of @ns in the histogram of @slot + 1. @return 0, or -1. */
+static __always_inline int hist_count(__u32 slot, __u64 ns)
+{
+    __u32 idx = slot - 1;
+    struct latency_hist *h = slot ? bpf_map_lookup_elem(&latency_hists, &idx) : NULL;
+
+    if (!h)
+        return -1;
     __u32 b = hist_bucket(ns);
     if (b < HIST_BUCKETS)
         h->buckets[b]++;
     h->count++;
     h->sum_ns += ns;
     return 0;
+}
+
+/*
+ * hist_add - count one interval of @ns in the histogram (@ifindex, @kind, @class).
+ * @return 0, or -1 when the histogram could not be created (the sample is lost).
+ */
+static __always_inline int hist_add(__u32 ifindex, __u8 kind, __u8 class, __u64 ns)
+{
+    return hist_count(hist_slot(ifindex, kind, class), ns);
 }
 
 #endif /* MIRROR_HIST_H */

@@ -388,7 +388,7 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
     if (kind == HTTP_MAYBE && n == kept_len + avail) {
         /* The segment ends inside what could be the first line: keep its bytes. */
         if (!t) {
-            t = timing_get(&m->key, 1, cnt);
+            t = timing_get(fs, &m->key, 1, cnt);
             pos->created = 1;
         }
         if (t) {
@@ -410,7 +410,7 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
     }
     pos->seen = 1;
     if (!t) {
-        t = timing_get(&m->key, 1, cnt);
+        t = timing_get(fs, &m->key, 1, cnt);
         pos->created = 1;
     }
 
@@ -505,7 +505,7 @@ static __always_inline int http_segment(struct __sk_buff *skb, struct pkt_meta *
     struct flow_dir_stats *ds = fs ? &fs->dir[dir] : NULL;
     if (ds && ds->http_kind == HTTP_DIR_OTHER)
         return 0;
-    struct flow_timing *t = bpf_map_lookup_elem(&flow_timing, &m->key);
+    struct flow_timing *t = timing_find(fs, &m->key);
     /* In the scratch area: this frame is on the deepest call chain (to a trigger). */
     struct http_scratch *hs = bpf_map_lookup_elem(&http_scratch, &zero);
     if (!hs)
@@ -561,7 +561,7 @@ static __always_inline int http_segment(struct __sk_buff *skb, struct pkt_meta *
             ds->http_kind = HTTP_DIR_OTHER;
     }
     if (pos->created)
-        t = bpf_map_lookup_elem(&flow_timing, &m->key);
+        t = timing_find(fs, &m->key);
     /* Written only when there is something to say: a flow that is not HTTP never writes. */
     if (t && !pos->kept && (pos->state != HTTP_SCAN || was != HTTP_SCAN) &&
         !(pos->state == HTTP_ANSWERED && was == HTTP_ANSWERED)) {

@@ -34,17 +34,38 @@ struct {
 } mirror_marks SEC(".maps");
 
 /*
- * Key: struct flow_key. Value: struct flow_timing.
+ * Key: slot. Value: struct flow_timing, owned by the flow in its key.
  * Handshake times, each direction's HTTP framing (where the next message starts) and the
  * requests awaiting answers, written in place and read on any CPU. Packets with a payload,
- * SYNs and early ACKs look it up; it is created by the first HTTP message or SYN of a flow.
+ * SYNs and early ACKs use it; a slot is taken by the first HTTP message or SYN of a flow.
+ * An array, not a hash: each CPU's flow entry remembers the slot (flow_traffic.timing_slot),
+ * so a packet reaches it by an inlined array lookup, validated by the owner's key, instead of
+ * hashing its key a second time (timing.h).
  */
 struct {
-    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(type, BPF_MAP_TYPE_ARRAY);
     __uint(max_entries, 65536);
-    __type(key, struct flow_key);
+    __type(key, __u32);
     __type(value, struct flow_timing);
 } flow_timing SEC(".maps");
+
+/*
+ * Key: struct flow_key. Value: its flow_timing slot.
+ * Exactly the owners of slots: an entry is added when a flow takes a slot and deleted when the
+ * slot passes to another flow, so it never holds more entries than there are slots. Read when
+ * a CPU meets a flow the first time, and for the other key of a translated connection.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, struct flow_key);
+    __type(value, __u32);
+} flow_timing_index SEC(".maps");
+
+/* flow_timing's size, set by user space at load. */
+volatile __u32 timing_slots SEC(".data") = 65536;
+/* The allocator's hand: the next flow_timing slot it looks at. */
+volatile __u32 timing_next SEC(".data") = 0;
 
 /*
  * Key: struct flow_key. Value: struct flow_nat.
@@ -58,8 +79,8 @@ struct {
     __type(value, struct flow_nat);
 } flow_nat SEC(".maps");
 
-/* Key: 0. Value: struct zero_values, the initial values of new flow_table and flow_timing
- * entries (too large for the stack). Never written. */
+/* Key: 0. Value: struct zero_values, the initial values of new flow_table entries and
+ * flow_timing slots (too large for the stack). Never written. */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
     __uint(max_entries, 1);

@@ -51,17 +51,6 @@ static __always_inline void ct_tuple_key(struct flow_key *k, const struct ct_tup
     k->_pad[1] = 0;
 }
 
-static __always_inline int flow_key_eq(const struct flow_key *a, const struct flow_key *b)
-{
-    const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
-
-#pragma unroll
-    for (int i = 0; i < (int)(sizeof(*a) / 4); i++)
-        if (x[i] != y[i])
-            return 0;
-    return 1;
-}
-
 /*
  * nat_learn - ask conntrack about the connection of @m's packet; when it is translated, record
  * each of its two keys in flow_nat with the other. A global function: verified once.

@@ -17,22 +17,33 @@ struct {
     __type(value, __u32);
 } attached_ifaces SEC(".maps");
 
-/* Key: struct hist_key. Value: struct latency_hist, per CPU (no atomics; summed in user space). */
+/*
+ * Key: histogram slot. Value: struct latency_hist, per CPU (no atomics; summed in user space).
+ * An array: a slot found once (hist_slots) is updated by an inlined array lookup, and the
+ * classifier's flow entries remember the slot of their responses (hist.h).
+ */
 struct {
-    __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-    __uint(max_entries, 4096);
-    __type(key, struct hist_key);
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, HIST_SLOTS);
+    __type(key, __u32);
     __type(value, struct latency_hist);
 } latency_hists SEC(".maps");
 
-/* Key: 0. Value: a zeroed struct latency_hist, the initial value of new histograms (too large
- * for the stack). Never written. */
+/* Key: struct hist_key. Value: its latency_hists slot. Slots are never given back. */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, HIST_SLOTS);
+    __type(key, struct hist_key);
+    __type(value, __u32);
+} hist_slots SEC(".maps");
+
+/* Key: 0. Value: the next latency_hists slot to give out (shared by both objects). */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
     __uint(max_entries, 1);
     __type(key, __u32);
-    __type(value, struct latency_hist);
-} hist_zero SEC(".maps");
+    __type(value, __u32);
+} hist_next SEC(".maps");
 
 /*
  * Key: the address of a struct sk_buff. Value: struct skb_stamp.

@@ -27,20 +27,103 @@ static __always_inline int timing_on(__u32 group)
     return set && (set->timing & group);
 }
 
-/* timing_get - the flow's shared entry, created when @create. */
-static __always_inline struct flow_timing *timing_get(const struct flow_key *key, int create,
+/*
+ * timing_find - the shared entry of the flow of @key: the slot this CPU's flow entry @fs (may
+ * be NULL) remembers, when the flow still owns it; else the slot flow_timing_index gives,
+ * remembered in @fs. Marks the slot used, for the allocator's second chance.
+ * @return the entry, or NULL when the flow has none.
+ */
+static __always_inline struct flow_timing *timing_find(struct flow_traffic *fs,
+                                                       const struct flow_key *key)
+{
+    struct flow_timing *t;
+    __u32 slot;
+
+    if (fs && fs->timing_slot) {
+        slot = fs->timing_slot - 1;
+        t = bpf_map_lookup_elem(&flow_timing, &slot);
+        if (t && flow_key_eq(&t->key, key))
+            goto found;
+    }
+    __u32 *at = bpf_map_lookup_elem(&flow_timing_index, key);
+    if (!at)
+        return NULL;
+    slot = *at;
+    t = bpf_map_lookup_elem(&flow_timing, &slot);
+    if (!t || !flow_key_eq(&t->key, key))
+        return NULL;
+    if (fs)
+        fs->timing_slot = slot + 1;
+found:
+    if (!t->ref)
+        t->ref = 1;
+    return t;
+}
+
+/* How many slots the allocator passes over (used since its last pass) before it takes one. */
+#define TIMING_SECOND_CHANCES 4
+
+/*
+ * timing_take - give the flow of @key a slot of its own: the next one the hand reaches that was
+ * not used since the hand last passed (or the last of TIMING_SECOND_CHANCES looked at), its
+ * former owner forgotten. A global function: verified once, run once per flow.
+ * @return 1 when the flow has a slot (its own, or one another CPU gave it meanwhile).
+ */
+__noinline int timing_take(const struct flow_key *key)
+{
+    __u32 zero = 0;
+    struct zero_values *init = bpf_map_lookup_elem(&zero_values, &zero);
+    struct flow_timing *t = NULL;
+    __u32 slot = 0;
+
+    if (!key || !init || !timing_slots)
+        return 0;
+    for (int i = 0; i < TIMING_SECOND_CHANCES; i++) {
+        slot = __sync_fetch_and_add(&timing_next, 1) % timing_slots;
+        t = bpf_map_lookup_elem(&flow_timing, &slot);
+        if (!t)
+            return 0;
+        if (!t->ref || i == TIMING_SECOND_CHANCES - 1)
+            break;
+        t->ref = 0;
+    }
+    if (!t)
+        return 0;
+    /* The former owner loses its entry: the index holds owners only. */
+    __u32 *was = bpf_map_lookup_elem(&flow_timing_index, &t->key);
+    if (was && *was == slot)
+        bpf_map_delete_elem(&flow_timing_index, &t->key);
+    __builtin_memcpy(t, &init->timing, sizeof(*t));
+    t->key = *key;
+    t->ref = 1;
+    if (!bpf_map_update_elem(&flow_timing_index, key, &slot, BPF_NOEXIST))
+        return 1;
+    /* The flow has an entry in the index already: another CPU took a slot for it meanwhile
+     * (this one is left to the hand), or the index is stale. */
+    __u32 *own = bpf_map_lookup_elem(&flow_timing_index, key);
+    if (own) {
+        __u32 other = *own;
+        struct flow_timing *o = bpf_map_lookup_elem(&flow_timing, &other);
+        if (o && flow_key_eq(&o->key, key)) {
+            __builtin_memset(&t->key, 0, sizeof(t->key));
+            t->ref = 0;
+            return 1;
+        }
+    }
+    return !bpf_map_update_elem(&flow_timing_index, key, &slot, BPF_ANY);
+}
+
+/* timing_get - the flow's shared entry (see timing_find), given a slot when @create. */
+static __always_inline struct flow_timing *timing_get(struct flow_traffic *fs,
+                                                      const struct flow_key *key, int create,
                                                       struct counters *cnt)
 {
-    struct flow_timing *t = bpf_map_lookup_elem(&flow_timing, key);
+    struct flow_timing *t = timing_find(fs, key);
 
     if (t || !create)
         return t;
-    /* Too large for the stack: new entries are copied from a zeroed one. */
-    __u32 zero = 0;
-    struct zero_values *init = bpf_map_lookup_elem(&zero_values, &zero);
-    if (init)
-        bpf_map_update_elem(&flow_timing, key, &init->timing, BPF_NOEXIST);
-    t = bpf_map_lookup_elem(&flow_timing, key);
+    if (timing_take(key))
+        t = timing_find(fs, key);
     if (!t)
         cnt->v[STAT_TIMING_INSERT_FAILED]++;
     return t;
@@ -50,9 +133,9 @@ static __always_inline struct flow_timing *timing_get(const struct flow_key *key
  * timing_request - an HTTP request starts (its first bytes in s->buf, @avail of them in the
  * segment): queue it behind the requests still awaiting answers (pipelining), with its first
  * bytes (for events, and to know a HEAD) and, when HTTP timing is on, the time. The oldest is
- * dropped when the queue is full.
+ * dropped when the queue is full. Inlined into http_message, its only caller.
  */
-__noinline int timing_request(struct flow_timing *t, struct http_scratch *s, __u32 avail,
+static __always_inline int timing_request(struct flow_timing *t, struct http_scratch *s, __u32 avail,
                               __u64 now)
 {
     if (!t || !s)
@@ -88,8 +171,9 @@ static __always_inline int request_pop(struct flow_timing *t, struct http_reques
  * @t: the flow's shared entry.
  * The request answered is left in the HTTP stage's scratch area (zeroed when none).
  * @return the response time in ns (0: no timed request was pending).
+ * Inlined into http_message, its only caller.
  */
-__noinline __u64 timing_response(struct __sk_buff *skb, struct pkt_meta *m, struct flow_traffic *fs,
+static __always_inline __u64 timing_response(struct __sk_buff *skb, struct pkt_meta *m, struct flow_traffic *fs,
                                  struct flow_timing *t, __u32 status)
 {
     __u32 zero = 0;
@@ -105,7 +189,7 @@ __noinline __u64 timing_response(struct __sk_buff *skb, struct pkt_meta *m, stru
         /* Across NAT the request was seen under the other key (on the client's veth). */
         if (!nat_peer(skb, m, t, &s->peer, 1))
             return 0;
-        struct flow_timing *pt = bpf_map_lookup_elem(&flow_timing, &s->peer);
+        struct flow_timing *pt = timing_find(NULL, &s->peer);
         if (!pt || !request_pop(pt, req))
             return 0;
     }
@@ -121,7 +205,21 @@ __noinline __u64 timing_response(struct __sk_buff *skb, struct pkt_meta *m, stru
         if (took > fs->http_time_max_ns)
             fs->http_time_max_ns = took;
     }
-    if (hist_add(skb->ifindex, HIST_HTTP_RESPONSE, status / 100, took)) {
+    /* The histogram's slot, as this CPU's flow entry remembers it for this interface and
+     * class: most responses of a flow look it up once. */
+    __u32 ifindex = skb->ifindex, slot;
+    __u8 class = status / 100;
+    if (fs && fs->hist_slot && fs->hist_ifindex == ifindex && fs->hist_class == class) {
+        slot = fs->hist_slot;
+    } else {
+        slot = hist_slot(ifindex, HIST_HTTP_RESPONSE, class);
+        if (fs) {
+            fs->hist_slot = slot;
+            fs->hist_ifindex = ifindex;
+            fs->hist_class = class;
+        }
+    }
+    if (hist_count(slot, took)) {
         __u32 zero = 0;
         struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
         if (cnt)
@@ -158,7 +256,7 @@ __noinline int timing_handshake(struct __sk_buff *skb, struct pkt_meta *m, struc
     if (!timing_on(TIMING_HANDSHAKE))
         return 0;
     if (f == TCP_FLAG_SYN) {
-        struct flow_timing *t = timing_get(&m->key, 1, cnt);
+        struct flow_timing *t = timing_get(fs, &m->key, 1, cnt);
         if (t) {
             t->syn_ns = m->now;
             t->synack_ns = 0;
@@ -167,19 +265,19 @@ __noinline int timing_handshake(struct __sk_buff *skb, struct pkt_meta *m, struc
         return 0;
     }
     if (f == (TCP_FLAG_SYN | TCP_FLAG_ACK)) {
-        struct flow_timing *t = timing_get(&m->key, 0, cnt);
+        struct flow_timing *t = timing_get(fs, &m->key, 0, cnt);
         if (!t || !t->syn_ns) {
             /* The flow was created by this SYN/ACK, and conntrack asked then (classify). */
             struct flow_key peer;
             if (!nat_peer(skb, m, t, &peer, 0))
                 return 0;
-            t = bpf_map_lookup_elem(&flow_timing, &peer);
+            t = timing_find(NULL, &peer);
         }
         if (t && t->syn_ns)
             t->synack_ns = m->now;
         return 0;
     }
-    struct flow_timing *t = timing_get(&m->key, 0, cnt);
+    struct flow_timing *t = timing_get(fs, &m->key, 0, cnt);
     if (!t || !fs || !t->synack_ns || !t->syn_ns || t->syn_dir != m->dir)
         return 0;
     __u64 now = m->now;

@@ -32,6 +32,8 @@ enum mirror_limits {
     /* Latency histogram buckets: 8 per power of two of nanoseconds, up to 2^34 ns (17 s). */
     HIST_SUB_BITS = 3,
     HIST_BUCKETS = 256,
+    /* Latency histograms (interface, kind, class) the maps hold. */
+    HIST_SLOTS = 4096,
     /* iface_cache slots (a power of two), indexed by ifindex. */
     IFACE_CACHE_SLOTS = 1024,
     /* Bytes of a request's segment kept for its replay, from the frame's start: the headers
@@ -173,6 +175,15 @@ struct flow_traffic {
     __u64 http_time_max_ns;
     __u32 http_timed;       /* how many */
     __u32 handshake_us;     /* SYN to completing ACK, when seen on this CPU (0: not) */
+    /* flow_timing slot + 1 of the flow's shared entry, as this CPU last found it (0: none);
+     * valid while the slot's owner is the flow (timing.h). */
+    __u32 timing_slot;
+    /* latency_hists slot + 1 of the responses' histogram, as this CPU last found it, for
+     * hist_ifindex and hist_class (hist.h). */
+    __u32 hist_slot;
+    __u32 hist_ifindex;
+    __u8 hist_class;
+    __u8 _pad[3];
 };
 
 /* What a matching rule does. */
@@ -251,8 +262,12 @@ struct http_request {
 /*
  * Per-flow state that two CPUs may see halves of (shared by all CPUs): the handshake's
  * timestamps, the HTTP message framing of each direction, and the requests awaiting answers.
+ * One slot of the flow_timing array, owned by the flow of `key` (timing.h).
  */
 struct flow_timing {
+    struct flow_key key; /* the flow that owns the slot (zero: free) */
+    __u32 ref;        /* used since the allocator last passed (a second chance: timing.h) */
+    __u32 _pad0;
     __u64 syn_ns;     /* SYN, until the handshake completes */
     __u64 synack_ns;  /* SYN/ACK */
     __u32 req_head;   /* requests popped (answered) so far; the oldest pending is req_head % HTTP_PIPELINE */
