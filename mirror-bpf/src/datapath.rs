@@ -133,9 +133,11 @@ impl<'obj> Datapath<'obj> {
             data.replay_mask = opts.replay_slots.max(1) - 1;
             data.timing_slots = opts.flows_max;
         }
-        // A fresh epoch: flow entries adopted from an earlier instance look their mark up again.
+        // A fresh epoch: flow entries adopted from an earlier instance look their mark up again;
+        // and a fresh replay count: their slot numbers are not taken for recent ones.
         if let Some(data) = open.maps.data_data.as_deref_mut() {
             data.mark_epoch = (flow::monotonic_ns() as u32) | 1;
+            data.replay_next = (flow::monotonic_ns() >> 10) as u32;
         }
         let mut adopted = false;
         let mut fresh_settings = true;

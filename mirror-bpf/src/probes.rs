@@ -76,6 +76,7 @@ fn open(dp: &Datapath<'_>, with_fexit: bool) -> Result<OpenTracingSkel<'static>>
         (&mut maps.latency_hists, ours.latency_hists.as_fd(), "latency_hists"),
         (&mut maps.hist_slots, ours.hist_slots.as_fd(), "hist_slots"),
         (&mut maps.hist_next, ours.hist_next.as_fd(), "hist_next"),
+        (&mut maps.hist_cache, ours.hist_cache.as_fd(), "hist_cache"),
         (&mut maps.skb_stamps, ours.skb_stamps.as_fd(), "skb_stamps"),
     ] {
         map.reuse_fd(shared).context(|| format!("sharing {name} with the tracing programs"))?;

@@ -19,7 +19,7 @@ macro_rules! plain_types {
 plain_types! {
     flow_key = 40,
     flow_dir_stats = 40,
-    flow_traffic = 128,
+    flow_traffic = 112,
     rule_action = 40,
     rule_entry = 80,
     port_status_key = 4,
@@ -32,6 +32,7 @@ plain_types! {
     http_scratch = 992,
     skb_stamp = 24,
     hist_key = 8,
+    hist_cache_entry = 32,
     latency_hist = 16 + 8 * types::mirror_limits::HIST_BUCKETS.0 as usize,
     trigger_event = 856,
     replay_slot = 696,

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use mirror_bpf::testing::{self, consts::*, fixtures, packet::*, SkbContext};
 use mirror_bpf::types::stat_idx as S;
+use libbpf_rs::{MapCore, MapFlags};
 use mirror_bpf::{Datapath, DatapathOptions, FlowKey, HistKind};
 
 type Dp = Datapath<'static>;
@@ -190,4 +191,61 @@ fn timing_groups_switch_at_run_time() {
     run(&dp, &fixtures::v4_request(54001, PORT_HTTP, REQ_GET_BAR));
     run(&dp, &fixtures::v4_response(PORT_HTTP, 54001, RESP_200));
     assert_eq!(hist(&dp, HistKind::HttpResponse, 2).unwrap().count, 1);
+}
+
+/// A busy flow keeps its shared entry (its pending requests) while nine times as many new flows
+/// as there are slots take one: the hand that gives slots out passes over slots used since its
+/// last pass. And the index holds exactly the slots' owners.
+#[test]
+fn a_busy_flow_keeps_its_shared_entry_through_a_churn_of_new_flows() {
+    const SLOTS: u32 = 64;
+    let Some(dp) = testing::require_root()
+        .then(|| testing::load(&DatapathOptions { flows_max: SLOTS, ..Default::default() }))
+    else {
+        return;
+    };
+    let request = |cport: u16, seq: u32| {
+        PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).tcp(cport, PORT_HTTP, 0x18).seq(seq).payload(REQ_GET_BAR).build()
+    };
+    let (busy, rounds) = (50000u16, 10u64);
+    let mut new_port = 20000u16;
+    let mut new_flows = |dp: &Dp, n: u32| {
+        for _ in 0..n {
+            run(dp, &request(new_port, 1));
+            new_port += 1;
+        }
+    };
+    let (mut cseq, mut sseq) = (1000u32, 5000u32);
+    let mut exchange = |dp: &Dp, churn: u32| {
+        run(dp, &request(busy, cseq));
+        cseq += REQ_GET_BAR.len() as u32;
+        // The request is pending while new flows take three quarters of the slots: given out
+        // in turn, its slot would go to one of them every other round. Touched more often than
+        // the hand comes round, it keeps its slot (as it would keep an LRU entry).
+        new_flows(dp, churn);
+        let answer =
+            PacketBuilder::ipv4(V4_SERVER, V4_CLIENT).tcp(PORT_HTTP, busy, 0x18).seq(sseq).payload(RESP_200).build();
+        run(dp, &answer);
+        sseq += RESP_200.len() as u32;
+        new_flows(dp, 10);
+    };
+    exchange(&dp, 0);
+    for _ in 0..rounds {
+        exchange(&dp, SLOTS * 3 / 4);
+    }
+    // Only the busy flow is answered (its flow_table entry, as small, may have gone).
+    let timed = hist(&dp, HistKind::HttpResponse, 2).map_or(0, |h| h.count);
+    assert_eq!(timed, rounds + 1, "every response of the busy flow found its request");
+    assert_eq!(dp.counters().unwrap().get(S::STAT_TIMING_INSERT_FAILED), 0);
+
+    // The index: every entry names a slot its key owns, and there are no more than the slots.
+    let maps = &dp.skel().maps;
+    let mut owners = 0;
+    for k in maps.flow_timing_index.keys() {
+        let slot = maps.flow_timing_index.lookup(&k, MapFlags::ANY).unwrap().expect("an index entry");
+        let v = maps.flow_timing.lookup(&slot, MapFlags::ANY).unwrap().expect("its slot");
+        assert_eq!(&v[..k.len()], &k[..], "slot {slot:?} is owned by the key that names it");
+        owners += 1;
+    }
+    assert!(owners > 0 && owners <= SLOTS as usize, "{owners} index entries for {SLOTS} slots");
 }

@@ -85,13 +85,40 @@ static __always_inline int hist_count(__u32 slot, __u64 ns)
     return 0;
 }
 
+/* hist_cache_index - where hist_cache_entry.slot keeps the histogram of (@kind, @class). */
+static __always_inline __u32 hist_cache_index(__u8 kind, __u8 class)
+{
+    return kind == HIST_HTTP_RESPONSE ? class % 6 : 5 + kind;
+}
+
 /*
- * hist_add - count one interval of @ns in the histogram (@ifindex, @kind, @class).
+ * hist_add - count one interval of @ns in the histogram (@ifindex, @kind, @class), whose slot
+ * this CPU's hist_cache remembers (hist_slot finds it the first time).
  * @return 0, or -1 when the histogram could not be created (the sample is lost).
  */
 static __always_inline int hist_add(__u32 ifindex, __u8 kind, __u8 class, __u64 ns)
 {
-    return hist_count(hist_slot(ifindex, kind, class), ns);
+    __u32 at = ifindex & (HIST_CACHE_IFACES - 1), i = hist_cache_index(kind, class);
+    struct hist_cache_entry *c = bpf_map_lookup_elem(&hist_cache, &at);
+    __u32 slot = 0;
+
+    /* Opaque to the compiler, so that the bound below stays for the verifier. */
+    asm volatile("" : "+r"(i));
+    if (i >= HIST_CACHE_KEYS)
+        c = NULL;
+    if (c) {
+        if (c->ifindex != ifindex) {
+            __builtin_memset(c, 0, sizeof(*c));
+            c->ifindex = ifindex;
+        }
+        slot = c->slot[i];
+    }
+    if (!slot) {
+        slot = hist_slot(ifindex, kind, class);
+        if (c)
+            c->slot[i] = slot;
+    }
+    return hist_count(slot, ns);
 }
 
 #endif /* MIRROR_HIST_H */

@@ -506,6 +506,7 @@ static __always_inline int http_segment(struct __sk_buff *skb, struct pkt_meta *
     if (ds && ds->http_kind == HTTP_DIR_OTHER)
         return 0;
     struct flow_timing *t = timing_find(fs, &m->key);
+    timing_used(t);
     /* In the scratch area: this frame is on the deepest call chain (to a trigger). */
     struct http_scratch *hs = bpf_map_lookup_elem(&http_scratch, &zero);
     if (!hs)

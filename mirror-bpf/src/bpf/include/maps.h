@@ -188,9 +188,10 @@ struct {
 } events SEC(".maps");
 
 /*
- * Bumped by every trigger. A flow whose per-CPU entry saw the current value cannot have been
- * marked since, so most packets skip the shared mirror_marks lookup. User space sets a fresh
- * starting value at each load, so that entries adopted from an earlier instance look again.
+ * Bumped by 2 by every trigger: odd, so never the 0 a marked flow's entry holds. A flow whose
+ * per-CPU entry saw the current value unmarked cannot have been marked since, so most packets
+ * skip the shared mirror_marks lookup. User space sets a fresh odd starting value at each
+ * load, so that entries adopted from an earlier instance look again.
  */
 volatile __u32 mark_epoch SEC(".data") = 1;
 
@@ -216,7 +217,9 @@ struct {
 
 /* request_replay's size - 1, set by user space at load. */
 volatile __u32 replay_mask SEC(".data") = 4095;
-/* The next request_replay slot to hand out. */
+/* How many request_replay slots were handed out: the next is replay_next & replay_mask. User
+ * space starts it at a fresh value at each load, so that numbers adopted from an earlier
+ * instance are not taken for recent ones. */
 volatile __u32 replay_next SEC(".data") = 0;
 
 /*

@@ -58,13 +58,11 @@ static __always_inline struct mirror_mark *mark_lookup(struct flow_traffic *fs,
     /* Read before the lookup: a trigger racing with it changes the epoch, so we look again. */
     __u32 epoch = mark_epoch;
 
-    if (fs && !fs->marked && fs->mark_epoch == epoch)
+    if (fs && fs->mark_seen == epoch)
         return NULL;
     struct mirror_mark *mk = bpf_map_lookup_elem(&mirror_marks, key);
-    if (fs) {
-        fs->mark_epoch = epoch;
-        fs->marked = mk != NULL;
-    }
+    if (fs)
+        fs->mark_seen = mk ? 0 : epoch;
     return mk;
 }
 
@@ -222,7 +220,7 @@ __noinline int mirror_trigger(struct __sk_buff *skb, struct pkt_meta *m, struct 
             !bpf_map_lookup_elem(&mirror_marks, peer))
             cnt->v[STAT_MARK_INSERT_FAILED]++;
     }
-    __sync_fetch_and_add(&mark_epoch, 1);
+    __sync_fetch_and_add(&mark_epoch, 2);
     __u32 slot = ra->slot;
     __u64 *hits = bpf_map_lookup_elem(&rule_hits, &slot);
     if (hits)

@@ -37,14 +37,25 @@ static __always_inline int replay_wanted(const struct settings *set, const struc
     return bits && (*bits & (1ULL << (m->dst_port % 64)));
 }
 
+/*
+ * replay_held - does the flow of @t still hold the slot it was handed? Slots are handed out in
+ * turn (replay_next counts them): it does while fewer than all the slots were handed out after
+ * it. Known from the counters alone, without reading the slot.
+ */
+static __always_inline int replay_held(const struct flow_timing *t)
+{
+    return t && t->replay && replay_next - (t->replay - 1) <= replay_mask + 1;
+}
+
 /* replay_slot_of - the slot of @t holding @key's latest request, or NULL. */
 static __always_inline struct replay_slot *replay_slot_of(const struct flow_timing *t,
                                                           const struct flow_key *key)
 {
-    if (!t || !t->replay)
+    if (!replay_held(t))
         return NULL;
-    __u32 idx = t->replay - 1;
+    __u32 idx = (t->replay - 1) & replay_mask;
     struct replay_slot *r = bpf_map_lookup_elem(&request_replay, &idx);
+    /* Its owner wrote its key with the segment: a racing newer owner is caught here. */
     return r && flow_key_eq(&r->key, key) ? r : NULL;
 }
 
@@ -61,15 +72,19 @@ static __always_inline int replay_keep(struct __sk_buff *skb, struct pkt_meta *m
 
     if (!skb || !m || !t || !set || !cnt || !replay_wanted(set, m))
         return 0;
-    struct replay_slot *r = replay_slot_of(t, &m->key);
-    if (!r) {
-        __u32 idx = __sync_fetch_and_add(&replay_next, 1) & replay_mask;
-        r = bpf_map_lookup_elem(&request_replay, &idx);
-        if (!r)
-            return 0;
-        t->replay = idx + 1;
-        r->key = m->key;
+    __u32 number;
+    if (replay_held(t)) {
+        number = t->replay - 1;
+    } else {
+        number = __sync_fetch_and_add(&replay_next, 1);
+        t->replay = number + 1;
     }
+    __u32 idx = number & replay_mask;
+    struct replay_slot *r = bpf_map_lookup_elem(&request_replay, &idx);
+    if (!r)
+        return 0;
+    /* Written, never read here: the slot's lines are not loaded before they are overwritten. */
+    r->key = m->key;
     __u64 len = skb->len < REPLAY_FRAME_MAX ? skb->len : REPLAY_FRAME_MAX;
     /* A no-op the compiler cannot drop: it bounds the register for the verifier. */
     asm volatile("%0 &= 0x3ff" : "+r"(len));
@@ -110,7 +125,7 @@ static __always_inline struct replay_slot *replay_trigger(struct __sk_buff *skb,
     /* A replay is a copy: within the node-wide budget (refusals counted there). */
     if (!set->replay_ifindex || !set->mirror_ifindex || !budget_admit(r->len))
         return r;
-    s->replay_arm = t->replay;
+    s->replay_arm = ((t->replay - 1) & replay_mask) + 1;
     if (bpf_clone_redirect(skb, set->replay_ifindex, 0))
         cnt->v[STAT_REPLAY_FAILED]++;
     /* Still armed: no replay program ran (the clone went out unchanged). */

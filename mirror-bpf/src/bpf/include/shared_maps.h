@@ -37,6 +37,18 @@ struct {
     __type(value, __u32);
 } hist_slots SEC(".maps");
 
+/*
+ * Key: ifindex % HIST_CACHE_IFACES. Value: struct hist_cache_entry, per CPU: the slots of that
+ * interface's histograms as this CPU found them in hist_slots, so that a sample costs an
+ * inlined array lookup. Another interface at the same index takes the entry over.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, HIST_CACHE_IFACES);
+    __type(key, __u32);
+    __type(value, struct hist_cache_entry);
+} hist_cache SEC(".maps");
+
 /* Key: 0. Value: the next latency_hists slot to give out (shared by both objects). */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);

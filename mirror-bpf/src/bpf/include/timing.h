@@ -30,7 +30,7 @@ static __always_inline int timing_on(__u32 group)
 /*
  * timing_find - the shared entry of the flow of @key: the slot this CPU's flow entry @fs (may
  * be NULL) remembers, when the flow still owns it; else the slot flow_timing_index gives,
- * remembered in @fs. Marks the slot used, for the allocator's second chance.
+ * remembered in @fs.
  * @return the entry, or NULL when the flow has none.
  */
 static __always_inline struct flow_timing *timing_find(struct flow_traffic *fs,
@@ -55,9 +55,17 @@ static __always_inline struct flow_timing *timing_find(struct flow_traffic *fs,
     if (fs)
         fs->timing_slot = slot + 1;
 found:
-    if (!t->ref)
-        t->ref = 1;
     return t;
+}
+
+/*
+ * timing_used - a packet of the flow of @t met its entry again (not the one that gave it the
+ * slot): the hand passes over it once (a second chance). A flow of one packet never has it.
+ */
+static __always_inline void timing_used(struct flow_timing *t)
+{
+    if (t && !t->ref)
+        t->ref = 1;
 }
 
 /* How many slots the allocator passes over (used since its last pass) before it takes one. */
@@ -95,7 +103,6 @@ __noinline int timing_take(const struct flow_key *key)
         bpf_map_delete_elem(&flow_timing_index, &t->key);
     __builtin_memcpy(t, &init->timing, sizeof(*t));
     t->key = *key;
-    t->ref = 1;
     if (!bpf_map_update_elem(&flow_timing_index, key, &slot, BPF_NOEXIST))
         return 1;
     /* The flow has an entry in the index already: another CPU took a slot for it meanwhile
@@ -205,21 +212,7 @@ static __always_inline __u64 timing_response(struct __sk_buff *skb, struct pkt_m
         if (took > fs->http_time_max_ns)
             fs->http_time_max_ns = took;
     }
-    /* The histogram's slot, as this CPU's flow entry remembers it for this interface and
-     * class: most responses of a flow look it up once. */
-    __u32 ifindex = skb->ifindex, slot;
-    __u8 class = status / 100;
-    if (fs && fs->hist_slot && fs->hist_ifindex == ifindex && fs->hist_class == class) {
-        slot = fs->hist_slot;
-    } else {
-        slot = hist_slot(ifindex, HIST_HTTP_RESPONSE, class);
-        if (fs) {
-            fs->hist_slot = slot;
-            fs->hist_ifindex = ifindex;
-            fs->hist_class = class;
-        }
-    }
-    if (hist_count(slot, took)) {
+    if (hist_add(skb->ifindex, HIST_HTTP_RESPONSE, status / 100, took)) {
         __u32 zero = 0;
         struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
         if (cnt)
@@ -266,6 +259,7 @@ __noinline int timing_handshake(struct __sk_buff *skb, struct pkt_meta *m, struc
     }
     if (f == (TCP_FLAG_SYN | TCP_FLAG_ACK)) {
         struct flow_timing *t = timing_get(fs, &m->key, 0, cnt);
+        timing_used(t);
         if (!t || !t->syn_ns) {
             /* The flow was created by this SYN/ACK, and conntrack asked then (classify). */
             struct flow_key peer;

@@ -34,6 +34,9 @@ enum mirror_limits {
     HIST_BUCKETS = 256,
     /* Latency histograms (interface, kind, class) the maps hold. */
     HIST_SLOTS = 4096,
+    /* hist_cache: interfaces (a power of two, indexed by ifindex), and histograms of each. */
+    HIST_CACHE_IFACES = 1024,
+    HIST_CACHE_KEYS = 14,
     /* iface_cache slots (a power of two), indexed by ifindex. */
     IFACE_CACHE_SLOTS = 1024,
     /* Bytes of a request's segment kept for its replay, from the frame's start: the headers
@@ -167,23 +170,19 @@ enum http_dir_kind {
 /* flow_table value: per CPU, summed in user space. */
 struct flow_traffic {
     struct flow_dir_stats dir[FLOW_DIRS];
-    /* mark_epoch when this CPU last looked the flow up in mirror_marks: while no trigger
-     * happened since, the flow cannot have been marked and the shared lookup is skipped. */
-    __u32 mark_epoch;
-    __u32 marked; /* the last lookup found a mark */
+    /* mark_epoch (always odd) when this CPU last looked the flow up in mirror_marks and found
+     * no mark: while no trigger happened since, the flow cannot have been marked and the
+     * shared lookup is skipped. 0: marked, or not looked up yet. */
+    __u32 mark_seen;
+    /* flow_timing slot + 1 of the flow's shared entry, as this CPU last found it (0: none);
+     * valid while the slot's owner is the flow (timing.h). */
+    __u32 timing_slot;
     __u64 http_time_sum_ns; /* request-to-response times of the responses seen on this CPU */
     __u64 http_time_max_ns;
     __u32 http_timed;       /* how many */
     __u32 handshake_us;     /* SYN to completing ACK, when seen on this CPU (0: not) */
     /* flow_timing slot + 1 of the flow's shared entry, as this CPU last found it (0: none);
      * valid while the slot's owner is the flow (timing.h). */
-    __u32 timing_slot;
-    /* latency_hists slot + 1 of the responses' histogram, as this CPU last found it, for
-     * hist_ifindex and hist_class (hist.h). */
-    __u32 hist_slot;
-    __u32 hist_ifindex;
-    __u8 hist_class;
-    __u8 _pad[3];
 };
 
 /* What a matching rule does. */
@@ -277,7 +276,8 @@ struct flow_timing {
     __u8 deep;        /* more requests were pending at once than req holds: every response
                        * is framed (see HTTP_ANSWERED) */
     __u8 _pad;
-    __u32 replay;     /* request_replay slot + 1 holding its latest request (0: none) */
+    __u32 replay;     /* hand-out number + 1 of the request_replay slot holding its latest
+                       * request (0: none); the slot is number & replay_mask (replay.h) */
     struct http_stream stream[FLOW_DIRS];
     struct http_request req[HTTP_PIPELINE];
 };
@@ -386,6 +386,12 @@ struct net_cpu_time {
     __u64 syscall_ns;    /* in send/receive system calls, softirqs inside them excluded */
     __u64 softirq_rx_ns; /* in NET_RX softirqs */
     __u64 softirq_tx_ns; /* in NET_TX softirqs */
+};
+
+/* Histograms of one interface whose latency_hists slots a CPU found (hist_cache map). */
+struct hist_cache_entry {
+    __u32 ifindex;
+    __u16 slot[HIST_CACHE_KEYS]; /* slot + 1 (0: not found yet), by hist_cache_index() */
 };
 
 /* latency_hists key. */
