@@ -145,6 +145,15 @@ fn in_root(root: &Path, rel: &str) -> Option<PathBuf> {
     Some(at.iter().fold(root.to_path_buf(), |p, c| p.join(c)))
 }
 
+/// Whether the /etc/hostname a process under `root` sees is the very file we see: a mount
+/// namespace of its own over the node's files (`ip netns exec`, `unshare -m`) is no container.
+fn node_hostname(root: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let theirs = in_root(root, "etc/hostname").and_then(|p| id(&p));
+    theirs.is_some() && theirs == id(Path::new("/etc/hostname"))
+}
+
 fn read_trimmed(path: &Path) -> Option<String> {
     let s = std::fs::read_to_string(path).ok()?;
     let s = s.trim();
@@ -167,7 +176,7 @@ pub fn of_process(pid: u32, own_mnt: Option<u64>) -> Identity {
     let kubelet = env.contains_key("KUBERNETES_SERVICE_HOST");
     let (name, source) = if let Some(n) = first(&env, &["POD_NAME", "MY_POD_NAME", "K8S_POD_NAME"]) {
         (Some(n.clone()), Some(Source::Env))
-    } else if let Some(h) = in_container("etc/hostname") {
+    } else if let Some(h) = in_container("etc/hostname").filter(|_| !node_hostname(&root)) {
         (Some(h), Some(Source::Hostname))
     } else if let Some(h) = env.get("HOSTNAME").filter(|h| kubelet && !h.is_empty()) {
         (Some(h.clone()), Some(Source::HostnameEnv))
@@ -227,5 +236,34 @@ mod tests {
         assert_eq!(env.get("POD_NAME").map(String::as_str), Some("web-0"));
         assert_eq!(env.get("EMPTY").map(String::as_str), Some(""));
         assert_eq!(first(&env, &["EMPTY", "POD_NAME"]).map(String::as_str), Some("web-0"));
+    }
+
+    #[test]
+    fn a_mount_namespace_over_our_root_is_not_a_pod() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+            assert!(!ci, "needs root (unshare -m), and CI=true forbids skipping");
+            eprintln!("NOT RUN: needs root");
+            return;
+        }
+        use std::os::unix::fs::MetadataExt;
+        // What `ip netns exec` starts: a mount namespace of its own, the node's root.
+        let mut child = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sleep", "30"])
+            .spawn()
+            .expect("unshare");
+        let own_mnt = std::fs::metadata("/proc/self/ns/mnt").ok().map(|m| m.ino());
+        let mnt = |pid: u32| std::fs::metadata(format!("/proc/{pid}/ns/mnt")).ok().map(|m| m.ino());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        // unshare execs sleep once its namespace is made.
+        while mnt(child.id()) == own_mnt && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_ne!(mnt(child.id()), own_mnt, "unshare made no mount namespace");
+        let id = of_process(child.id(), own_mnt);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!((id.name, id.source), (None, None), "the node's hostname taken for a pod's");
     }
 }
