@@ -86,11 +86,10 @@ static __always_inline int egress_seen(struct __sk_buff *skb)
 
 /*
  * classify - everything the classifier does for one packet. A global function: verified once
- * for all six entry programs. Its stages that branch widely (NAT, handshake, each HTTP message,
- * header lines, chunks, trigger) are global functions verified once too; the stages with one
- * caller that every packet or message runs (parse, request queue, response time, replay copy)
- * are inlined into it, since a call per packet cost more than their separate verification
- * saved.
+ * for all six entry programs. Its stages (parse, NAT, handshake, each HTTP message, header
+ * lines, chunks, trigger) are global functions verified once too; the parts of a message with
+ * one caller (request queue, response time, replay copy) are inlined into http_message, where
+ * a call per message cost more than their separate verification saved.
  * @hook: enum hook_kind, where the program is attached.
  * @method: enum mirror_method, whether the copy is made here (clone) or by act_mirred.
  * @return 1 when the packet is to be mirrored.

@@ -224,11 +224,12 @@ static __always_inline int parse_ipv6(struct cursor *c, void *frame, struct pkt_
 }
 
 /*
- * parse_packet - parse the frame of @skb into @m. Inlined into classify, its only caller (verified
- * once with it): a call per packet cost more than the verifier saved.
+ * parse_packet - parse the frame of @skb into @m. A global function: verified once, on its own
+ * (inlined into classify, its branches multiplied classify's: 549k instructions verified per
+ * program instead of 334k).
  * @return enum parse_result.
  */
-static __always_inline int parse_packet(struct __sk_buff *skb, struct pkt_meta *m)
+__noinline int parse_packet(struct __sk_buff *skb, struct pkt_meta *m)
 {
     if (!skb || !m)
         return PARSE_MALFORMED;
