@@ -122,7 +122,9 @@ impl<'obj> Datapath<'obj> {
         let maps = &mut open.maps;
         maps.flow_table.set_max_entries(opts.flows_max).context(|| "sizing flow_table".into())?;
         maps.flow_timing.set_max_entries(opts.flows_max).context(|| "sizing flow_timing".into())?;
-        maps.flow_timing_index.set_max_entries(opts.flows_max).context(|| "sizing flow_timing_index".into())?;
+        maps.flow_timing_index
+            .set_max_entries(opts.flows_max)
+            .context(|| "sizing flow_timing_index".into())?;
         maps.flow_nat.set_max_entries(opts.flows_max).context(|| "sizing flow_nat".into())?;
         maps.mirror_marks.set_max_entries(opts.marks_max).context(|| "sizing mirror_marks".into())?;
         maps.events.set_max_entries(opts.ringbuf_bytes).context(|| "sizing events".into())?;

@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::thread::sleep;
 use std::time::Duration;
 
+use libbpf_rs::{MapCore, MapFlags};
 use mirror_bpf::testing::{self, consts::*, fixtures, packet::*, SkbContext};
 use mirror_bpf::types::stat_idx as S;
-use libbpf_rs::{MapCore, MapFlags};
 use mirror_bpf::{Datapath, DatapathOptions, FlowKey, HistKind};
 
 type Dp = Datapath<'static>;
@@ -205,7 +205,11 @@ fn a_busy_flow_keeps_its_shared_entry_through_a_churn_of_new_flows() {
         return;
     };
     let request = |cport: u16, seq: u32| {
-        PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).tcp(cport, PORT_HTTP, 0x18).seq(seq).payload(REQ_GET_BAR).build()
+        PacketBuilder::ipv4(V4_CLIENT, V4_SERVER)
+            .tcp(cport, PORT_HTTP, 0x18)
+            .seq(seq)
+            .payload(REQ_GET_BAR)
+            .build()
     };
     let (busy, rounds) = (50000u16, 10u64);
     let mut new_port = 20000u16;
@@ -223,8 +227,11 @@ fn a_busy_flow_keeps_its_shared_entry_through_a_churn_of_new_flows() {
         // in turn, its slot would go to one of them every other round. Touched more often than
         // the hand comes round, it keeps its slot (as it would keep an LRU entry).
         new_flows(dp, churn);
-        let answer =
-            PacketBuilder::ipv4(V4_SERVER, V4_CLIENT).tcp(PORT_HTTP, busy, 0x18).seq(sseq).payload(RESP_200).build();
+        let answer = PacketBuilder::ipv4(V4_SERVER, V4_CLIENT)
+            .tcp(PORT_HTTP, busy, 0x18)
+            .seq(sseq)
+            .payload(RESP_200)
+            .build();
         run(dp, &answer);
         sseq += RESP_200.len() as u32;
         new_flows(dp, 10);

@@ -124,7 +124,9 @@ impl Rig {
         let failed = |e: libbpf_rs::Error| format!("{}: restoring its flow: {e}", fx.name);
         match &primed.timing {
             // The frame runs on the flow's own slot: it keeps it.
-            Some((slot, v)) => maps.flow_timing.update(&slot.to_ne_bytes(), v, MapFlags::ANY).map_err(failed)?,
+            Some((slot, v)) => {
+                maps.flow_timing.update(&slot.to_ne_bytes(), v, MapFlags::ANY).map_err(failed)?
+            }
             None => {
                 if let Some(slot) = super::timing_slot(&self.dp, &key) {
                     let free = vec![0u8; std::mem::size_of::<types::flow_timing>()];
