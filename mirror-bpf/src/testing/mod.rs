@@ -79,15 +79,25 @@ pub fn timing_slot(dp: &Datapath<'_>, key: &types::flow_key) -> Option<u32> {
     Some(u32::from_ne_bytes(v.try_into().ok()?))
 }
 
-/// Makes the classifier forget the flow of `key`: its traffic, shared entry, tuples and mark.
-pub fn forget_flow(dp: &Datapath<'_>, key: &types::flow_key) {
+/// Gives back the flow_timing slot the flow of `key` owns, if any (the slot zeroed, its index
+/// entry deleted).
+pub fn forget_timing(dp: &Datapath<'_>, key: &types::flow_key) -> Result<(), libbpf_rs::Error> {
     use libbpf_rs::{MapCore, MapFlags};
     let m = &dp.skel().maps;
     if let Some(slot) = timing_slot(dp, key) {
         let free = vec![0u8; std::mem::size_of::<types::flow_timing>()];
-        m.flow_timing.update(&slot.to_ne_bytes(), &free, MapFlags::ANY).expect("freeing a flow_timing slot");
+        m.flow_timing.update(&slot.to_ne_bytes(), &free, MapFlags::ANY)?;
+        m.flow_timing_index.delete(key_bytes(key))?;
     }
-    for map in [&m.flow_table, &m.flow_timing_index, &m.flow_nat, &m.mirror_marks] {
+    Ok(())
+}
+
+/// Makes the classifier forget the flow of `key`: its traffic, shared entry, tuples and mark.
+pub fn forget_flow(dp: &Datapath<'_>, key: &types::flow_key) {
+    use libbpf_rs::MapCore;
+    let m = &dp.skel().maps;
+    forget_timing(dp, key).expect("freeing a flow_timing slot");
+    for map in [&m.flow_table, &m.flow_nat, &m.mirror_marks] {
         // Absent already is fine.
         let _ = map.delete(key_bytes(key));
     }

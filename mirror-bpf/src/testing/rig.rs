@@ -127,13 +127,7 @@ impl Rig {
             Some((slot, v)) => {
                 maps.flow_timing.update(&slot.to_ne_bytes(), v, MapFlags::ANY).map_err(failed)?
             }
-            None => {
-                if let Some(slot) = super::timing_slot(&self.dp, &key) {
-                    let free = vec![0u8; std::mem::size_of::<types::flow_timing>()];
-                    maps.flow_timing.update(&slot.to_ne_bytes(), &free, MapFlags::ANY).map_err(failed)?;
-                    maps.flow_timing_index.delete(bytes_of(&key)).map_err(failed)?;
-                }
-            }
+            None => super::forget_timing(&self.dp, &key).map_err(failed)?,
         }
         match &primed.mark {
             Some(v) => maps.mirror_marks.update(bytes_of(&key), v, MapFlags::ANY).map_err(failed)?,

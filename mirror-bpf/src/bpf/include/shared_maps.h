@@ -19,8 +19,8 @@ struct {
 
 /*
  * Key: histogram slot. Value: struct latency_hist, per CPU (no atomics; summed in user space).
- * An array: a slot found once (hist_slots) is updated by an inlined array lookup, and the
- * classifier's flow entries remember the slot of their responses (hist.h).
+ * An array: a slot found once (hist_slots, then each CPU's hist_cache) is updated by an inlined
+ * array lookup (hist.h).
  */
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
