@@ -34,7 +34,8 @@ enum mirror_limits {
     HIST_BUCKETS = 256,
     /* Latency histograms (interface, kind, class) the maps hold. */
     HIST_SLOTS = 4096,
-    /* hist_cache: interfaces (a power of two, indexed by ifindex), and histograms of each. */
+    /* hist_cache: interfaces (a power of two, indexed by ifindex), and histograms of each:
+     * 12 used (response classes 0-5, then the 6 other kinds), 14 to fill the 32-byte entry. */
     HIST_CACHE_IFACES = 1024,
     HIST_CACHE_KEYS = 14,
     /* iface_cache slots (a power of two), indexed by ifindex. */
