@@ -182,8 +182,6 @@ struct flow_traffic {
     __u64 http_time_max_ns;
     __u32 http_timed;       /* how many */
     __u32 handshake_us;     /* SYN to completing ACK, when seen on this CPU (0: not) */
-    /* flow_timing slot + 1 of the flow's shared entry, as this CPU last found it (0: none);
-     * valid while the slot's owner is the flow (timing.h). */
 };
 
 /* What a matching rule does. */
