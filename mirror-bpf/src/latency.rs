@@ -68,7 +68,7 @@ pub struct Histogram {
 const SUB: u32 = 1 << mirror_limits::HIST_SUB_BITS.0;
 
 /// The nanoseconds bucket `b` holds: `[lo, hi)`. Exact below 8, then 8 buckets per power of two
-/// (the same arithmetic as `hist_bucket` in timing.h).
+/// (the same arithmetic as `hist_bucket` in hist.h).
 pub fn bucket_bounds(b: usize) -> (u64, u64) {
     let b = b as u32;
     if b < SUB {

@@ -40,6 +40,10 @@ fn response_time_is_kept_per_flow_and_in_the_histogram() {
 
     let h = hist(&dp, HistKind::HttpResponse, 2).expect("a 2xx histogram");
     assert_eq!(h.count, 1);
+    // The kernel's bucket for the interval is the one whose bounds user space reads it by.
+    let b = h.buckets.iter().position(|&c| c == 1).expect("one bucket counted");
+    let (lo, hi) = mirror_bpf::latency::bucket_bounds(b);
+    assert!(lo <= h.sum_ns && h.sum_ns < hi, "{} ns in bucket {b}: [{lo}, {hi})", h.sum_ns);
     let p50 = h.quantile(0.5).unwrap();
     assert!(p50 >= Duration::from_millis(20) && p50 < Duration::from_millis(40), "{p50:?}");
     assert_eq!(h.ifindex, 1, "test_run runs on loopback");
