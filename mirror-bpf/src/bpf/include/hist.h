@@ -20,23 +20,14 @@ static __always_inline __u32 hist_bucket(__u64 ns)
 {
     if (ns < (1 << HIST_SUB_BITS))
         return ns;
-    __u64 v = ns, s;
+    __u64 v = ns;
     __u32 msb = 0;
-    s = ((v >> 32) + 0xffffffffULL) >> 32 << 5;
-    v >>= s;
-    msb += s;
-    s = ((v >> 16) + 0xffffULL) >> 16 << 4;
-    v >>= s;
-    msb += s;
-    s = ((v >> 8) + 0xffULL) >> 8 << 3;
-    v >>= s;
-    msb += s;
-    s = ((v >> 4) + 0xfULL) >> 4 << 2;
-    v >>= s;
-    msb += s;
-    s = ((v >> 2) + 0x3ULL) >> 2 << 1;
-    v >>= s;
-    msb += s;
+#pragma unroll
+    for (__u32 w = 32; w >= 2; w /= 2) {
+        __u64 s = (((v >> w) + ((1ULL << w) - 1)) >> w) * w;
+        v >>= s;
+        msb += s;
+    }
     msb += v >> 1;
     __u32 b = (msb - HIST_SUB_BITS + 1) * (1 << HIST_SUB_BITS) +
               ((ns >> (msb - HIST_SUB_BITS)) & ((1 << HIST_SUB_BITS) - 1));
