@@ -140,8 +140,10 @@ static __always_inline int http_kind(const __u8 *p, __u32 n, __u16 *status)
 }
 
 /*
- * http_line - the header line at @ls of @s->buf (@n bytes valid), not the blank one: note
- * Content-Length and Transfer-Encoding: chunked in @f. A global function: verified once.
+ * http_line - the header line at @ls of @s->buf (@n bytes valid): is it the blank line that
+ * ends the block? Else note Content-Length and Transfer-Encoding: chunked in @f.
+ * A global function: verified once.
+ * @return 1 at the blank line (f->hdr_len set).
  */
 __noinline int http_line(struct http_scratch *s, __u32 ls, __u32 n, struct http_framing *f)
 {
@@ -149,6 +151,14 @@ __noinline int http_line(struct http_scratch *s, __u32 ls, __u32 n, struct http_
         return 0;
     __u8 *p = &s->buf[ls];
 
+    if (ls < n && p[0] == '\n') {
+        f->hdr_len = ls + 1;
+        return 1;
+    }
+    if (ls + 1 < n && p[0] == '\r' && p[1] == '\n') {
+        f->hdr_len = ls + 2;
+        return 1;
+    }
     if (ls + 16 > n)
         return 0;
     __u64 w0 = *(__u64 *)p | HTTP_LOWER8;
@@ -247,19 +257,15 @@ __noinline int http_headers(struct http_scratch *s, __u32 n, struct http_framing
                 break;
             if (buf[pos] != '\n')
                 continue;
-            /* The line at ls: the blank line that ends the block (told here: every block has
-             * one, and a call per message costs more than these tests), or "Content-Length"
-             * ('-' then 'L' at 7 and 8) or "Transfer-Encoding" ('-' at 8), which http_line
-             * tells for sure. */
+            /* The line at ls: blank, "Content-Length" ('-' then 'L' at 7 and 8) or
+             * "Transfer-Encoding" ('-' at 8); http_line tells for sure. */
             __u32 ls = pos + 1;
             __u8 r = buf[ls], c = r | 0x20;
-            if ((r == '\n' && ls < n) || (r == '\r' && buf[ls + 1] == '\n' && ls + 1 < n)) {
-                f->hdr_len = ls + (r == '\r') + 1;
-                return 1;
-            }
-            if ((c == 'c' && buf[ls + 7] == '-' && (buf[ls + 8] | 0x20) == 'l') ||
+            if (r == '\r' || r == '\n' ||
+                (c == 'c' && buf[ls + 7] == '-' && (buf[ls + 8] | 0x20) == 'l') ||
                 (c == 't' && buf[ls + 8] == '-')) {
-                http_line(s, ls, n, f);
+                if (http_line(s, ls, n, f))
+                    return 1;
             }
         }
     }
