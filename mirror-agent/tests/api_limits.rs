@@ -56,6 +56,17 @@ fn api_connections(pid: u32, socket: &std::path::Path) -> usize {
     })
 }
 
+/// Waits until the agent holds no API connection and about the descriptors it held at first.
+#[track_caller]
+fn assert_released(pid: u32, socket: &std::path::Path, base: usize) {
+    assert!(
+        wait_until(Duration::from_secs(5), || api_connections(pid, socket) == 0 && fds(pid) <= base + SLACK),
+        "descriptors did not come back: {} API connections, {} descriptors after, {base} before",
+        api_connections(pid, socket),
+        fds(pid)
+    );
+}
+
 /// Resident memory of a process, KiB.
 fn rss_kib(pid: u32) -> u64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -155,12 +166,7 @@ fn idle_and_half_sent_connections_are_closed_and_clients_still_served() {
         }
     }
     drop(conns);
-    assert!(
-        wait_until(Duration::from_secs(5), || api_connections(pid, &socket) == 0 && fds(pid) <= base + SLACK),
-        "descriptors did not come back: {} API connections, {} descriptors after, {base} before",
-        api_connections(pid, &socket),
-        fds(pid)
-    );
+    assert_released(pid, &socket, base);
 
     // Beyond the limit: 400 stalled connections. The agent holds at most MAX_CONNECTIONS of
     // them at once; the others wait to be accepted, and so does a normal client, which is
@@ -196,12 +202,7 @@ fn idle_and_half_sent_connections_are_closed_and_clients_still_served() {
         assert!(closed.is_some(), "connection {i} of 400 still open after {:?}: {answer:?}", t0.elapsed());
     }
     drop(conns);
-    assert!(
-        wait_until(Duration::from_secs(5), || api_connections(pid, &socket) == 0 && fds(pid) <= base + SLACK),
-        "descriptors did not come back: {} API connections, {} descriptors after, {base} before",
-        api_connections(pid, &socket),
-        fds(pid)
-    );
+    assert_released(pid, &socket, base);
     let rss_after = rss_kib(pid);
     eprintln!(
         "agent: {base} descriptors before and after; RSS {rss_before} KiB before, {rss_after} KiB after 460 stalled connections"
