@@ -181,7 +181,10 @@ fn trigger_event_carries_the_request() {
     let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let sink = events.clone();
     let rb = dp.events(move |e| sink.lock().unwrap().push(e)).unwrap();
-    ingress(&dp, &fixtures::v4_request(44000, PORT_HTTP, REQ_GET_BAR));
+    // A target longer than the first word of the head: the event's head is taken from the
+    // request's queue entry at the trigger, not only what the response's timing read of it.
+    let request = b"GET /bar/a/target/longer/than/a/word?with=query HTTP/1.1\r\nHost: x\r\n\r\n";
+    ingress(&dp, &fixtures::v4_request(44000, PORT_HTTP, request));
     sleep(Duration::from_millis(2));
     ingress(&dp, &fixtures::v4_response(PORT_HTTP, 44000, RESP_500));
     Datapath::poll_events(&rb, Duration::from_millis(100)).unwrap();
@@ -189,7 +192,10 @@ fn trigger_event_carries_the_request() {
     assert_eq!(events.len(), 1);
     let e = &events[0];
     assert_eq!((e.rule_id, e.status, e.key), (id, 500, v4_flow(44000, PORT_HTTP)));
-    assert_eq!((e.method.as_deref(), e.target.as_deref()), (Some("GET"), Some("/bar")));
+    assert_eq!(
+        (e.method.as_deref(), e.target.as_deref()),
+        (Some("GET"), Some("/bar/a/target/longer/than/a/word?with=query"))
+    );
     let rtt = e.request_to_response.expect("request seen");
     assert!(rtt >= Duration::from_millis(2) && rtt < Duration::from_secs(5), "{rtt:?}");
     assert!(e.reverse, "the server (hi endpoint) sent the response");

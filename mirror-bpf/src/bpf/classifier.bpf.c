@@ -109,8 +109,9 @@ __noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
     struct http_scratch *hs = bpf_map_lookup_elem(&http_scratch, &zero);
     if (!hs)
         return 0;
+    /* Not zeroed: the parser writes every field a TCP packet's stages read (the key's
+     * padding too). */
     struct pkt_meta *m = &hs->meta;
-    __builtin_memset(m, 0, sizeof(*m));
     int res = parse_packet(skb, m);
     if (res != PARSE_TCP) {
         cnt->v[res == PARSE_OTHER ? STAT_NON_TCP : STAT_MALFORMED]++;
@@ -130,7 +131,7 @@ __noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
 
     /* HTTP is looked at even on marked flows: their response times count too. */
     if (m->payload_len)
-        http_segment(skb, m, fs, hook);
+        http_segment(skb, hs, fs, hook, cnt);
     else if (handshake_packet(m, fs))
         timing_handshake(skb, m, fs);
 

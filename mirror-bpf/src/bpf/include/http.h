@@ -318,20 +318,20 @@ static __always_inline int http_no_body(__u16 status, const struct http_request 
 }
 
 /*
- * http_message - the message (or chunk-size line) at pos->off of @m's segment: classify it,
- * queue a request, time a response and match it against the rules, then move pos past it
- * according to its framing. A global function: verified once.
+ * http_message - the message (or chunk-size line) at s->pos.off of the segment of s->meta:
+ * classify it, queue a request, time a response and match it against the rules, then move
+ * the position past it according to its framing. A global function: verified once.
+ * @s: this CPU's scratch area (the packet, the position, the buffers).
  * @t: the flow's shared entry (NULL: none yet; created for a message, see pos->created).
+ * @cnt: this CPU's counters.
  */
-__noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct flow_traffic *fs,
-                            struct flow_timing *t, struct http_pos *pos)
+__noinline int http_message(struct __sk_buff *skb, struct http_scratch *s, struct flow_traffic *fs,
+                            struct flow_timing *t, struct counters *cnt)
 {
-    __u32 zero = 0;
-    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
-    struct http_scratch *s = bpf_map_lookup_elem(&http_scratch, &zero);
-
-    if (!skb || !m || !pos || !cnt || !s)
+    if (!skb || !s || !cnt)
         return 0;
+    struct pkt_meta *m = &s->meta;
+    struct http_pos *pos = &s->pos;
     __u32 len = m->payload_len, dir = m->dir & 1;
     if (pos->off >= len) {
         pos->stop = 1;
@@ -436,23 +436,26 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
         cnt->v[STAT_HTTP_REQUESTS]++;
         if (t) {
             timing_request(t, s, avail, m->now);
-            replay_keep(skb, m, t);
+            replay_keep(skb, m, t, cnt);
         }
     } else {
         cnt->v[STAT_HTTP_RESPONSES]++;
         __u64 took = 0;
+        struct http_request *src = NULL;
         s->req.head_len = 0;
         /* A 1xx is interim: the request is still awaiting its final answer. */
         if (status >= 200 && t)
-            took = timing_response(skb, m, fs, t, status);
+            took = timing_response(skb, s, fs, t, status, &src);
         if (!pos->triggered) {
             struct rule_action *ra = rule_lookup(m->src_port, status, took);
             struct trigger_info *ti = &s->trigger;
             ti->took = took;
             ti->status = status;
             ti->hook = pos->hook;
-            if (ra)
+            if (ra) {
+                request_head_copy(&s->req, src);
                 pos->triggered = mirror_trigger(skb, m, ra, t, ti);
+            }
         }
         if (http_no_body(status, &s->req)) {
             body = 0;
@@ -489,17 +492,14 @@ __noinline int http_message(struct __sk_buff *skb, struct pkt_meta *m, struct fl
  * http_segment - the HTTP stage: every message (or chunk-size line) that starts in this
  * segment of @m's direction, in order (see http_message), then where the next one starts.
  * Inlined into classify: every call frame counts against the 512 bytes of stack of the chain.
- * @fs: this CPU's flow entry (may be NULL). @hook: enum hook_kind, for events.
+ * @hs: this CPU's scratch area, the packet in hs->meta. @fs: this CPU's flow entry (may be
+ * NULL). @hook: enum hook_kind, for events. @cnt: this CPU's counters.
  * @return 1 when a response marked the flow.
  */
-static __always_inline int http_segment(struct __sk_buff *skb, struct pkt_meta *m,
-                                        struct flow_traffic *fs, __u32 hook)
+static __always_inline int http_segment(struct __sk_buff *skb, struct http_scratch *hs,
+                                        struct flow_traffic *fs, __u32 hook, struct counters *cnt)
 {
-    __u32 zero = 0;
-    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
-
-    if (!skb || !m || !cnt)
-        return 0;
+    struct pkt_meta *m = &hs->meta;
     __u32 len = m->payload_len, seq = m->seq, dir = m->dir & 1;
     /* A direction taken for another protocol costs nothing more here. */
     struct flow_dir_stats *ds = fs ? &fs->dir[dir] : NULL;
@@ -508,9 +508,6 @@ static __always_inline int http_segment(struct __sk_buff *skb, struct pkt_meta *
     struct flow_timing *t = timing_find(fs, &m->key);
     timing_used(t);
     /* In the scratch area: this frame is on the deepest call chain (to a trigger). */
-    struct http_scratch *hs = bpf_map_lookup_elem(&http_scratch, &zero);
-    if (!hs)
-        return 0;
     struct http_pos *pos = &hs->pos;
     __builtin_memset(pos, 0, sizeof(*pos));
     pos->hook = hook;
@@ -544,7 +541,7 @@ static __always_inline int http_segment(struct __sk_buff *skb, struct pkt_meta *
     }
 
     for (int i = 0; i < HTTP_SEGMENT_MSGS && !pos->stop && pos->off < len; i++)
-        http_message(skb, m, fs, t, pos);
+        http_message(skb, hs, fs, t, cnt);
     if (pos->off >= len)
         pos->stop = 1;
     /* Messages left unread in this segment: the framing is lost. */

@@ -64,11 +64,11 @@ static __always_inline struct replay_slot *replay_slot_of(const struct flow_timi
  * up to REPLAY_FRAME_MAX bytes) in the flow's slot, taking the next slot when the flow has none
  * (or lost it to a newer flow). Inlined into http_message, its only caller (verified once with it).
  */
-static __always_inline int replay_keep(struct __sk_buff *skb, struct pkt_meta *m, struct flow_timing *t)
+static __always_inline int replay_keep(struct __sk_buff *skb, struct pkt_meta *m, struct flow_timing *t,
+                                       struct counters *cnt)
 {
     __u32 zero = 0;
     struct settings *set = bpf_map_lookup_elem(&settings, &zero);
-    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
 
     if (!skb || !m || !t || !set || !cnt || !replay_wanted(set, m))
         return 0;

@@ -160,14 +160,36 @@ static __always_inline int timing_request(struct flow_timing *t, struct http_scr
     return 0;
 }
 
-/* request_pop - the oldest request of @t awaiting an answer, copied to @out. @return 1 if any. */
-static __always_inline int request_pop(struct flow_timing *t, struct http_request *out)
+/*
+ * request_pop - the oldest request of @t awaiting an answer: its time, length and first word
+ * (enough to know a HEAD) copied to @out; the rest of its head stays in @t, read only for a
+ * trigger (request_head_copy).
+ * @return the request's entry in @t, NULL when none is pending.
+ */
+static __always_inline struct http_request *request_pop(struct flow_timing *t,
+                                                        struct http_request *out)
 {
     if (t->req_head == t->req_tail)
-        return 0;
-    __builtin_memcpy(out, &t->req[t->req_head % HTTP_PIPELINE], sizeof(*out));
+        return NULL;
+    struct http_request *r = &t->req[t->req_head % HTTP_PIPELINE];
+    out->ts_ns = r->ts_ns;
+    out->head_len = r->head_len;
+    *(__u64 *)out->head = *(__u64 *)r->head;
     t->req_head++;
-    return 1;
+    return r;
+}
+
+/*
+ * request_head_copy - the rest of the head of the request @src (see request_pop) into @out,
+ * for a trigger's event. Its entry is reused only after HTTP_PIPELINE more requests of the
+ * flow: not within this packet's run.
+ */
+static __always_inline void request_head_copy(struct http_request *out,
+                                              const struct http_request *src)
+{
+    if (src)
+        __builtin_memcpy(__builtin_assume_aligned(out->head + 8, 8),
+                         __builtin_assume_aligned(src->head + 8, 8), HTTP_REQUEST_HEAD_LEN - 8);
 }
 
 /*
@@ -176,28 +198,32 @@ static __always_inline int request_pop(struct flow_timing *t, struct http_reques
  * Its time is added to the flow (@fs, may be NULL) and to the histogram of this interface and
  * status class.
  * @t: the flow's shared entry.
- * The request answered is left in the HTTP stage's scratch area (zeroed when none).
+ * The request answered is left in s->req (head_len 0 when none), its head's first word only;
+ * @src is set to its entry, from which request_head_copy takes the rest for a trigger.
  * @return the response time in ns (0: no timed request was pending).
  * Inlined into http_message, its only caller.
  */
-static __always_inline __u64 timing_response(struct __sk_buff *skb, struct pkt_meta *m, struct flow_traffic *fs,
-                                 struct flow_timing *t, __u32 status)
+static __always_inline __u64 timing_response(struct __sk_buff *skb, struct http_scratch *s,
+                                             struct flow_traffic *fs, struct flow_timing *t,
+                                             __u32 status, struct http_request **src)
 {
-    __u32 zero = 0;
-    struct http_scratch *s = bpf_map_lookup_elem(&http_scratch, &zero);
-
-    if (!skb || !m || !t || !s)
+    if (!skb || !s || !t)
         return 0;
+    struct pkt_meta *m = &s->meta;
     struct http_request *req = &s->req;
     /* Only these say whether the rest is valid. */
     req->ts_ns = 0;
     req->head_len = 0;
-    if (!request_pop(t, req)) {
+    *src = request_pop(t, req);
+    if (!*src) {
         /* Across NAT the request was seen under the other key (on the client's veth). */
         if (!nat_peer(skb, m, t, &s->peer, 1))
             return 0;
         struct flow_timing *pt = timing_find(NULL, &s->peer);
-        if (!pt || !request_pop(pt, req))
+        if (!pt)
+            return 0;
+        *src = request_pop(pt, req);
+        if (!*src)
             return 0;
     }
     if (!req->ts_ns)
