@@ -29,7 +29,7 @@ plain_types! {
     http_stream = 24,
     http_request = 104,
     flow_timing = 544,
-    http_scratch = 992,
+    http_scratch = 984,
     skb_stamp = 24,
     hist_key = 8,
     hist_cache_entry = 32,

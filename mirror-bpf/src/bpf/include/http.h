@@ -435,8 +435,10 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s, struc
     if (kind == HTTP_REQUEST) {
         cnt->v[STAT_HTTP_REQUESTS]++;
         if (t) {
-            timing_request(t, s, avail, m->now);
-            replay_keep(skb, m, t, cnt);
+            __u32 zero = 0;
+            struct settings *set = bpf_map_lookup_elem(&settings, &zero);
+            timing_request(t, s, avail, m->now, set);
+            replay_keep(skb, m, t, set, cnt);
         }
     } else {
         cnt->v[STAT_HTTP_RESPONSES]++;
@@ -448,11 +450,11 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s, struc
             took = timing_response(skb, s, fs, t, status, &src);
         if (!pos->triggered) {
             struct rule_action *ra = rule_lookup(m->src_port, status, took);
-            struct trigger_info *ti = &s->trigger;
-            ti->took = took;
-            ti->status = status;
-            ti->hook = pos->hook;
             if (ra) {
+                struct trigger_info *ti = &s->trigger;
+                ti->took = took;
+                ti->status = status;
+                ti->hook = pos->hook;
                 request_head_copy(&s->req, src);
                 pos->triggered = mirror_trigger(skb, m, ra, t, ti);
             }

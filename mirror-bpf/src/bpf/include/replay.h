@@ -63,13 +63,11 @@ static __always_inline struct replay_slot *replay_slot_of(const struct flow_timi
  * replay_keep - a request starts in @m's segment: keep the segment (from its Ethernet header,
  * up to REPLAY_FRAME_MAX bytes) in the flow's slot, taking the next slot when the flow has none
  * (or lost it to a newer flow). Inlined into http_message, its only caller (verified once with it).
+ * @set: the settings (may be NULL).
  */
 static __always_inline int replay_keep(struct __sk_buff *skb, struct pkt_meta *m, struct flow_timing *t,
-                                       struct counters *cnt)
+                                       const struct settings *set, struct counters *cnt)
 {
-    __u32 zero = 0;
-    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
-
     if (!skb || !m || !t || !set || !cnt || !replay_wanted(set, m))
         return 0;
     __u32 number;

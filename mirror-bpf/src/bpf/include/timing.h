@@ -18,13 +18,18 @@
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_ACK 0x10
 
-/* timing_on - whether the timing @group is switched on (see enum timing_group). */
+/* timing_group_on - whether @set (may be NULL) switches the timing @group on (enum timing_group). */
+static __always_inline int timing_group_on(const struct settings *set, __u32 group)
+{
+    return set && (set->timing & group);
+}
+
+/* timing_on - whether the timing @group is switched on. */
 static __always_inline int timing_on(__u32 group)
 {
     __u32 zero = 0;
-    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
 
-    return set && (set->timing & group);
+    return timing_group_on(bpf_map_lookup_elem(&settings, &zero), group);
 }
 
 /*
@@ -141,9 +146,10 @@ static __always_inline struct flow_timing *timing_get(struct flow_traffic *fs,
  * segment): queue it behind the requests still awaiting answers (pipelining), with its first
  * bytes (for events, and to know a HEAD) and, when HTTP timing is on, the time. The oldest is
  * dropped when the queue is full. Inlined into http_message, its only caller.
+ * @set: the settings (may be NULL), looked up once for the request's stages.
  */
 static __always_inline int timing_request(struct flow_timing *t, struct http_scratch *s, __u32 avail,
-                              __u64 now)
+                                          __u64 now, const struct settings *set)
 {
     if (!t || !s)
         return 0;
@@ -155,7 +161,7 @@ static __always_inline int timing_request(struct flow_timing *t, struct http_scr
     __builtin_memcpy(__builtin_assume_aligned(r->head, 8), __builtin_assume_aligned(s->buf, 8),
                      HTTP_REQUEST_HEAD_LEN);
     r->head_len = avail < HTTP_REQUEST_HEAD_LEN ? avail : HTTP_REQUEST_HEAD_LEN;
-    r->ts_ns = timing_on(TIMING_HTTP) ? now : 0;
+    r->ts_ns = timing_group_on(set, TIMING_HTTP) ? now : 0;
     t->req_tail++;
     return 0;
 }
@@ -288,7 +294,7 @@ __noinline int timing_handshake(struct __sk_buff *skb, struct pkt_meta *m, struc
         timing_used(t);
         if (!t || !t->syn_ns) {
             /* The flow was created by this SYN/ACK, and conntrack asked then (classify). */
-            struct flow_key peer;
+            struct flow_key peer __attribute__((aligned(8))); /* see flow_key_eq */
             if (!nat_peer(skb, m, t, &peer, 0))
                 return 0;
             t = timing_find(NULL, &peer);

@@ -343,22 +343,31 @@ struct nat_scratch {
     __u8 opts[16];         /* struct bpf_ct_opts */
 };
 
-/* Per-CPU scratch space of the HTTP stage (too large for the stack). */
+/*
+ * Per-CPU scratch space of the HTTP stage (too large for the stack). What every packet with a
+ * payload touches comes first, in three cache lines: the packet, the position, the framing, the
+ * first bytes of the message and the time and first word of the request answered; then what
+ * only triggers, NAT and split first lines use; the header block last.
+ */
 struct http_scratch {
-    __u8 buf[HTTP_SCAN_MAX + 64];    /* a message's header block (slack for 8-byte reads) */
-    __u8 peek[2 * HTTP_PARTIAL_LEN]; /* kept partial bytes followed by the segment's first */
-    struct http_request req;         /* the request a response answers */
-    struct mirror_mark mark;         /* a new mark, before its insert */
-    struct flow_key peer;            /* the other key of a translated connection */
-    struct http_framing framing;     /* what a header block says of the message's body */
-    struct trigger_info trigger;     /* a response that matched a rule */
-    struct http_pos pos;             /* where the HTTP stage stands in the segment */
     struct pkt_meta meta;            /* the packet (classify: its frame is on the deepest call
                                       * chain, and nothing reads it after the copy is made) */
+    struct http_pos pos;             /* where the HTTP stage stands in the segment */
+    struct http_framing framing;     /* what a header block says of the message's body */
+    __u8 peek[2 * HTTP_PARTIAL_LEN]; /* kept partial bytes followed by the segment's first */
+    struct http_request req;         /* the request a response answers (head: see request_pop) */
+    struct trigger_info trigger;     /* a response that matched a rule */
     __u32 replay_arm;                /* request_replay slot + 1 to replay: set around the clone
                                       * sent to the replay program (replay.h), on this CPU */
     __u32 _pad;
+    struct flow_key peer;            /* the other key of a translated connection */
+    struct mirror_mark mark;         /* a new mark, before its insert */
+    __u8 buf[HTTP_SCAN_MAX + 64];    /* a message's header block (slack for 8-byte reads) */
 };
+_Static_assert(__builtin_offsetof(struct http_scratch, req) + 24 <= 192,
+               "what every packet touches fits the scratch area's first three cache lines");
+_Static_assert(__builtin_offsetof(struct http_scratch, buf) % 8 == 0,
+               "the header block is read a 64-bit word at a time");
 
 /*
  * The segment that carried the latest request of a flow (request_replay map), kept so that
