@@ -187,8 +187,9 @@ static __always_inline struct http_request *request_pop(struct flow_timing *t,
 
 /*
  * request_head_copy - the rest of the head of the request @src (see request_pop) into @out,
- * for a trigger's event. Its entry is reused only after HTTP_PIPELINE more requests of the
- * flow: not within this packet's run.
+ * for a trigger's event. Its entry is reused only once HTTP_PIPELINE more requests of the flow
+ * are queued: only if another CPU queued that many within this packet's run would the event
+ * show a later request's head (never the time or the framing, taken at the pop).
  */
 static __always_inline void request_head_copy(struct http_request *out,
                                               const struct http_request *src)
