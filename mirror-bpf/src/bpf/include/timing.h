@@ -180,6 +180,7 @@ static __always_inline struct http_request *request_pop(struct flow_timing *t,
     struct http_request *r = &t->req[t->req_head % HTTP_PIPELINE];
     out->ts_ns = r->ts_ns;
     out->head_len = r->head_len;
+    _Static_assert(HTTP_REQUEST_PREFIX == sizeof(__u64), "the prefix is one word");
     *(__u64 *)out->head = *(__u64 *)r->head;
     t->req_head++;
     return r;
@@ -195,8 +196,9 @@ static __always_inline void request_head_copy(struct http_request *out,
                                               const struct http_request *src)
 {
     if (src)
-        __builtin_memcpy(__builtin_assume_aligned(out->head + 8, 8),
-                         __builtin_assume_aligned(src->head + 8, 8), HTTP_REQUEST_HEAD_LEN - 8);
+        __builtin_memcpy(__builtin_assume_aligned(out->head + HTTP_REQUEST_PREFIX, 8),
+                         __builtin_assume_aligned(src->head + HTTP_REQUEST_PREFIX, 8),
+                         HTTP_REQUEST_HEAD_LEN - HTTP_REQUEST_PREFIX);
 }
 
 /*

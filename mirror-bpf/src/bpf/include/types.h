@@ -12,6 +12,9 @@
 enum mirror_limits {
     /* Raw start of an HTTP request kept for events: "OPTIONS " + 64 target bytes + slack. */
     HTTP_REQUEST_HEAD_LEN = 88,
+    /* Head bytes an answer copies with its request's time: one word, enough to tell a HEAD
+     * (http_no_body); the rest only for a trigger's event (request_head_copy). */
+    HTTP_REQUEST_PREFIX = 8,
     /* Requests of one flow awaiting their responses (pipelining), oldest first. */
     HTTP_PIPELINE = 4,
     /* First bytes of a message kept when its segment ends before they can be classified. */
@@ -364,7 +367,7 @@ struct http_scratch {
     struct mirror_mark mark;         /* a new mark, before its insert */
     __u8 buf[HTTP_SCAN_MAX + 64];    /* a message's header block (slack for 8-byte reads) */
 };
-_Static_assert(__builtin_offsetof(struct http_scratch, req) + 24 <= 192,
+_Static_assert(__builtin_offsetof(struct http_scratch, req.head) + HTTP_REQUEST_PREFIX <= 192,
                "what every packet touches fits the scratch area's first three cache lines");
 _Static_assert(__builtin_offsetof(struct http_scratch, buf) % 8 == 0,
                "the header block is read a 64-bit word at a time");
