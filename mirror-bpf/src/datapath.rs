@@ -121,6 +121,7 @@ impl<'obj> Datapath<'obj> {
         }
         let maps = &mut open.maps;
         maps.flow_table.set_max_entries(opts.flows_max).context(|| "sizing flow_table".into())?;
+        crate::flow::size_cache(&mut maps.flow_cache)?;
         maps.flow_timing.set_max_entries(opts.flows_max).context(|| "sizing flow_timing".into())?;
         maps.flow_timing_index
             .set_max_entries(opts.flows_max)
@@ -449,7 +450,7 @@ impl<'obj> Datapath<'obj> {
     /// of a connection translated by conntrack are one flow (see [`Flow::nat`]).
     pub fn flows(&self) -> Result<Vec<Flow>> {
         let maps = &self.skel.maps;
-        flow::read_flows(&maps.flow_table, &maps.mirror_marks, &maps.flow_nat)
+        flow::read_flows(&maps.flow_table, &maps.flow_cache, &maps.mirror_marks, &maps.flow_nat)
     }
 
     /// The client's and the server's tuples of `key`'s connection when the node's conntrack

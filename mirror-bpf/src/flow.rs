@@ -317,19 +317,81 @@ pub(crate) fn read_nat_tuples(nat: &MapMut<'_>, key: &FlowKey) -> Result<Option<
     }))
 }
 
-/// Every flow of the `flow_table` map, with traffic summed over CPUs and its mark; the two
-/// tuples of a connection translated by conntrack (`flow_nat`) are one flow.
-pub(crate) fn read_flows(table: &MapMut<'_>, marks: &MapMut<'_>, nat: &MapMut<'_>) -> Result<Vec<Flow>> {
+/// Adds what a CPU's flow cache slot counted since its last write-back to that CPU's
+/// `flow_table` value of the flow (the classifier's write-back does the same: flow.h).
+fn fold_cached(v: &mut types::flow_traffic, c: &types::flow_cache_slot) {
+    for (d, (cd, packets)) in v.dir.iter_mut().zip(c.dir.iter().zip(c.packets)) {
+        d.packets += u64::from(packets);
+        d.bytes += cd.bytes;
+        // The slot's first packet is the first since it was filled: the table's is older.
+        if d.first_seen_ns == 0 {
+            d.first_seen_ns = cd.first_seen_ns;
+        }
+        d.last_seen_ns = d.last_seen_ns.max(cd.last_seen_ns);
+    }
+    for (d, flags) in v.dir.iter_mut().zip(c.tcp_flags) {
+        d.tcp_flags |= flags;
+    }
+    v.http_timed += u32::from(c.http_timed);
+    v.http_time_sum_ns += c.http_time_sum_ns;
+    v.http_time_max_ns = v.http_time_max_ns.max(c.http_time_max_ns);
+}
+
+/// The flows each CPU's slots of the `flow_cache` map hold, by key bytes: (CPU, slot).
+fn read_cache(cache: &MapMut<'_>) -> Result<HashMap<Vec<u8>, Vec<(usize, types::flow_cache_slot)>>> {
+    let per_cpu = types::mirror_limits::FLOW_CACHE_SLOTS.0 as usize;
+    let mut held: HashMap<Vec<u8>, Vec<(usize, types::flow_cache_slot)>> = HashMap::new();
+    let batch = cache
+        .lookup_batch(per_cpu as u32, MapFlags::ANY, MapFlags::ANY)
+        .context(|| "reading flow_cache".into())?;
+    for (k, v) in batch {
+        let slot: types::flow_cache_slot = read_plain(&v);
+        if slot.key.family == 0 {
+            continue;
+        }
+        let index = u32::from_ne_bytes(k[..4].try_into().unwrap_or_default()) as usize;
+        held.entry(bytes_of(&slot.key).to_vec()).or_default().push((index / per_cpu, slot));
+    }
+    Ok(held)
+}
+
+/// Every flow of the `flow_table` map, with traffic summed over CPUs (what each CPU's
+/// `flow_cache` holds since its last write-back added) and its mark; the two tuples of a
+/// connection translated by conntrack (`flow_nat`) are one flow.
+pub(crate) fn read_flows(
+    table: &MapMut<'_>,
+    cache: &MapMut<'_>,
+    marks: &MapMut<'_>,
+    nat: &MapMut<'_>,
+) -> Result<Vec<Flow>> {
+    let mut cached = read_cache(cache)?;
+    let cpus =
+        crate::possible_cpus().map_err(|e| crate::Error::Unsupported(format!("counting CPUs: {e}")))?;
     let mut by_key: HashMap<FlowKey, Flow> = HashMap::new();
+    let add = |k: &[u8],
+               mut values: Vec<types::flow_traffic>,
+               slots: Vec<(usize, types::flow_cache_slot)>,
+               by_key: &mut HashMap<FlowKey, Flow>| {
+        for (cpu, slot) in slots {
+            if let Some(v) = values.get_mut(cpu) {
+                fold_cached(v, &slot);
+            }
+        }
+        let key = FlowKey::from(&read_plain::<types::flow_key>(k));
+        read_mark(marks, &key).map(|mark| by_key.insert(key, Flow::from_percpu(key, &values, mark)))
+    };
     for k in table.keys() {
         // A flow evicted between keys() and the lookup is simply skipped.
         let Some(per_cpu) = table.lookup_percpu(&k, MapFlags::ANY).context(|| "reading flow_table".into())?
         else {
             continue;
         };
-        let values: Vec<types::flow_traffic> = per_cpu.iter().map(|b| read_plain(b)).collect();
-        let key = FlowKey::from(&read_plain::<types::flow_key>(&k));
-        by_key.insert(key, Flow::from_percpu(key, &values, read_mark(marks, &key)?));
+        let slots = cached.remove(&k).unwrap_or_default();
+        add(&k, per_cpu.iter().map(|b| read_plain(b)).collect(), slots, &mut by_key)?;
+    }
+    // Flows the table evicted while a cache holds them: what the cache counted since.
+    for (k, slots) in cached {
+        add(&k, vec![types::flow_traffic::default(); cpus as usize], slots, &mut by_key)?;
     }
     let keys: Vec<FlowKey> = by_key.keys().copied().collect();
     let mut flows = Vec::new();
@@ -346,6 +408,15 @@ pub(crate) fn read_flows(table: &MapMut<'_>, marks: &MapMut<'_>, nat: &MapMut<'_
         }
     }
     Ok(flows)
+}
+
+/// Sizes the `flow_cache` map of an object before its load: every possible CPU's slots.
+pub fn size_cache(cache: &mut libbpf_rs::OpenMapMut<'_>) -> Result<()> {
+    let cpus =
+        crate::possible_cpus().map_err(|e| crate::Error::Unsupported(format!("counting CPUs: {e}")))?;
+    cache
+        .set_max_entries(cpus * types::mirror_limits::FLOW_CACHE_SLOTS.0)
+        .context(|| "sizing flow_cache".into())
 }
 
 /// The monotonic clock the classifier stamps with (`bpf_ktime_get_ns`).

@@ -20,6 +20,8 @@ plain_types! {
     flow_key = 40,
     flow_dir_stats = 40,
     flow_traffic = 112,
+    flow_cache_dir = 24,
+    flow_cache_slot = 128,
     rule_action = 40,
     rule_entry = 80,
     port_status_key = 4,

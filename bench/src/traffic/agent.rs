@@ -41,6 +41,8 @@ pub struct AgentSpec {
     pub rules: Rules,
     pub method: Method,
     pub timing: Timing,
+    /// Whether requests are kept for replays (`mirror.replay_requests`, on by default).
+    pub replays: bool,
 }
 
 /// Which measurement groups are on.
@@ -103,7 +105,10 @@ impl AgentSpec {
 pub fn env(bins: &Binaries, node: &Netns, spec: AgentSpec, include: &[&str]) -> Result<AgentEnv> {
     let env = AgentEnv::new(bins, node, &spec.config(include));
     if spec.method == Method::MirredTc {
-        set_method(&env.config_path(), "mirred")?;
+        set_mirror_key(&env.config_path(), "method", "mirred")?;
+    }
+    if !spec.replays {
+        set_mirror_key(&env.config_path(), "replay_requests", "0")?;
     }
     // The harness's AgentConfig has no `latency:` section either: appended.
     let config = env.config_path();
@@ -113,10 +118,11 @@ pub fn env(bins: &Binaries, node: &Netns, spec: AgentSpec, include: &[&str]) -> 
     Ok(env)
 }
 
-/// The harness's AgentConfig has no `mirror.method`: add it to the written file.
-fn set_method(config: &Path, method: &str) -> Result<()> {
+/// The harness's AgentConfig has no `mirror.method` nor `mirror.replay_requests`: adds
+/// `key: value` to the `mirror:` section of the written file.
+fn set_mirror_key(config: &Path, key: &str, value: &str) -> Result<()> {
     let yaml = std::fs::read_to_string(config)?;
-    let patched = yaml.replacen("mirror:\n", &format!("mirror:\n  method: {method}\n"), 1);
+    let patched = yaml.replacen("mirror:\n", &format!("mirror:\n  {key}: {value}\n"), 1);
     ensure!(patched != yaml, "no mirror: section in {}", config.display());
     Ok(std::fs::write(config, patched)?)
 }
@@ -269,11 +275,11 @@ mod tests {
         let path = dir.path().join("agent.yaml");
         std::fs::write(&path, "attach:\n  mode: \"tc\"\nmirror:\n  interface: \"mirror0\"\n  create: veth\n")
             .unwrap();
-        set_method(&path, "mirred").unwrap();
+        set_mirror_key(&path, "method", "mirred").unwrap();
         let yaml = std::fs::read_to_string(&path).unwrap();
         assert!(yaml.contains("mirror:\n  method: mirred\n  interface: \"mirror0\"\n"), "{yaml}");
         std::fs::write(&path, "rules: []\n").unwrap();
-        assert!(set_method(&path, "mirred").is_err());
+        assert!(set_mirror_key(&path, "method", "mirred").is_err());
     }
 
     #[test]

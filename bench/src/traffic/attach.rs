@@ -59,7 +59,7 @@ pub fn measure(bins: &Binaries, veths: usize, method: Method) -> Result<AttachRu
 /// [`measure`] with `attach.expedite_rcu` set as given (the agent's default is on).
 pub fn measure_with(bins: &Binaries, veths: usize, method: Method, expedite_rcu: bool) -> Result<AttachRun> {
     let node = Netns::new("attach");
-    let spec = AgentSpec { rules: Rules::Pass(1), method, timing: Timing::Default };
+    let spec = AgentSpec { rules: Rules::Pass(1), method, timing: Timing::Default, replays: true };
     let env = agent::env(bins, &node, spec, &["vethb*"])?;
     agent::set_attach_key(&env.config_path(), "expedite_rcu", &expedite_rcu.to_string())?;
     let agent = env.start(&[]);

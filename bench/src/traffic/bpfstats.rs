@@ -76,15 +76,22 @@ pub fn delta(before: &[ProgRun], after: &[ProgRun]) -> Vec<ProgRun> {
 pub enum Baseline {
     /// The empty program.
     Empty,
-    /// The floor of the design: parse, the packet's time and one per-CPU flow-table update.
+    /// The parser alone.
+    Parse,
+    /// The floor of a flow monitor: parse, the packet's time and one per-CPU LRU flow-table
+    /// update.
     Floor,
+    /// The same floor with the classifier's flow cache in front of the table.
+    Cached,
 }
 
 impl Baseline {
     fn prefix(self) -> &'static str {
         match self {
             Baseline::Empty => "tcx_empty",
+            Baseline::Parse => "tcx_parse",
             Baseline::Floor => "tcx_floor",
+            Baseline::Cached => "tcx_cached",
         }
     }
 }
@@ -104,9 +111,12 @@ impl BaselineAttached {
         let mut links = Vec::new();
         for veth in veths {
             let ifindex = mirror_bpf::testing::ifindex(veth);
+            let p = &skel.progs;
             let progs = match which {
-                Baseline::Empty => [&skel.progs.tcx_empty_ingress, &skel.progs.tcx_empty_egress],
-                Baseline::Floor => [&skel.progs.tcx_floor_ingress, &skel.progs.tcx_floor_egress],
+                Baseline::Empty => [&p.tcx_empty_ingress, &p.tcx_empty_egress],
+                Baseline::Parse => [&p.tcx_parse_ingress, &p.tcx_parse_egress],
+                Baseline::Floor => [&p.tcx_floor_ingress, &p.tcx_floor_egress],
+                Baseline::Cached => [&p.tcx_cached_ingress, &p.tcx_cached_egress],
             };
             for prog in progs {
                 let link = mirror_bpf::attach::attach_tcx(prog, ifindex)

@@ -47,7 +47,19 @@ const fn timed(
     method: Method,
     timing: Timing,
 ) -> Config {
-    Config { key, label, setup: Setup::Agent(AgentSpec { rules, method, timing }) }
+    Config { key, label, setup: Setup::Agent(AgentSpec { rules, method, timing, replays: true }) }
+}
+
+impl Config {
+    /// The same agent with `mirror.replay_requests: 0` (other setups unchanged).
+    pub fn without_replays(&self) -> Config {
+        match self.setup {
+            Setup::Agent(spec) => {
+                Config { setup: Setup::Agent(AgentSpec { replays: false, ..spec }), ..*self }
+            }
+            _ => *self,
+        }
+    }
 }
 
 pub const NO_AGENT: Config = Config { key: "a", label: "no agent (baseline)", setup: Setup::NoAgent };

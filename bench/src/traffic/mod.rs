@@ -154,13 +154,41 @@ pub struct Profile {
     pub secs: f64,
 }
 
-/// One round of the headline ratio: the classifier's programs, then the empty ones, then the
-/// floor program, under the same load for the same time.
+/// A rung of the cost ladder: what runs on the hooks during one part of a ratio round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rung {
+    Empty,
+    Parse,
+    Floor,
+    Cached,
+    /// The classifier with `mirror.replay_requests: 0`.
+    NoReplay,
+    /// The classifier as configured (replays on, the default).
+    Classifier,
+}
+
+impl Rung {
+    /// In the order they run in a round (and are reported).
+    pub const ALL: [Rung; 6] =
+        [Rung::Empty, Rung::Parse, Rung::Floor, Rung::Cached, Rung::NoReplay, Rung::Classifier];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Rung::Empty => "empty program",
+            Rung::Parse => "parse only",
+            Rung::Floor => "floor: parse + per-CPU LRU flow table",
+            Rung::Cached => "floor with the flow cache",
+            Rung::NoReplay => "classifier, replays off",
+            Rung::Classifier => "classifier (replays on, the default)",
+        }
+    }
+}
+
+/// One round of the headline ratio: each rung of the ladder under the same load for the same
+/// time, one after the other.
 #[derive(Debug, Clone)]
 pub struct RatioRound {
-    pub agent: Vec<ProgRun>,
-    pub empty: Vec<ProgRun>,
-    pub floor: Vec<ProgRun>,
+    pub rungs: Vec<(Rung, Vec<ProgRun>)>,
 }
 
 /// ns per run over all the runs of `p`.
@@ -170,14 +198,24 @@ fn per_run(p: &[ProgRun]) -> f64 {
 }
 
 impl RatioRound {
-    /// ns per run of all the classifier's runs over ns per run of all the empty program's.
-    pub fn ratio(&self) -> f64 {
-        per_run(&self.agent) / per_run(&self.empty)
+    /// The runs of one rung.
+    pub fn of(&self, rung: Rung) -> &[ProgRun] {
+        self.rungs.iter().find(|(r, _)| *r == rung).map_or(&[], |(_, p)| p.as_slice())
     }
 
-    /// The same for the floor program: what the design's flow table alone costs.
+    /// ns per run of all of `rung`'s runs (both hooks) over the empty program's.
+    pub fn ratio_of(&self, rung: Rung) -> f64 {
+        per_run(self.of(rung)) / per_run(self.of(Rung::Empty))
+    }
+
+    /// The headline: the classifier (as configured) over the empty program.
+    pub fn ratio(&self) -> f64 {
+        self.ratio_of(Rung::Classifier)
+    }
+
+    /// The same for the floor program: what a flow table alone costs.
     pub fn floor_ratio(&self) -> f64 {
-        per_run(&self.floor) / per_run(&self.empty)
+        self.ratio_of(Rung::Floor)
     }
 }
 
@@ -293,7 +331,14 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
         for round in 0..rounds {
             check_stop()?;
             if let Some(r) = stage(&what, &mut failures, || ratio_round(&ctx, load, &cfg, plan.secs)) {
-                eprintln!("  {what}, round {}: {:.2}x (floor {:.2}x)", round + 1, r.ratio(), r.floor_ratio());
+                let ladder: Vec<String> = Rung::ALL
+                    .iter()
+                    .map(|&g| {
+                        let ingress = bpfstats::hook_total(r.of(g), "ingr").ns_per_run();
+                        format!("{} {ingress:.0} ns in, {:.2}x", g.label(), r.ratio_of(g))
+                    })
+                    .collect();
+                eprintln!("  {what}, round {}: {}", round + 1, ladder.join("; "));
                 done.push(r);
             }
         }
@@ -403,25 +448,39 @@ fn profile(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<(Vec<Pr
     Ok(out)
 }
 
-/// One round of the headline ratio: `load` under the agent of `cfg`, then under the empty
-/// program attached with TCX to the same veths, then under the floor program, each with BPF
-/// run-time accounting on.
+/// One round of the headline ratio: `load` under each rung of the ladder in turn, the
+/// baselines attached with TCX to the same veths as the agent, the agent of `cfg` with replays
+/// off and as configured; BPF run-time accounting on in all.
 fn ratio_round(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<RatioRound> {
-    let (agent, _) = profile(ctx, load, cfg, secs)?;
-    let _on = bpfstats::StatsOn::enable()?;
     let veths = ctx.bed.pod_veths();
-    let under = |which| -> Result<Vec<ProgRun>> {
-        let attached = bpfstats::BaselineAttached::new(ctx.bed.node(), &veths, which)?;
-        let before = attached.programs()?;
-        load.run(ctx.bed, secs)?;
-        Ok(bpfstats::delta(&before, &attached.programs()?))
-    };
-    let empty = under(bpfstats::Baseline::Empty)?;
-    let floor = under(bpfstats::Baseline::Floor)?;
-    if empty.is_empty() || agent.is_empty() || floor.is_empty() {
-        bail!("no runs counted (agent: {agent:?}, empty: {empty:?}, floor: {floor:?})");
+    let mut rungs = Vec::new();
+    for rung in Rung::ALL {
+        let baseline = match rung {
+            Rung::Empty => Some(bpfstats::Baseline::Empty),
+            Rung::Parse => Some(bpfstats::Baseline::Parse),
+            Rung::Floor => Some(bpfstats::Baseline::Floor),
+            Rung::Cached => Some(bpfstats::Baseline::Cached),
+            Rung::NoReplay | Rung::Classifier => None,
+        };
+        let runs = match baseline {
+            Some(which) => {
+                let _on = bpfstats::StatsOn::enable()?;
+                let attached = bpfstats::BaselineAttached::new(ctx.bed.node(), &veths, which)?;
+                let before = attached.programs()?;
+                load.run(ctx.bed, secs)?;
+                bpfstats::delta(&before, &attached.programs()?)
+            }
+            None => {
+                let cfg = if rung == Rung::NoReplay { cfg.without_replays() } else { *cfg };
+                profile(ctx, load, &cfg, secs)?.0
+            }
+        };
+        if runs.is_empty() {
+            bail!("no runs counted under the {}", rung.label());
+        }
+        rungs.push((rung, runs));
     }
-    Ok(RatioRound { agent, empty, floor })
+    Ok(RatioRound { rungs })
 }
 
 /// `load` under the agent of `cfg` with `perf` sampling every CPU: the samples under each

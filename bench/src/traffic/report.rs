@@ -527,7 +527,8 @@ fn attach_table(s: &mut String, runs: &[AttachRun]) {
     let _ = writeln!(s);
 }
 
-/// The headline: the classifier against the empty program on the same hooks, same load.
+/// The headline: the classifier against the empty program on the same hooks, same load, with
+/// the ladder of what it is built on measured in the same rounds.
 fn ratio_table(s: &mut String, r: &Results) {
     let Some((load, cfg, rounds)) = &r.ratio else { return };
     if rounds.is_empty() {
@@ -536,48 +537,53 @@ fn ratio_table(s: &mut String, r: &Results) {
     let _ = writeln!(s, "\n## Headline: the classifier against an empty program on real traffic\n");
     let _ = writeln!(
         s,
-        "{} under ({}) {}, then the same load with an empty program attached by TCX at both \
-         hooks of the same veths instead of the agent, then with the floor program (it parses \
-         the packet, takes its time and counts it in a per-CPU LRU flow table keyed as the \
-         classifier's: one lookup; at egress only what no ingress saw): what any classifier \
-         built on that table pays. The kernel's BPF run-time accounting on in all three (it adds \
-         two clock reads per run to each). Ratio: ns per run over all the runs (ingress and \
-         egress) divided by the same for the empty program.\n",
+        "{} under each rung of a ladder in turn, on the same veths, for the same time, in every round: an \
+         empty program, the parser alone, the floor of a flow monitor (parse, the packet's time, \
+         one lookup in a per-CPU LRU flow table keyed as the classifier's), the same floor with \
+         the classifier's flow cache in front of the table, the agent ({}) {} with replays off \
+         (`mirror.replay_requests: 0`), and as configured (replays on). The baselines are attached \
+         by TCX at both hooks, at egress counting only what no ingress saw. The kernel's BPF \
+         run-time accounting on in all (it adds two clock reads per run to each). Both hooks: ns \
+         per run over all the runs, ingress and egress; its ratio to the empty program is paired \
+         within each round.\n",
         load.name(),
         cfg.key,
         cfg.label
     );
-    let _ = writeln!(
-        s,
-        "| round | classifier ingress ns/run | classifier egress ns/run | empty ingress ns/run | empty egress ns/run | floor ingress ns/run | floor egress ns/run | ratio | floor ratio |"
-    );
-    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (i, round) in rounds.iter().enumerate() {
-        let ns = |p: &[super::ProgRun], hook| hook_total(p, hook).ns_per_run();
-        let _ = writeln!(
-            s,
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2}x | {:.2}x |",
-            i + 1,
-            ns(&round.agent, "ingr"),
-            ns(&round.agent, "egre"),
-            ns(&round.empty, "ingr"),
-            ns(&round.empty, "egre"),
-            ns(&round.floor, "ingr"),
-            ns(&round.floor, "egre"),
-            round.ratio(),
-            round.floor_ratio()
+    let _ = writeln!(s, "| rung | ingress ns/run | egress ns/run | both hooks ns/run | both hooks / empty |");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|");
+    let range = |v: Vec<f64>, digits: usize| {
+        let m = Summary::of(&v);
+        format!("{:.d$} ({:.d$}-{:.d$})", m.median, m.min, m.max, d = digits)
+    };
+    for rung in super::Rung::ALL {
+        let ns = |hook: &str| {
+            range(rounds.iter().map(|round| hook_total(round.of(rung), hook).ns_per_run()).collect(), 0)
+        };
+        let both = range(
+            rounds
+                .iter()
+                .map(|round| {
+                    let p = round.of(rung);
+                    let runs: u64 = p.iter().map(|r| r.run_cnt).sum();
+                    p.iter().map(|r| r.run_time_ns).sum::<u64>() as f64 / runs.max(1) as f64
+                })
+                .collect(),
+            0,
         );
+        let ratio = range(rounds.iter().map(|round| round.ratio_of(rung)).collect(), 2);
+        let _ = writeln!(s, "| {} | {} | {} | {} | {}x |", rung.label(), ns("ingr"), ns("egre"), both, ratio);
     }
     let ratio = Summary::of(&rounds.iter().map(|r| r.ratio()).collect::<Vec<_>>());
     let floor = Summary::of(&rounds.iter().map(|r| r.floor_ratio()).collect::<Vec<_>>());
     let _ = writeln!(
         s,
-        "\nRatio: median {:.2}x (min {:.2}x, max {:.2}x) over {} rounds; the floor program: median \
-         {:.2}x (min {:.2}x, max {:.2}x).\n",
+        "\nMedians (min-max) over {} rounds. Ratio: the classifier {:.2}x the empty program (min \
+         {:.2}x, max {:.2}x); the floor {:.2}x (min {:.2}x, max {:.2}x).\n",
+        rounds.len(),
         ratio.median,
         ratio.min,
         ratio.max,
-        rounds.len(),
         floor.median,
         floor.min,
         floor.max

@@ -122,7 +122,7 @@ __noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
      * when it has one, else one clock read (clock.h). */
     __u64 now = m->now = packet_time(skb);
     int created = 0;
-    struct flow_traffic *fs = flow_account(m, skb->len, now, cnt, &created);
+    struct flow_cache_slot *fs = flow_account(m, skb->len, now, &created);
 
     /* A new flow: is it one side of a translated connection? Not on a SYN: conntrack has no
      * entry before the SYN has passed the node. */

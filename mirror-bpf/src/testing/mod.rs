@@ -52,9 +52,10 @@ pub fn empty_program() -> crate::Result<crate::skel::baseline::BaselineSkel<'sta
     use crate::error::Context;
     use libbpf_rs::skel::{OpenSkel, SkelBuilder};
     let storage = Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit()));
-    let open = crate::skel::baseline::BaselineSkelBuilder::default()
+    let mut open = crate::skel::baseline::BaselineSkelBuilder::default()
         .open(storage)
         .context(|| "opening the empty program".into())?;
+    crate::flow::size_cache(&mut open.maps.flow_cache)?;
     open.load().context(|| "loading the empty program".into())
 }
 
@@ -92,11 +93,19 @@ pub fn forget_timing(dp: &Datapath<'_>, key: &types::flow_key) -> Result<(), lib
     Ok(())
 }
 
-/// Makes the classifier forget the flow of `key`: its traffic, shared entry, tuples and mark.
+/// Makes the classifier forget the flow of `key`: its traffic (in the table and in every CPU's
+/// cache), shared entry, tuples and mark.
 pub fn forget_flow(dp: &Datapath<'_>, key: &types::flow_key) {
-    use libbpf_rs::MapCore;
+    use libbpf_rs::{MapCore, MapFlags};
     let m = &dp.skel().maps;
     forget_timing(dp, key).expect("freeing a flow_timing slot");
+    let slots = m.flow_cache.lookup_batch(4096, MapFlags::ANY, MapFlags::ANY).expect("reading flow_cache");
+    let free = vec![0u8; std::mem::size_of::<types::flow_cache_slot>()];
+    for (k, v) in slots {
+        if v[..std::mem::size_of::<types::flow_key>()] == *key_bytes(key) {
+            m.flow_cache.update(&k, &free, MapFlags::ANY).expect("freeing a flow_cache slot");
+        }
+    }
     for map in [&m.flow_table, &m.flow_nat, &m.mirror_marks] {
         // Absent already is fine.
         let _ = map.delete(key_bytes(key));

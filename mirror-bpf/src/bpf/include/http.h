@@ -325,7 +325,7 @@ static __always_inline int http_no_body(__u16 status, const struct http_request 
  * @t: the flow's shared entry (NULL: none yet; created for a message, see pos->created).
  * @cnt: this CPU's counters.
  */
-__noinline int http_message(struct __sk_buff *skb, struct http_scratch *s, struct flow_traffic *fs,
+__noinline int http_message(struct __sk_buff *skb, struct http_scratch *s, struct flow_cache_slot *fs,
                             struct flow_timing *t, struct counters *cnt)
 {
     if (!skb || !s || !cnt)
@@ -438,7 +438,7 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s, struc
             __u32 zero = 0;
             struct settings *set = bpf_map_lookup_elem(&settings, &zero);
             timing_request(t, s, avail, m->now, set);
-            replay_keep(skb, m, t, set, cnt);
+            replay_keep(skb, s, pos->off, loaded, t, set, cnt);
         }
     } else {
         cnt->v[STAT_HTTP_RESPONSES]++;
@@ -499,13 +499,12 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s, struc
  * @return 1 when a response marked the flow.
  */
 static __always_inline int http_segment(struct __sk_buff *skb, struct http_scratch *hs,
-                                        struct flow_traffic *fs, __u32 hook, struct counters *cnt)
+                                        struct flow_cache_slot *fs, __u32 hook, struct counters *cnt)
 {
     struct pkt_meta *m = &hs->meta;
     __u32 len = m->payload_len, seq = m->seq, dir = m->dir & 1;
     /* A direction taken for another protocol costs nothing more here. */
-    struct flow_dir_stats *ds = fs ? &fs->dir[dir] : NULL;
-    if (ds && ds->http_kind == HTTP_DIR_OTHER)
+    if (fs && fs->http_kind[dir] == HTTP_DIR_OTHER)
         return 0;
     struct flow_timing *t = timing_find(fs, &m->key);
     timing_used(t);
@@ -553,12 +552,12 @@ static __always_inline int http_segment(struct __sk_buff *skb, struct http_scrat
     }
     if (pos->unframed)
         cnt->v[STAT_HTTP_UNFRAMED]++;
-    if (ds && ds->http_kind == HTTP_DIR_UNKNOWN) {
+    if (fs && fs->http_kind[dir] == HTTP_DIR_UNKNOWN) {
         if (pos->seen)
-            ds->http_kind = HTTP_DIR_SEEN;
+            fs->http_kind[dir] = HTTP_DIR_SEEN;
         else if (was == HTTP_SCAN && pos->state == HTTP_SCAN && !pos->kept &&
-                 ++ds->http_misses >= HTTP_GIVE_UP)
-            ds->http_kind = HTTP_DIR_OTHER;
+                 ++fs->http_misses[dir] >= HTTP_GIVE_UP)
+            fs->http_kind[dir] = HTTP_DIR_OTHER;
     }
     if (pos->created)
         t = timing_find(fs, &m->key);

@@ -52,7 +52,7 @@ static __always_inline struct rule_action *rule_lookup(__u16 port, __u16 status,
  * since this CPU last looked (see mark_epoch).
  * @fs: this CPU's flow entry (NULL: always look up).
  */
-static __always_inline struct mirror_mark *mark_lookup(struct flow_traffic *fs,
+static __always_inline struct mirror_mark *mark_lookup(struct flow_cache_slot *fs,
                                                        const struct flow_key *key)
 {
     /* Read before the lookup: a trigger racing with it changes the epoch, so we look again. */

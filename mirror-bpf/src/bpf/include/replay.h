@@ -60,15 +60,52 @@ static __always_inline struct replay_slot *replay_slot_of(const struct flow_timi
 }
 
 /*
+ * replay_from_scratch - the segment of a request that starts its payload, into @r: the headers
+ * from the packet's linear area (a plain copy), the payload from the @n bytes the HTTP stage
+ * read already (s->buf): the payload, in the page fragments TCP hands the veth, is not read a
+ * second time. Whole words are copied (up to 7 bytes past @n, never counted in r->len).
+ * @return the bytes kept (0: not possible here, the caller reads the frame instead).
+ */
+static __always_inline __u32 replay_from_scratch(struct __sk_buff *skb, struct replay_slot *r,
+                                                 const struct http_scratch *s, __u32 hdr, __u32 n)
+{
+    __u64 h = hdr;
+
+    /* Opaque to the compiler, so that the bound below stays for the verifier. */
+    asm volatile("" : "+r"(h));
+    if (h < 1 || h > REPLAY_FRAME_MAX - HTTP_SCAN_MAX || n < 1 || n > HTTP_SCAN_MAX)
+        return 0;
+    if (bpf_skb_load_bytes(skb, 0, r->frame, h))
+        return 0;
+    __u8 *dst = r->frame + h;
+    const __u64 *src = __builtin_assume_aligned(s->buf, 8);
+#pragma unroll
+    for (int i = 0; i < HTTP_SCAN_MAX / 8; i++) {
+        if (i * 8 >= n)
+            break;
+        *(__u64 *)(dst + i * 8) = src[i];
+    }
+    return h + n;
+}
+
+/*
  * replay_keep - a request starts in @m's segment: keep the segment (from its Ethernet header,
- * up to REPLAY_FRAME_MAX bytes) in the flow's slot, taking the next slot when the flow has none
- * (or lost it to a newer flow). Inlined into http_message, its only caller (verified once with it).
+ * up to REPLAY_FRAME_MAX bytes; when the request starts the payload, its headers and the first
+ * HTTP_SCAN_MAX bytes of the payload) in the flow's slot, taking the next slot when the flow
+ * has none (or lost it to a newer flow). Inlined into http_message, its only caller (verified
+ * once with it).
+ * @s: the scratch area, the request's first @loaded bytes in s->buf when it starts at payload
+ * offset @off.
  * @set: the settings (may be NULL).
  */
-static __always_inline int replay_keep(struct __sk_buff *skb, struct pkt_meta *m, struct flow_timing *t,
+static __always_inline int replay_keep(struct __sk_buff *skb, struct http_scratch *s, __u32 off,
+                                       __u32 loaded, struct flow_timing *t,
                                        const struct settings *set, struct counters *cnt)
 {
-    if (!skb || !m || !t || !set || !cnt || !replay_wanted(set, m))
+    if (!skb || !s || !t || !set || !cnt)
+        return 0;
+    struct pkt_meta *m = &s->meta;
+    if (!replay_wanted(set, m))
         return 0;
     __u32 number;
     if (replay_held(t)) {
@@ -83,12 +120,15 @@ static __always_inline int replay_keep(struct __sk_buff *skb, struct pkt_meta *m
         return 0;
     /* Written, never read here: the slot's lines are not loaded before they are overwritten. */
     r->key = m->key;
-    __u64 len = skb->len < REPLAY_FRAME_MAX ? skb->len : REPLAY_FRAME_MAX;
-    /* A no-op the compiler cannot drop: it bounds the register for the verifier. */
-    asm volatile("%0 &= 0x3ff" : "+r"(len));
-    if (len < 1 || len > REPLAY_FRAME_MAX || bpf_skb_load_bytes(skb, 0, r->frame, len)) {
-        r->len = 0;
-        return 0;
+    __u64 len = off ? 0 : replay_from_scratch(skb, r, s, m->payload_off, loaded);
+    if (!len) {
+        len = skb->len < REPLAY_FRAME_MAX ? skb->len : REPLAY_FRAME_MAX;
+        /* A no-op the compiler cannot drop: it bounds the register for the verifier. */
+        asm volatile("%0 &= 0x3ff" : "+r"(len));
+        if (len < 1 || len > REPLAY_FRAME_MAX || bpf_skb_load_bytes(skb, 0, r->frame, len)) {
+            r->len = 0;
+            return 0;
+        }
     }
     r->len = len;
     r->wire_len = skb->len;

@@ -38,7 +38,7 @@ static __always_inline int timing_on(__u32 group)
  * remembered in @fs.
  * @return the entry, or NULL when the flow has none.
  */
-static __always_inline struct flow_timing *timing_find(struct flow_traffic *fs,
+static __always_inline struct flow_timing *timing_find(struct flow_cache_slot *fs,
                                                        const struct flow_key *key)
 {
     struct flow_timing *t;
@@ -126,7 +126,7 @@ __noinline int timing_take(const struct flow_key *key)
 }
 
 /* timing_get - the flow's shared entry (see timing_find), given a slot when @create. */
-static __always_inline struct flow_timing *timing_get(struct flow_traffic *fs,
+static __always_inline struct flow_timing *timing_get(struct flow_cache_slot *fs,
                                                       const struct flow_key *key, int create,
                                                       struct counters *cnt)
 {
@@ -213,7 +213,7 @@ static __always_inline void request_head_copy(struct http_request *out,
  * Inlined into http_message, its only caller.
  */
 static __always_inline __u64 timing_response(struct __sk_buff *skb, struct http_scratch *s,
-                                             struct flow_traffic *fs, struct flow_timing *t,
+                                             struct flow_cache_slot *fs, struct flow_timing *t,
                                              __u32 status, struct http_request **src)
 {
     if (!skb || !s || !t)
@@ -258,13 +258,14 @@ static __always_inline __u64 timing_response(struct __sk_buff *skb, struct http_
 
 /*
  * handshake_packet - could @m be part of a handshake: a SYN, or one of the first ACKs of its
- * direction on this CPU? Most packets are not: checked inline, before calling timing_handshake.
+ * direction on this CPU (since its cache slot was filled or written back)? Most packets are not: checked inline, before calling timing_handshake.
  */
-static __always_inline int handshake_packet(const struct pkt_meta *m, const struct flow_traffic *fs)
+static __always_inline int handshake_packet(const struct pkt_meta *m,
+                                            const struct flow_cache_slot *fs)
 {
     __u8 f = m->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK);
 
-    return (f & TCP_FLAG_SYN) || (f == TCP_FLAG_ACK && fs && fs->dir[m->dir & 1].packets <= 2);
+    return (f & TCP_FLAG_SYN) || (f == TCP_FLAG_ACK && fs && fs->packets[m->dir & 1] <= 2);
 }
 
 /*
@@ -273,7 +274,7 @@ static __always_inline int handshake_packet(const struct pkt_meta *m, const stru
  * SYN/ACK is seen under the other key than the SYN and the ACK: it is stamped on theirs.
  * A global function: verified once.
  */
-__noinline int timing_handshake(struct __sk_buff *skb, struct pkt_meta *m, struct flow_traffic *fs)
+__noinline int timing_handshake(struct __sk_buff *skb, struct pkt_meta *m, struct flow_cache_slot *fs)
 {
     __u32 zero = 0;
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
@@ -314,7 +315,10 @@ __noinline int timing_handshake(struct __sk_buff *skb, struct pkt_meta *m, struc
         return 0;
     __u64 took = now - t->syn_ns;
     t->syn_ns = 0; /* measured once */
-    fs->handshake_us = took / 1000 ?: 1;
+    /* Once per connection: written to the flow's table entry directly. */
+    struct flow_traffic *ft = bpf_map_lookup_elem(&flow_table, &m->key);
+    if (ft)
+        ft->handshake_us = took / 1000 ?: 1;
     if (hist_add(skb->ifindex, HIST_TCP_HANDSHAKE, 0, took))
         cnt->v[STAT_HIST_INSERT_FAILED]++;
     return 0;

@@ -46,6 +46,11 @@ enum mirror_limits {
     /* Bytes of a request's segment kept for its replay, from the frame's start: the headers
      * (up to 128 bytes) and 512 bytes of the request. */
     REPLAY_FRAME_MAX = 640,
+    /* flow_cache slots of each CPU (a power of two): 4096 x 128 bytes, 512 KiB per CPU. */
+    FLOW_CACHE_SLOTS = 4096,
+    /* Packets of one direction a cached flow counts before its counts are written back to
+     * flow_table (which also keeps the flow's LRU entry recent). */
+    FLOW_CACHE_WRITEBACK = 1024,
 };
 
 /* What a latency histogram measures. */
@@ -186,6 +191,40 @@ struct flow_traffic {
     __u32 http_timed;       /* how many */
     __u32 handshake_us;     /* SYN to completing ACK, when seen on this CPU (0: not) */
 };
+
+/* One direction of a cached flow: its bytes since the last write-back, its first packet since
+ * the slot was filled, its latest packet. */
+struct flow_cache_dir {
+    __u64 bytes;
+    __u64 first_seen_ns;
+    __u64 last_seen_ns;
+};
+
+/*
+ * One slot of a CPU's exact-match flow cache (flow_cache map), in front of flow_table: what
+ * every packet of a cached flow reads and writes, in two cache lines (the map's values are
+ * contiguous and page-aligned, so a slot is exactly two lines). Counters hold what this CPU
+ * counted since the last write-back to its flow_table entry; the HTTP and mark state is the
+ * entry's own while the flow is cached (loaded at fill, stored at write-back). User space adds
+ * the slots to flow_table when it reads flows, so what it shows stays exact (flow.rs).
+ */
+struct flow_cache_slot {
+    struct flow_key key;         /* the flow cached here (zero: none) */
+    __u32 mark_seen;             /* flow_traffic.mark_seen */
+    __u32 timing_slot;           /* flow_traffic.timing_slot */
+    __u16 packets[FLOW_DIRS];    /* since the last write-back */
+    __u16 http_timed;            /* responses timed since the last write-back */
+    __u8 tcp_flags[FLOW_DIRS];   /* OR of the flags seen since the slot was filled */
+    __u8 http_kind[FLOW_DIRS];   /* flow_dir_stats.http_kind */
+    __u8 http_misses[FLOW_DIRS]; /* flow_dir_stats.http_misses */
+    __u8 _pad[4];
+    struct flow_cache_dir dir[FLOW_DIRS];
+    __u64 http_time_sum_ns; /* since the last write-back */
+    __u64 http_time_max_ns; /* since the slot was filled */
+};
+_Static_assert(sizeof(struct flow_cache_slot) == 128, "a cache slot is two cache lines");
+_Static_assert(__builtin_offsetof(struct flow_cache_slot, dir) == 64,
+               "the key and the state a packet reads first share the first line");
 
 /* What a matching rule does. */
 struct rule_action {
