@@ -2,10 +2,11 @@
 /*
  * The classifier on each container's host-side veth, at ingress and egress.
  *
- * Per packet: parse to a canonical flow key; count it in the per-CPU flow table; if the flow
- * is marked, copy it to the mirror interface (within its budget); otherwise look at the start
- * of the TCP payload for an HTTP request (remember its time) or status line (look up a rule by
- * status; on a match, mark the flow and copy from this packet on, both directions).
+ * Per packet: parse to a canonical flow key (parse.h); count it in this CPU's flow cache slot
+ * (flow.h); follow the HTTP stream where a message can begin (http.h), timing each answer
+ * (timing.h) and deciding what it makes of the flow (decide.h: a rule matched marks the flow,
+ * trigger.h); then, when the flow is marked (mark.h), copy the packet to the mirror interface
+ * (mirror.h), within its budget.
  *
  * Fail-open: every entry point returns "continue" (TC_ACT_UNSPEC / TCX_NEXT, both -1), so
  * the production packet and any filter after ours always go on, whatever happens here.
@@ -24,6 +25,7 @@
 #include "include/flow.h"
 #include "include/nat.h"
 #include "include/timing.h"
+#include "include/mark.h"
 #include "include/mirror.h"
 #include "include/http.h"
 #include "include/replay.h"

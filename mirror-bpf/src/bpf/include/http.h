@@ -20,7 +20,7 @@
 #include "maps.h"
 #include "parse.h"
 #include "timing.h"
-#include "mirror.h"
+#include "decide.h"
 #include "replay.h"
 
 /* Bytes read to classify the start of a message; the shortest status line "HTTP/1.1 200" has 12. */
@@ -448,17 +448,8 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s, struc
         /* A 1xx is interim: the request is still awaiting its final answer. */
         if (status >= 200 && t)
             took = timing_response(skb, s, fs, t, status, &src);
-        if (!pos->triggered) {
-            struct rule_action *ra = rule_lookup(m->src_port, status, took);
-            if (ra) {
-                struct trigger_info *ti = &s->trigger;
-                ti->took = took;
-                ti->status = status;
-                ti->hook = pos->hook;
-                request_head_copy(&s->req, src);
-                pos->triggered = mirror_trigger(skb, m, ra, t, ti);
-            }
-        }
+        if (!pos->triggered)
+            pos->triggered = decide_response(skb, s, t, status, took, src);
         if (http_no_body(status, &s->req)) {
             body = 0;
             chunked = 0;
