@@ -80,9 +80,15 @@ reliability: deps
 	MIRROR_FAULT_ROUNDS=$(MIRROR_FAULT_ROUNDS) $(CARGO) test --release -p mirror-agent --test faults -- --nocapture
 	MIRROR_FLOOD_FLOWS=$(MIRROR_FLOOD_FLOWS) $(CARGO) test --release -p mirror-agent --test flood -- --nocapture
 
-lint:
+# Style and lints, as CI checks them before the tests: rustfmt, clang-format over the BPF C
+# (.clang-format; vmlinux.h is generated) and clippy with warnings as errors. Clippy in the
+# release profile, as `make test` builds: the build scripts' outputs (libbpf, the BPF objects and
+# skeletons) are shared, not built twice.
+BPF_C := $(filter-out %/vmlinux.h,$(wildcard mirror-bpf/src/bpf/*.bpf.c mirror-bpf/src/bpf/include/*.h))
+lint: deps
 	$(CARGO) fmt --all --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	clang-format --dry-run --Werror $(BPF_C)
+	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 
 # The node image from the binaries built here (quick): the local base image first (made once
 # per machine by debootstrap, no registry needed), then docker/Dockerfile's runtime-prebuilt

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Installs what building, testing and the demo need on Debian/Ubuntu: the BPF toolchain, the
-# network tools the tests and benchmarks drive (iproute2, iptables, nftables, conntrack, tcpdump,
-# tshark, tmux, curl, nginx, python3, iperf3, wrk, sockperf; Python's Prometheus parser and the
-# reference Community ID hashing), the Go toolchain and Node.js for the
-# accuracy test's server stacks (when no go/node is found already), podman, runc and debootstrap
-# for the image, kubernetes-validate for the manifests, and Rust. Idempotent: only what is
-# missing is installed. Run as root.
+# Installs what building, testing, linting and the demo need on Debian/Ubuntu: the BPF toolchain
+# and clang-format, the network tools the tests and benchmarks drive (iproute2, iptables,
+# nftables, conntrack, tcpdump, tshark, tmux, curl, nginx, python3, iperf3, wrk, sockperf;
+# Python's Prometheus parser and the reference Community ID hashing), the Go toolchain and
+# Node.js for the accuracy test's server stacks (when no go/node is found already), podman, runc
+# and debootstrap for the image, kubernetes-validate for the manifests, and Rust. Idempotent:
+# only what is missing is installed. Run as root.
 set -euo pipefail
 
 PACKAGES=(
     build-essential pkg-config clang llvm libelf-dev zlib1g-dev   # libbpf + BPF C
+    clang-format                                                   # make lint: the BPF C's style
     ca-certificates                                                # https for rustup
     iproute2 ethtool bpftool linux-perf                            # links, tc, netns, BPF; bench stage profile
     iptables nftables conntrack                                    # kube-proxy-like Service NAT

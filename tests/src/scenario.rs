@@ -1,5 +1,5 @@
-//! The scenario most tests share, run with different attach modes, mirror methods and IP
-//! families.
+//! The scenarios several tests share, run with different attach modes, mirror methods, ways
+//! of handing the copies to the sink and IP families.
 
 use mirror_bpf::{AttachMode, MirrorDelivery, MirrorMethod};
 
@@ -10,10 +10,13 @@ use crate::testbed::{Recording, Testbed};
 /// nginx's port.
 pub const HTTP: u16 = 80;
 
+/// python's port.
+pub const ALT: u16 = 8080;
+
 /// The client pod, then the server pod.
 pub const PODS: [&str; 2] = ["client", "server"];
 
-/// The outcome of [`keepalive_pod_to_pod`], for further checks.
+/// The outcome of a scenario, for further checks.
 pub struct Outcome {
     /// The testbed, still attached.
     pub bed: Testbed,
@@ -39,11 +42,13 @@ pub fn keepalive_pod_to_pod_via(
     v6: bool,
     delivery: MirrorDelivery,
 ) -> Outcome {
-    let mut bed = Testbed::new(&PODS);
-    bed.nginx("server", HTTP);
-    bed.mirror_to_sink_via(delivery);
-    let rule = bed.add_rule("status=500");
-    bed.attach(mode, method);
+    let bed = Testbed::builder(&PODS)
+        .nginx("server", HTTP)
+        .mirror_via(delivery)
+        .rule("status=500")
+        .attach(mode, method)
+        .build();
+    let rule = bed.rule_ids()[0];
     let events = bed.events();
 
     let server = bed.pod("server").addr(v6);
@@ -65,5 +70,25 @@ pub fn keepalive_pod_to_pod_via(
     assert_eq!(ev.len(), 1, "{ev:?}");
     assert_eq!((ev[0].key, ev[0].rule_id, ev[0].status), (t.flow, rule, 500));
     assert_eq!((ev[0].method.as_deref(), ev[0].target.as_deref()), (Some("GET"), Some("/bar")));
+    Outcome { bed, rec, expected }
+}
+
+/// Rule `status=500`, copies handed to the sink as `delivery` says; from the client pod to
+/// python in the server pod, on one connection: `/ok`, then a 500 with a 1 MiB body. Checks
+/// the mirror against the client's capture (see [`Testbed::check`]) and that more than the
+/// body's bytes were mirrored.
+pub fn large_500_response(delivery: MirrorDelivery, v6: bool) -> Outcome {
+    const BODY: u32 = 1 << 20;
+    let bed = Testbed::builder(&PODS).python("server", ALT).mirror_via(delivery).rule("status=500").build();
+
+    let server = bed.pod("server").addr(v6);
+    let rec = bed.record("client", || {
+        let urls = [url(server, ALT, "/ok"), url(server, ALT, &format!("/fail?bytes={BODY}"))];
+        assert_eq!(client::get_keepalive(&bed.pod("client").ns, &urls), [200, 500]);
+    });
+    let expected = bed.check(&rec, |status, _| status == 500);
+    assert_eq!(expected.triggered.len(), 1);
+    let mirrored: u32 = rec.mirror.packets.iter().map(|p| p.len).sum();
+    assert!(mirrored > BODY, "{mirrored} bytes mirrored");
     Outcome { bed, rec, expected }
 }

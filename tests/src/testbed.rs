@@ -41,6 +41,7 @@ pub struct Testbed {
     servers: Vec<Server>,
     attachments: Vec<Attachment>,
     replay: Option<ReplayHook>,
+    rules: Vec<RuleId>,
     /// The classifier.
     pub dp: Datapath<'static>,
     _inside: Entered,
@@ -52,6 +53,19 @@ pub struct Testbed {
 }
 
 impl Testbed {
+    /// The set-up most tests start from, over a topology with one pod per role (see
+    /// [`TestbedBuilder`]).
+    pub fn builder<'a>(roles: &'a [&'a str]) -> TestbedBuilder<'a> {
+        TestbedBuilder {
+            roles,
+            servers: Vec::new(),
+            mirror: Some(MirrorDelivery::Egress),
+            rules: Vec::new(),
+            attach: Some((AttachMode::Auto, MirrorMethod::Clone)),
+            attach_only: None,
+        }
+    }
+
     /// A topology with one pod per role, the calling thread in its node, the classifier loaded.
     pub fn new(roles: &[&str]) -> Testbed {
         let dir = tempfile::Builder::new().prefix("mirror-e2e").tempdir().expect("creating a temp dir");
@@ -62,6 +76,7 @@ impl Testbed {
             servers: Vec::new(),
             attachments: Vec::new(),
             replay: None,
+            rules: Vec::new(),
             dp,
             _inside: inside,
             topo,
@@ -108,7 +123,14 @@ impl Testbed {
     #[track_caller]
     pub fn add_rule(&mut self, rule: &str) -> RuleId {
         let rule = rule.parse().unwrap_or_else(|e| panic!("{rule}: {e}"));
-        self.dp.add_rule(rule).expect("adding a rule")
+        let id = self.dp.add_rule(rule).expect("adding a rule");
+        self.rules.push(id);
+        id
+    }
+
+    /// The ids of the rules [`Testbed::add_rule`] added, in order.
+    pub fn rule_ids(&self) -> &[RuleId] {
+        &self.rules
     }
 
     /// Starts nginx in a pod.
@@ -259,5 +281,107 @@ impl Testbed {
         for f in expected.untriggered() {
             assert_eq!(find(*f).mark, None, "{f} never triggered but is marked");
         }
+    }
+}
+
+/// A server the builder starts.
+type StartServer<'a> = Box<dyn FnOnce(&mut Testbed) + 'a>;
+
+/// How a test's [`Testbed`] starts, from [`Testbed::builder`]: the servers it names; the
+/// classifier copying to the mirror sink, which sends the copies out to its peer (unless
+/// [`mirror_via`](TestbedBuilder::mirror_via) or [`no_mirror`](TestbedBuilder::no_mirror) says
+/// otherwise); the rules it names; the classifier on every pod's veth in [`AttachMode::Auto`]
+/// with [`MirrorMethod::Clone`] (unless told otherwise). [`TestbedBuilder::build`] takes these
+/// steps in that order.
+#[must_use = "a set-up does nothing until built"]
+pub struct TestbedBuilder<'a> {
+    roles: &'a [&'a str],
+    servers: Vec<StartServer<'a>>,
+    mirror: Option<MirrorDelivery>,
+    rules: Vec<String>,
+    attach: Option<(AttachMode, MirrorMethod)>,
+    attach_only: Option<&'a [&'a str]>,
+}
+
+impl<'a> TestbedBuilder<'a> {
+    /// Starts nginx in a pod.
+    pub fn nginx(mut self, role: &'a str, port: u16) -> Self {
+        self.servers.push(Box::new(move |bed| bed.nginx(role, port)));
+        self
+    }
+
+    /// Starts python's http.server in a pod.
+    pub fn python(mut self, role: &'a str, port: u16) -> Self {
+        self.servers.push(Box::new(move |bed| bed.python(role, port)));
+        self
+    }
+
+    /// Starts python's http.server in the node namespace (a host-network server).
+    pub fn python_in_node(mut self, port: u16) -> Self {
+        self.servers.push(Box::new(move |bed| bed.python_in_node(port)));
+        self
+    }
+
+    /// Starts the raw HTTP server (scripted byte layouts) in a pod.
+    pub fn raw_server(mut self, role: &'a str, port: u16) -> Self {
+        self.servers.push(Box::new(move |bed| bed.raw_server(role, port)));
+        self
+    }
+
+    /// Hands the copies to the sink as `delivery` says (see [`Testbed::mirror_to_sink_via`]).
+    pub fn mirror_via(mut self, delivery: MirrorDelivery) -> Self {
+        self.mirror = Some(delivery);
+        self
+    }
+
+    /// Sets no mirror interface: the classifier only counts what it would copy.
+    pub fn no_mirror(mut self) -> Self {
+        self.mirror = None;
+        self
+    }
+
+    /// Adds a rule (ids in [`Testbed::rule_ids`]).
+    pub fn rule(mut self, rule: &str) -> Self {
+        self.rules.push(rule.to_string());
+        self
+    }
+
+    /// Attaches in `mode` with `method`.
+    pub fn attach(mut self, mode: AttachMode, method: MirrorMethod) -> Self {
+        self.attach = Some((mode, method));
+        self
+    }
+
+    /// Attaches to the veths of these pods only.
+    pub fn attach_only(mut self, roles: &'a [&'a str]) -> Self {
+        self.attach_only = Some(roles);
+        self
+    }
+
+    /// Attaches nowhere: the test does.
+    pub fn detached(mut self) -> Self {
+        self.attach = None;
+        self
+    }
+
+    /// The testbed, set up.
+    #[track_caller]
+    pub fn build(self) -> Testbed {
+        let mut bed = Testbed::new(self.roles);
+        for start in self.servers {
+            start(&mut bed);
+        }
+        if let Some(delivery) = self.mirror {
+            bed.mirror_to_sink_via(delivery);
+        }
+        for rule in &self.rules {
+            bed.add_rule(rule);
+        }
+        match (self.attach, self.attach_only) {
+            (Some((mode, method)), Some(roles)) => bed.attach_to(roles, mode, method),
+            (Some((mode, method)), None) => bed.attach(mode, method),
+            (None, _) => {}
+        }
+        bed
     }
 }

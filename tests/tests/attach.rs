@@ -62,10 +62,7 @@ fn detach_leaves_no_qdisc_filter_or_program() {
     if !require_root() {
         return;
     }
-    let mut bed = Testbed::new(&PODS);
-    bed.nginx("server", HTTP);
-    bed.mirror_to_sink();
-    bed.add_rule("status=500");
+    let mut bed = Testbed::builder(&PODS).nginx("server", HTTP).rule("status=500").detached().build();
     for (mode, method) in WAYS {
         bed.attach(mode, method);
         assert_eq!(ours_everywhere(&bed), mode == AttachMode::Tc, "{mode:?}");
@@ -94,10 +91,7 @@ fn foreign_filters_survive_attach_detach_cycles() {
     if !require_root() {
         return;
     }
-    let mut bed = Testbed::new(&PODS);
-    bed.nginx("server", HTTP);
-    bed.mirror_to_sink();
-    bed.add_rule("status=500");
+    let mut bed = Testbed::builder(&PODS).nginx("server", HTTP).rule("status=500").detached().build();
     let veth = bed.pod("server").veth.clone();
     tc::add_foreign_filters(bed.node(), &veth);
     let counts = |bed: &Testbed| Hook::BOTH.map(|h| tc::foreign_packets(bed.node(), &veth, h));
@@ -129,11 +123,11 @@ fn foreign_filters_survive_attach_detach_cycles() {
 /// Attaches to every veth, then again in `mode`: the second attach is accepted or refused
 /// (`accepted`), and either way each packet is still mirrored exactly once.
 fn attach_twice(mode: AttachMode, accepted: bool) {
-    let mut bed = Testbed::new(&PODS);
-    bed.nginx("server", HTTP);
-    bed.mirror_to_sink();
-    bed.add_rule("status=500");
-    bed.attach(mode, MirrorMethod::Clone);
+    let mut bed = Testbed::builder(&PODS)
+        .nginx("server", HTTP)
+        .rule("status=500")
+        .attach(mode, MirrorMethod::Clone)
+        .build();
     for role in PODS {
         let again = bed.try_attach(role, mode, MirrorMethod::Clone);
         assert_eq!(again.is_ok(), accepted, "{mode:?} again on {role}: {again:?}");

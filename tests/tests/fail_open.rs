@@ -21,14 +21,13 @@ enum Mirror {
 /// Attaches with rule `status=500`, then runs `/foo /bar /foo` on one connection from the
 /// client pod (which must succeed) and returns what the mirror should have carried.
 fn run(method: MirrorMethod, mirror: Mirror) -> (Testbed, Recording, Expected) {
-    let mut bed = Testbed::new(&PODS);
-    bed.nginx("server", HTTP);
-    bed.add_rule("status=500");
-    if let Mirror::Deleted = mirror {
-        // Before attach: the mirred action needs it.
-        bed.mirror_to_sink();
+    let mut setup =
+        Testbed::builder(&PODS).nginx("server", HTTP).rule("status=500").attach(AttachMode::Auto, method);
+    if let Mirror::Unset = mirror {
+        setup = setup.no_mirror();
     }
-    bed.attach(AttachMode::Auto, method);
+    // Deleted: set, before attach (the mirred action needs it), then deleted.
+    let bed = setup.build();
     if let Mirror::Deleted = mirror {
         bed.node().sh(&format!("ip link del {MIRROR_DEV}"));
     }

@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 
 use mirror_bpf::testing::require_root;
-use mirror_bpf::{AttachMode, MirrorMethod, TriggerEvent};
+use mirror_bpf::TriggerEvent;
 use mirror_e2e::oracle::Expected;
 use mirror_e2e::pcap::Packet;
 use mirror_e2e::raw::{self, get, pipelined, Exchange};
@@ -81,14 +81,9 @@ impl Run {
     }
 }
 
-/// A testbed with the raw server and nginx in the server pod, rule `status=500`.
+/// A testbed with the raw server in the server pod, rule `status=500`.
 fn bed() -> Testbed {
-    let mut bed = Testbed::new(&PODS);
-    bed.raw_server("server", RAW);
-    bed.mirror_to_sink();
-    bed.add_rule("status=500");
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
-    bed
+    Testbed::builder(&PODS).raw_server("server", RAW).rule("status=500").build()
 }
 
 /// From the client pod to the server pod's `port`, one connection: each round in one write,

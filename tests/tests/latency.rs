@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use mirror_bpf::testing::require_root;
-use mirror_bpf::{AttachMode, HistKind, MirrorMethod};
+use mirror_bpf::HistKind;
 use mirror_e2e::client::{self, url};
 use mirror_e2e::scenario::PODS;
 use mirror_e2e::testbed::Testbed;
@@ -13,10 +13,7 @@ use mirror_e2e::testbed::Testbed;
 const PY: u16 = 8080;
 
 fn bed() -> Testbed {
-    let mut bed = Testbed::new(&PODS);
-    bed.python("server", PY);
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
-    bed
+    Testbed::builder(&PODS).python("server", PY).no_mirror().build()
 }
 
 #[test]

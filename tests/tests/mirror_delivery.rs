@@ -5,22 +5,24 @@
 use mirror_bpf::testing::require_root;
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{AttachMode, MirrorDelivery, MirrorMethod};
-use mirror_e2e::client::{self, url};
-use mirror_e2e::scenario::{keepalive_pod_to_pod_via, PODS};
-use mirror_e2e::testbed::Testbed;
+use mirror_e2e::scenario::{keepalive_pod_to_pod_via, large_500_response};
 
-/// python's port.
-const ALT: u16 = 8080;
+/// The keep-alive scenario with the copies handed into the peer's receive path, attached in
+/// `mode`, over IPv6 when `v6`: no copy failed, and the counters say as many as the peer
+/// received.
+fn peer_ingress_mirrors_the_same_packets(mode: AttachMode, v6: bool) {
+    let out = keepalive_pod_to_pod_via(mode, MirrorMethod::Clone, v6, MirrorDelivery::Ingress);
+    let c = out.bed.counters();
+    assert_eq!(c.get(stat_idx::STAT_MIRROR_ERRORS), 0);
+    assert_eq!(c.get(stat_idx::STAT_MIRRORED_PACKETS), out.rec.mirror.packets.len() as u64);
+}
 
 #[test]
 fn peer_ingress_ipv4_tcx_mirrors_the_same_packets() {
     if !require_root() {
         return;
     }
-    let out = keepalive_pod_to_pod_via(AttachMode::Auto, MirrorMethod::Clone, false, MirrorDelivery::Ingress);
-    let c = out.bed.counters();
-    assert_eq!(c.get(stat_idx::STAT_MIRROR_ERRORS), 0);
-    assert_eq!(c.get(stat_idx::STAT_MIRRORED_PACKETS), out.rec.mirror.packets.len() as u64);
+    peer_ingress_mirrors_the_same_packets(AttachMode::Auto, false);
 }
 
 #[test]
@@ -28,8 +30,7 @@ fn peer_ingress_ipv6_tc_mirrors_the_same_packets() {
     if !require_root() {
         return;
     }
-    let out = keepalive_pod_to_pod_via(AttachMode::Tc, MirrorMethod::Clone, true, MirrorDelivery::Ingress);
-    assert_eq!(out.bed.counters().get(stat_idx::STAT_MIRROR_ERRORS), 0);
+    peer_ingress_mirrors_the_same_packets(AttachMode::Tc, true);
 }
 
 #[test]
@@ -37,23 +38,8 @@ fn peer_ingress_carries_gso_packets_whole() {
     if !require_root() {
         return;
     }
-    const BODY: u32 = 1 << 20;
-    let mut bed = Testbed::new(&PODS);
-    bed.python("server", ALT);
-    bed.mirror_to_sink_via(MirrorDelivery::Ingress);
-    bed.add_rule("status=500");
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
-
-    let server = bed.pod("server").addr(false);
-    let rec = bed.record("client", || {
-        let urls = [url(server, ALT, "/ok"), url(server, ALT, &format!("/fail?bytes={BODY}"))];
-        assert_eq!(client::get_keepalive(&bed.pod("client").ns, &urls), [200, 500]);
-    });
-    let expected = bed.check(&rec, |status, _| status == 500);
-    assert_eq!(expected.triggered.len(), 1);
-    let mirrored: u32 = rec.mirror.packets.iter().map(|p| p.len).sum();
-    assert!(mirrored > BODY, "{mirrored} bytes mirrored");
+    let out = large_500_response(MirrorDelivery::Ingress, false);
     // Larger than the sink's MTU: received whole, not refused.
-    assert!(rec.mirror.packets.iter().any(|p| p.len > 1500), "no GSO packet among the copies");
-    assert_eq!(bed.counters().get(stat_idx::STAT_MIRROR_ERRORS), 0);
+    assert!(out.rec.mirror.packets.iter().any(|p| p.len > 1500), "no GSO packet among the copies");
+    assert_eq!(out.bed.counters().get(stat_idx::STAT_MIRROR_ERRORS), 0);
 }

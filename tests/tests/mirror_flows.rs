@@ -6,14 +6,11 @@ use std::net::IpAddr;
 
 use mirror_bpf::testing::{ifindex, require_root};
 use mirror_bpf::types::stat_idx;
-use mirror_bpf::{AttachMode, MirrorMethod};
+use mirror_bpf::{AttachMode, MirrorDelivery, MirrorMethod};
 use mirror_e2e::client::{self, url};
 use mirror_e2e::oracle::Expected;
-use mirror_e2e::scenario::{keepalive_pod_to_pod, HTTP, PODS};
+use mirror_e2e::scenario::{keepalive_pod_to_pod, large_500_response, ALT, HTTP, PODS};
 use mirror_e2e::testbed::Testbed;
-
-/// python's port.
-const ALT: u16 = 8080;
 
 #[test]
 fn keepalive_pod_to_pod_ipv4_is_mirrored_from_the_500_on() {
@@ -38,11 +35,7 @@ fn node_to_pod_separate_connections_only_the_500_one_is_mirrored() {
     if !require_root() {
         return;
     }
-    let mut bed = Testbed::new(&PODS);
-    bed.python("server", ALT);
-    bed.mirror_to_sink();
-    bed.add_rule("status=500");
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
+    let bed = Testbed::builder(&PODS).python("server", ALT).rule("status=500").build();
 
     let server = bed.pod("server").addr(false);
     let rec = bed.record("server", || {
@@ -59,11 +52,7 @@ fn node_to_pod_separate_connections_only_the_500_one_is_mirrored() {
 /// From the client pod to python, one connection per status; returns the statuses whose
 /// connections were mirrored under `rule`, which must match `matches`.
 fn mirrored_statuses(rule: &str, statuses: &[u16], matches: impl Fn(u16) -> bool) -> Vec<u16> {
-    let mut bed = Testbed::new(&PODS);
-    bed.python("server", ALT);
-    bed.mirror_to_sink();
-    bed.add_rule(rule);
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
+    let bed = Testbed::builder(&PODS).python("server", ALT).rule(rule).build();
 
     let server = bed.pod("server").addr(false);
     let rec = bed.record("client", || {
@@ -98,12 +87,11 @@ fn port_scoped_rule_ignores_the_same_status_on_another_port() {
     if !require_root() {
         return;
     }
-    let mut bed = Testbed::new(&PODS);
-    bed.nginx("server", HTTP);
-    bed.python("server", ALT);
-    bed.mirror_to_sink();
-    bed.add_rule(&format!("status=500 port={ALT}"));
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
+    let bed = Testbed::builder(&PODS)
+        .nginx("server", HTTP)
+        .python("server", ALT)
+        .rule(&format!("status=500 port={ALT}"))
+        .build();
 
     let server = bed.pod("server").addr(false);
     let rec = bed.record("client", || {
@@ -140,11 +128,7 @@ fn host_network_server_triggers_at_the_client_veth_egress() {
     if !require_root() {
         return;
     }
-    let mut bed = Testbed::new(&PODS);
-    bed.python_in_node(ALT);
-    bed.mirror_to_sink();
-    bed.add_rule("status=500");
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
+    let bed = Testbed::builder(&PODS).python_in_node(ALT).rule("status=500").build();
     let server = bed.pod("client").gateway(false);
     expect_trigger_at_client_egress(&bed, server);
 }
@@ -154,11 +138,8 @@ fn server_veth_not_attached_triggers_at_the_client_veth_egress() {
     if !require_root() {
         return;
     }
-    let mut bed = Testbed::new(&PODS);
-    bed.python("server", ALT);
-    bed.mirror_to_sink();
-    bed.add_rule("status=500");
-    bed.attach_to(&["client"], AttachMode::Auto, MirrorMethod::Clone);
+    let bed =
+        Testbed::builder(&PODS).python("server", ALT).rule("status=500").attach_only(&["client"]).build();
     let server = bed.pod("server").addr(false);
     expect_trigger_at_client_egress(&bed, server);
 }
@@ -168,22 +149,7 @@ fn large_500_response_is_mirrored_whole() {
     if !require_root() {
         return;
     }
-    const BODY: u32 = 1 << 20;
-    let mut bed = Testbed::new(&PODS);
-    bed.python("server", ALT);
-    bed.mirror_to_sink();
-    bed.add_rule("status=500");
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
-
-    let server = bed.pod("server").addr(true);
-    let rec = bed.record("client", || {
-        let urls = [url(server, ALT, "/ok"), url(server, ALT, &format!("/fail?bytes={BODY}"))];
-        assert_eq!(client::get_keepalive(&bed.pod("client").ns, &urls), [200, 500]);
-    });
-    let expected = bed.check(&rec, |status, _| status == 500);
-    assert_eq!(expected.triggered.len(), 1);
-    let mirrored: u32 = rec.mirror.packets.iter().map(|p| p.len).sum();
-    assert!(mirrored > BODY, "{mirrored} bytes mirrored");
+    large_500_response(MirrorDelivery::Egress, true);
 }
 
 #[test]
@@ -192,11 +158,8 @@ fn packet_budget_ends_the_mirror() {
         return;
     }
     const BUDGET: usize = 3;
-    let mut bed = Testbed::new(&PODS);
-    bed.python("server", ALT);
-    bed.mirror_to_sink();
-    bed.add_rule(&format!("status=500 packets={BUDGET}"));
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
+    let bed =
+        Testbed::builder(&PODS).python("server", ALT).rule(&format!("status=500 packets={BUDGET}")).build();
 
     let server = bed.pod("server").addr(false);
     let rec = bed.record("client", || {
@@ -227,11 +190,7 @@ fn concurrent_connections_are_each_mirrored_once() {
         return;
     }
     const PAIRS: usize = 20;
-    let mut bed = Testbed::new(&PODS);
-    bed.nginx("server", HTTP);
-    bed.mirror_to_sink();
-    bed.add_rule("status=500");
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
+    let bed = Testbed::builder(&PODS).nginx("server", HTTP).rule("status=500").build();
 
     let server = bed.pod("server").addr(false);
     let rec = bed.record("client", || {
@@ -251,11 +210,8 @@ fn removed_rule_triggers_no_more() {
     if !require_root() {
         return;
     }
-    let mut bed = Testbed::new(&PODS);
-    bed.nginx("server", HTTP);
-    bed.mirror_to_sink();
-    let rule = bed.add_rule("status=500");
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
+    let mut bed = Testbed::builder(&PODS).nginx("server", HTTP).rule("status=500").build();
+    let rule = bed.rule_ids()[0];
     let bar = |bed: &Testbed| {
         let server = bed.pod("server").addr(false);
         bed.record("client", || {

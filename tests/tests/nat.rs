@@ -27,7 +27,7 @@ use std::net::SocketAddr;
 
 use mirror_bpf::testing::require_root;
 use mirror_bpf::types::stat_idx;
-use mirror_bpf::{AttachMode, FlowKey, HistKind, MirrorMethod};
+use mirror_bpf::{FlowKey, HistKind};
 use mirror_e2e::client::{self, url};
 use mirror_e2e::kubeproxy::{Flavour, KubeProxy, Translation, SERVICE_PORT};
 use mirror_e2e::nat_oracle::{self, Connection, CopyPoints, NatExpected, Point};
@@ -106,13 +106,10 @@ fn check(failures: &mut Vec<String>, ok: bool, msg: impl FnOnce() -> String) {
 /// The scenario of this file (see the top) along `path`, with `flavour` rules, in one family;
 /// every check runs and the test fails with all that differ.
 fn run(path: Path, flavour: Flavour, v6: bool) {
-    let mut bed = Testbed::new(&PODS);
-    bed.nginx("server", HTTP);
+    // Both pods' veths attached; the uplink to the outside namespace is not a pod's and stays bare.
+    let bed = Testbed::builder(&PODS).nginx("server", HTTP).rule("status=500").build();
+    let rule = bed.rule_ids()[0];
     let kp = KubeProxy::install(bed.node(), flavour, v6, bed.pod("server").addr(v6));
-    bed.mirror_to_sink();
-    let rule = bed.add_rule("status=500");
-    // Both pods' veths; the uplink to the outside namespace is not a pod's and stays bare.
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
     let events = bed.events();
 
     let (client_veth, server_veth) = (bed.pod("client").veth.as_str(), bed.pod("server").veth.as_str());

@@ -23,11 +23,12 @@ struct Setup {
 /// Rule `status=500`; one connection sends `rounds` to nginx (`/bar` answers 500); returns the
 /// recording and the reference's segment of the request that triggered.
 fn run(setup: &Setup, rounds: &[Vec<u8>]) -> (Testbed, Recording, Packet, Vec<mirror_bpf::TriggerEvent>) {
-    let mut bed = Testbed::new(&PODS);
-    bed.nginx("server", HTTP);
-    bed.mirror_to_sink_via(setup.delivery);
-    bed.add_rule("status=500");
-    bed.attach(setup.mode, setup.method);
+    let mut bed = Testbed::builder(&PODS)
+        .nginx("server", HTTP)
+        .mirror_via(setup.delivery)
+        .rule("status=500")
+        .attach(setup.mode, setup.method)
+        .build();
     bed.replay_to_sink();
     let events = bed.events();
     let server = SocketAddr::new(bed.pod("server").addr(setup.v6), HTTP);

@@ -2,16 +2,14 @@
 //! pod-to-pod and node-to-pod traffic.
 
 use mirror_bpf::testing::require_root;
-use mirror_bpf::{AttachMode, HistKind, MirrorMethod, TraceGroup, Tracing};
+use mirror_bpf::{HistKind, TraceGroup, Tracing};
 use mirror_e2e::client::{self, url};
 use mirror_e2e::scenario::{HTTP, PODS};
 use mirror_e2e::testbed::Testbed;
 
 /// A client and an nginx server pod, attached, with the tracing programs loaded and `group` on.
 fn bed_with(group: TraceGroup) -> (Testbed, Tracing) {
-    let mut bed = Testbed::new(&PODS);
-    bed.nginx("server", HTTP);
-    bed.attach(AttachMode::Auto, MirrorMethod::Clone);
+    let mut bed = Testbed::builder(&PODS).nginx("server", HTTP).no_mirror().build();
     let mut tracing = Tracing::load(&bed.dp).unwrap();
     // Loaded is not on: nothing is measured before a group is switched on.
     let cpu: u64 = tracing.cpu_times().unwrap().iter().map(|c| c.syscall_ns + c.softirq_rx_ns).sum();
