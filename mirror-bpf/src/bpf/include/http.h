@@ -55,8 +55,8 @@ static __always_inline int is_digit(__u8 ch)
  */
 static __always_inline __u16 http_status(const __u8 *p, __u32 len)
 {
-    if (*(__u32 *)p != HTTP_WORD('H', 'T', 'T', 'P') || p[4] != '/' || p[5] != '1' ||
-        p[6] != '.' || (p[7] != '0' && p[7] != '1') || p[8] != ' ')
+    if (*(__u32 *)p != HTTP_WORD('H', 'T', 'T', 'P') || p[4] != '/' || p[5] != '1' || p[6] != '.' ||
+        (p[7] != '0' && p[7] != '1') || p[8] != ' ')
         return 0;
     if (!is_digit(p[9]) || !is_digit(p[10]) || !is_digit(p[11]))
         return 0;
@@ -227,7 +227,7 @@ static __always_inline __u32 http_load(struct __sk_buff *skb, struct http_scratc
  */
 /* The top bit of each zero byte of @v (exact for the lowest; a 0x01 byte above a zero byte may
  * be marked too: every mark is checked byte by byte after). */
-#define HTTP_ZERO_BYTES(v) (((v) - 0x0101010101010101ULL) & ~(v) & 0x8080808080808080ULL)
+#define HTTP_ZERO_BYTES(v) (((v)-0x0101010101010101ULL) & ~(v)&0x8080808080808080ULL)
 #define HTTP_BYTES(c) (0x0101010101010101ULL * (__u8)(c))
 
 __noinline int http_headers(struct http_scratch *s, __u32 n, struct http_framing *f)
@@ -325,8 +325,8 @@ static __always_inline int http_no_body(__u16 status, const struct http_request 
  * @t: the flow's shared entry (NULL: none yet; created for a message, see pos->created).
  * @cnt: this CPU's counters.
  */
-__noinline int http_message(struct __sk_buff *skb, struct http_scratch *s, struct flow_cache_slot *fs,
-                            struct flow_timing *t, struct counters *cnt)
+__noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
+                            struct flow_cache_slot *fs, struct flow_timing *t, struct counters *cnt)
 {
     if (!skb || !s || !cnt)
         return 0;
@@ -419,8 +419,8 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s, struc
      * requests pending than the queue holds: the next response can start only after a next
      * request, so its framing need not be followed, and its header block (most of the cost
      * of a response) is not read. */
-    pos->answered = kind == HTTP_RESPONSE && status >= 200 && t && !t->deep &&
-                    t->req_head + 1 == t->req_tail;
+    pos->answered =
+        kind == HTTP_RESPONSE && status >= 200 && t && !t->deep && t->req_head + 1 == t->req_tail;
     /* In the scratch area: this frame is on the deepest call chain (to a trigger). */
     struct http_framing *f = &s->framing;
     __builtin_memset(f, 0, sizeof(*f));
@@ -490,7 +490,8 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s, struc
  * @return 1 when a response marked the flow.
  */
 static __always_inline int http_segment(struct __sk_buff *skb, struct http_scratch *hs,
-                                        struct flow_cache_slot *fs, __u32 hook, struct counters *cnt)
+                                        struct flow_cache_slot *fs, __u32 hook,
+                                        struct counters *cnt)
 {
     struct pkt_meta *m = &hs->meta;
     __u32 len = m->payload_len, seq = m->seq, dir = m->dir & 1;

@@ -150,8 +150,6 @@ struct {
     __type(value, struct counters);
 } stats SEC(".maps");
 
-
-
 /*
  * Key: ifindex % IFACE_CACHE_SLOTS. Value: (epoch << 32) | (ifindex << 1) | attached at
  * ingress: what attached_ifaces said of that ifindex when attach_epoch was epoch. Spares the

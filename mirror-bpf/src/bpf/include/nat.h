@@ -18,9 +18,9 @@
 #include "maps.h"
 #include "parse.h"
 
-extern struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *skb_ctx, struct bpf_sock_tuple *bpf_tuple,
-                                         __u32 tuple__sz, struct bpf_ct_opts *opts,
-                                         __u32 opts__sz) __ksym __weak;
+extern struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *skb_ctx,
+                                         struct bpf_sock_tuple *bpf_tuple, __u32 tuple__sz,
+                                         struct bpf_ct_opts *opts, __u32 opts__sz) __ksym __weak;
 extern void bpf_ct_release(struct nf_conn *ct) __ksym __weak;
 
 /* The size of struct bpf_ct_opts every kernel with the kfunc accepts (no zone fields). */

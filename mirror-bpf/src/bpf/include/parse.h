@@ -49,8 +49,8 @@ static __always_inline void *cursor_take(struct cursor *c, __u32 len)
  * @saddr/@daddr: four words each (IPv4 uses word 0); ports in host order.
  * @return the direction (enum flow_dir) of a packet from source to destination.
  */
-static __always_inline __u8 flow_key_make(struct flow_key *k, const __u32 *saddr, const __u32 *daddr,
-                                          __u16 sport, __u16 dport)
+static __always_inline __u8 flow_key_make(struct flow_key *k, const __u32 *saddr,
+                                          const __u32 *daddr, __u16 sport, __u16 dport)
 {
     int src_is_lo = 0, decided = 0;
 

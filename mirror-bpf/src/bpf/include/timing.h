@@ -148,8 +148,8 @@ static __always_inline struct flow_timing *timing_get(struct flow_cache_slot *fs
  * dropped when the queue is full. Inlined into http_message, its only caller.
  * @set: the settings (may be NULL), looked up once for the request's stages.
  */
-static __always_inline int timing_request(struct flow_timing *t, struct http_scratch *s, __u32 avail,
-                                          __u64 now, const struct settings *set)
+static __always_inline int timing_request(struct flow_timing *t, struct http_scratch *s,
+                                          __u32 avail, __u64 now, const struct settings *set)
 {
     if (!t || !s)
         return 0;
@@ -274,7 +274,8 @@ static __always_inline int handshake_packet(const struct pkt_meta *m,
  * SYN/ACK is seen under the other key than the SYN and the ACK: it is stamped on theirs.
  * A global function: verified once.
  */
-__noinline int timing_handshake(struct __sk_buff *skb, struct pkt_meta *m, struct flow_cache_slot *fs)
+__noinline int timing_handshake(struct __sk_buff *skb, struct pkt_meta *m,
+                                struct flow_cache_slot *fs)
 {
     __u32 zero = 0;
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);

@@ -17,8 +17,9 @@
 static __always_inline void emit_trigger(struct __sk_buff *skb, const struct pkt_meta *m,
                                          const struct rule_action *ra,
                                          const struct trigger_info *ti,
-                                         const struct http_request *req, const struct flow_key *peer,
-                                         const struct replay_slot *r, struct counters *cnt)
+                                         const struct http_request *req,
+                                         const struct flow_key *peer, const struct replay_slot *r,
+                                         struct counters *cnt)
 {
     struct trigger_event *ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
 

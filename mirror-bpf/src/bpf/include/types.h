@@ -87,36 +87,36 @@ enum flow_dir {
 
 /* Per-CPU counters, one slot each in struct counters. */
 enum stat_idx {
-    STAT_PACKETS = 0,         /* every packet the classifier saw */
-    STAT_BYTES,               /* skb->len of those */
-    STAT_NON_TCP,             /* not IPv4/IPv6 TCP, or a non-first fragment: passed untouched */
-    STAT_MALFORMED,           /* truncated or inconsistent headers: passed untouched */
-    STAT_DUPLICATE,           /* egress copy of a packet already seen at an attached ingress */
-    STAT_HTTP_REQUESTS,       /* TCP payloads that start an HTTP/1.x request */
-    STAT_HTTP_RESPONSES,      /* TCP payloads that start an HTTP/1.x status line */
-    STAT_TRIGGERS,            /* responses that matched a rule and marked their flow */
-    STAT_MIRRORED_PACKETS,    /* packets copied to the mirror interface (or handed to mirred) */
-    STAT_MIRRORED_BYTES,      /* their bytes */
-    STAT_MIRROR_ERRORS,       /* bpf_clone_redirect() failed */
-    STAT_MIRROR_NO_TARGET,    /* a marked packet found no mirror interface configured */
-    STAT_MIRROR_ENDED,        /* marks that reached their packet, byte or time limit */
-    STAT_FLOWS_CREATED,       /* flow_table inserts (evictions = created - live - deleted) */
-    STAT_FLOW_INSERT_FAILED,  /* flow_table insert failed */
-    STAT_MARK_INSERT_FAILED,  /* mirror_marks insert failed: the trigger could not mark */
+    STAT_PACKETS = 0,          /* every packet the classifier saw */
+    STAT_BYTES,                /* skb->len of those */
+    STAT_NON_TCP,              /* not IPv4/IPv6 TCP, or a non-first fragment: passed untouched */
+    STAT_MALFORMED,            /* truncated or inconsistent headers: passed untouched */
+    STAT_DUPLICATE,            /* egress copy of a packet already seen at an attached ingress */
+    STAT_HTTP_REQUESTS,        /* TCP payloads that start an HTTP/1.x request */
+    STAT_HTTP_RESPONSES,       /* TCP payloads that start an HTTP/1.x status line */
+    STAT_TRIGGERS,             /* responses that matched a rule and marked their flow */
+    STAT_MIRRORED_PACKETS,     /* packets copied to the mirror interface (or handed to mirred) */
+    STAT_MIRRORED_BYTES,       /* their bytes */
+    STAT_MIRROR_ERRORS,        /* bpf_clone_redirect() failed */
+    STAT_MIRROR_NO_TARGET,     /* a marked packet found no mirror interface configured */
+    STAT_MIRROR_ENDED,         /* marks that reached their packet, byte or time limit */
+    STAT_FLOWS_CREATED,        /* flow_table inserts (evictions = created - live - deleted) */
+    STAT_FLOW_INSERT_FAILED,   /* flow_table insert failed */
+    STAT_MARK_INSERT_FAILED,   /* mirror_marks insert failed: the trigger could not mark */
     STAT_TIMING_INSERT_FAILED, /* flow_timing insert failed (request or SYN not timed) */
     STAT_HIST_INSERT_FAILED,   /* latency_hists insert failed (a sample was lost) */
-    STAT_RINGBUF_DROPS,       /* trigger events lost because the ring buffer was full */
-    STAT_HTTP_UNFRAMED,       /* a message's framing could not be followed (headers longer than
+    STAT_RINGBUF_DROPS,        /* trigger events lost because the ring buffer was full */
+    STAT_HTTP_UNFRAMED,        /* a message's framing could not be followed (headers longer than
                                * HTTP_SCAN_MAX or a segment, too many messages in a segment, a
                                * gap): its direction is looked at on segment starts until the
                                * next message found there */
-    STAT_CT_LOOKUPS,          /* conntrack lookups (new flows, and responses or triggers whose
+    STAT_CT_LOOKUPS,           /* conntrack lookups (new flows, and responses or triggers whose
                                * other tuple was not known yet) */
-    STAT_NAT_FLOWS,           /* connections found translated by conntrack: one flow, two tuples */
-    STAT_REPLAY_KEPT,         /* request segments kept for a replay */
-    STAT_REPLAYED,            /* requests replayed to the mirror ahead of their trigger */
-    STAT_REPLAY_MISSED,       /* triggers whose request was not kept (or its slot reused) */
-    STAT_REPLAY_FAILED,       /* replays that could not be made (the copy could not be reshaped) */
+    STAT_NAT_FLOWS,            /* connections found translated by conntrack: one flow, two tuples */
+    STAT_REPLAY_KEPT,          /* request segments kept for a replay */
+    STAT_REPLAYED,             /* requests replayed to the mirror ahead of their trigger */
+    STAT_REPLAY_MISSED,        /* triggers whose request was not kept (or its slot reused) */
+    STAT_REPLAY_FAILED,        /* replays that could not be made (the copy could not be reshaped) */
     STAT_MAX,
 };
 
@@ -188,8 +188,8 @@ struct flow_traffic {
     __u32 timing_slot;
     __u64 http_time_sum_ns; /* request-to-response times of the responses seen on this CPU */
     __u64 http_time_max_ns;
-    __u32 http_timed;       /* how many */
-    __u32 handshake_us;     /* SYN to completing ACK, when seen on this CPU (0: not) */
+    __u32 http_timed;   /* how many */
+    __u32 handshake_us; /* SYN to completing ACK, when seen on this CPU (0: not) */
 };
 
 /* One direction of a cached flow: its bytes since the last write-back, its first packet since
@@ -271,11 +271,11 @@ struct mirror_mark {
 
 /* Where one direction of a flow stands in its stream of HTTP/1.x messages. */
 enum http_stream_state {
-    HTTP_SCAN = 0,    /* framing unknown: a message is looked for at segment starts */
-    HTTP_AT = 1,      /* the next message starts at next_seq */
-    HTTP_CHUNK = 2,   /* a chunk-size line of a chunked body starts at next_seq */
-    HTTP_PARTIAL = 3, /* a message starts at next_seq; its first partial_len bytes are kept */
-    HTTP_CLOSE = 4,   /* the body runs until the connection closes: no further message */
+    HTTP_SCAN = 0,     /* framing unknown: a message is looked for at segment starts */
+    HTTP_AT = 1,       /* the next message starts at next_seq */
+    HTTP_CHUNK = 2,    /* a chunk-size line of a chunked body starts at next_seq */
+    HTTP_PARTIAL = 3,  /* a message starts at next_seq; its first partial_len bytes are kept */
+    HTTP_CLOSE = 4,    /* the body runs until the connection closes: no further message */
     HTTP_ANSWERED = 5, /* responses only, their framing not followed: the last one answered the
                         * only request pending. A segment that starts with a status line is the
                         * next response when a request is pending again (the client sends the
@@ -293,8 +293,8 @@ struct http_stream {
 
 /* A request awaiting its response. */
 struct http_request {
-    __u64 ts_ns;     /* its first segment, packet_time() */
-    __u32 head_len;  /* valid bytes in head */
+    __u64 ts_ns;    /* its first segment, packet_time() */
+    __u32 head_len; /* valid bytes in head */
     __u32 _pad;
     __u8 head[HTTP_REQUEST_HEAD_LEN]; /* raw "METHOD target HTTP/1.x" prefix */
 };
@@ -306,18 +306,19 @@ struct http_request {
  */
 struct flow_timing {
     struct flow_key key; /* the flow that owns the slot (zero: free) */
-    __u32 ref;        /* used since the allocator last passed (a second chance: timing.h) */
+    __u32 ref;           /* used since the allocator last passed (a second chance: timing.h) */
     __u32 _pad0;
-    __u64 syn_ns;     /* SYN, until the handshake completes */
-    __u64 synack_ns;  /* SYN/ACK */
-    __u32 req_head;   /* requests popped (answered) so far; the oldest pending is req_head % HTTP_PIPELINE */
+    __u64 syn_ns;    /* SYN, until the handshake completes */
+    __u64 synack_ns; /* SYN/ACK */
+    __u32
+        req_head; /* requests popped (answered) so far; the oldest pending is req_head % HTTP_PIPELINE */
     __u32 req_tail;   /* requests pushed so far */
     __u8 syn_dir;     /* enum flow_dir of the SYN */
     __u8 nat_checked; /* conntrack was asked whether this connection is translated */
     __u8 deep;        /* more requests were pending at once than req holds: every response
                        * is framed (see HTTP_ANSWERED) */
     __u8 _pad;
-    __u32 replay;     /* hand-out number + 1 of the request_replay slot holding its latest
+    __u32 replay; /* hand-out number + 1 of the request_replay slot holding its latest
                        * request (0: none); the slot is number & replay_mask (replay.h) */
     struct http_stream stream[FLOW_DIRS];
     struct http_request req[HTTP_PIPELINE];
@@ -338,7 +339,6 @@ struct http_framing {
     __u8 unframed; /* a length too large to follow */
     __u8 _pad;
 };
-
 
 /* What a trigger reports besides the flow and rule. */
 struct trigger_info {
@@ -363,17 +363,17 @@ struct pkt_meta {
 
 /* Where the HTTP stage stands in one segment (carried from one http_message() to the next). */
 struct http_pos {
-    __u32 off;       /* payload offset of the next message or chunk-size line */
-    __u32 state;     /* enum http_stream_state of the direction at off */
-    __u32 hook;      /* enum hook_kind, for events */
-    __u8 partial;    /* the message at off continues the bytes kept in the stream state */
-    __u8 triggered;  /* a response of this segment marked the flow */
-    __u8 unframed;   /* the framing was lost */
-    __u8 stop;       /* nothing more to look at in this segment */
-    __u8 kept;       /* the stream state was written here (kept bytes): leave it */
-    __u8 created;    /* the flow's shared entry was created here */
-    __u8 seen;       /* a request or status line was found */
-    __u8 answered;   /* the response at off answered the only request pending */
+    __u32 off;      /* payload offset of the next message or chunk-size line */
+    __u32 state;    /* enum http_stream_state of the direction at off */
+    __u32 hook;     /* enum hook_kind, for events */
+    __u8 partial;   /* the message at off continues the bytes kept in the stream state */
+    __u8 triggered; /* a response of this segment marked the flow */
+    __u8 unframed;  /* the framing was lost */
+    __u8 stop;      /* nothing more to look at in this segment */
+    __u8 kept;      /* the stream state was written here (kept bytes): leave it */
+    __u8 created;   /* the flow's shared entry was created here */
+    __u8 seen;      /* a request or status line was found */
+    __u8 answered;  /* the response at off answered the only request pending */
 };
 
 /* Per-CPU scratch space of a conntrack lookup (too large for the stack). */
@@ -402,9 +402,9 @@ struct http_scratch {
     __u32 replay_arm;                /* request_replay slot + 1 to replay: set around the clone
                                       * sent to the replay program (replay.h), on this CPU */
     __u32 _pad;
-    struct flow_key peer;            /* the other key of a translated connection */
-    struct mirror_mark mark;         /* a new mark, before its insert */
-    __u8 buf[HTTP_SCAN_MAX + 64];    /* a message's header block (slack for 8-byte reads) */
+    struct flow_key peer;         /* the other key of a translated connection */
+    struct mirror_mark mark;      /* a new mark, before its insert */
+    __u8 buf[HTTP_SCAN_MAX + 64]; /* a message's header block (slack for 8-byte reads) */
 };
 _Static_assert(__builtin_offsetof(struct http_scratch, req.head) + HTTP_REQUEST_PREFIX <= 192,
                "what every packet touches fits the scratch area's first three cache lines");
@@ -416,18 +416,18 @@ _Static_assert(__builtin_offsetof(struct http_scratch, buf) % 8 == 0,
  * the request behind a trigger reaches the mirror ahead of the response (replay.h).
  */
 struct replay_slot {
-    struct flow_key key; /* the flow that owns the slot */
-    __u64 ts_ns;         /* when the request passed */
-    __u32 wire_len;      /* the segment's length (more than len: kept truncated) */
-    __u32 len;           /* bytes kept in frame */
+    struct flow_key key;          /* the flow that owns the slot */
+    __u64 ts_ns;                  /* when the request passed */
+    __u32 wire_len;               /* the segment's length (more than len: kept truncated) */
+    __u32 len;                    /* bytes kept in frame */
     __u8 frame[REPLAY_FRAME_MAX]; /* from the Ethernet header on */
 };
 
 /* When a packet entered the node and reached the classifier (kernel stack latency). */
 struct skb_stamp {
-    __u64 rx_ns;     /* netif_receive_skb on an attached interface */
-    __u64 tc_ns;     /* tc ingress (0: not seen) */
-    __u32 ifindex;   /* where it entered: skb_iif of the packet, unlike a recycled sk_buff's */
+    __u64 rx_ns;   /* netif_receive_skb on an attached interface */
+    __u64 tc_ns;   /* tc ingress (0: not seen) */
+    __u32 ifindex; /* where it entered: skb_iif of the packet, unlike a recycled sk_buff's */
     __u32 _pad;
 };
 
@@ -462,19 +462,20 @@ struct latency_hist {
 /* Ring-buffer record, one per trigger. */
 struct trigger_event {
     struct flow_key key;
-    struct flow_key nat; /* the connection's other tuple when conntrack translated it (zero: none) */
+    struct flow_key
+        nat; /* the connection's other tuple when conntrack translated it (zero: none) */
     __u64 ts_ns;
     __u64 request_to_response_ns; /* 0 when no request was seen */
     __u32 rule_id;
     __u32 ifindex; /* interface the trigger packet was seen on */
     __u16 status;
-    __u8 hook;      /* enum hook_kind */
-    __u8 dir;       /* enum flow_dir of the response */
+    __u8 hook; /* enum hook_kind */
+    __u8 dir;  /* enum flow_dir of the response */
     __u32 request_head_len;
     __u8 request_head[HTTP_REQUEST_HEAD_LEN];
-    __u64 replay_ts_ns;  /* when the replayed request passed (0: none kept) */
-    __u32 replay_wire_len; /* its segment's length */
-    __u32 replay_len;    /* bytes of it in replay (0: none kept) */
+    __u64 replay_ts_ns;            /* when the replayed request passed (0: none kept) */
+    __u32 replay_wire_len;         /* its segment's length */
+    __u32 replay_len;              /* bytes of it in replay (0: none kept) */
     __u8 replay[REPLAY_FRAME_MAX]; /* the request's segment, from the Ethernet header on */
 };
 
