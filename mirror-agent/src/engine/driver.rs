@@ -16,11 +16,11 @@ use mirror_bpf::{
 use super::cpu::CpuSampler;
 use super::events::Events;
 use super::{view, AddedRule, EngineConfig, EngineStatus, Stopped};
-use crate::api::types::{GroupView, InterfaceView, RuleView};
 use crate::capacity::RuleCapacity;
 use crate::event_log::EventLog;
 use crate::groups::Group;
 use crate::state::{SavedRule, StateStore};
+use crate::views::{GroupView, InterfaceView, RuleView};
 
 /// A link we are attached to.
 pub(super) struct Attached {

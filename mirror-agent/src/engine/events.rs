@@ -12,9 +12,9 @@ use mirror_bpf::flow::monotonic_ns;
 use mirror_bpf::{Datapath, EventRing, TriggerEvent};
 
 use super::driver::Attached;
-use crate::api::types::{EventView, RequestView, TupleView};
 use crate::community_id;
 use crate::event_log::EventLog;
+use crate::views::{EventView, RequestView, TupleView};
 
 /// The ring buffer of trigger events and what its callback has read.
 pub(super) struct Events {

@@ -21,12 +21,10 @@ use tokio::sync::oneshot;
 
 use mirror_bpf::{AttachMode, DatapathOptions, MirrorDelivery, MirrorMethod, Rule};
 
-use crate::api::types::{
-    CpuShareView, FlowView, GroupView, HistogramView, InterfaceView, LatencyView, RuleView,
-};
 use crate::event_log::EventLog;
 use crate::groups::Group;
 use crate::state::StateStore;
+use crate::views::{CpuShareView, FlowView, GroupView, HistogramView, InterfaceView, LatencyView, RuleView};
 use driver::Driver;
 
 /// How the engine is set up.

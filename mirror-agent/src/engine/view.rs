@@ -9,9 +9,7 @@ use mirror_bpf::{AttachMode, Datapath, MirrorMethod, Tracing};
 
 use super::driver::Attached;
 use super::EngineStatus;
-use crate::api::types::{
-    CpuShareView, DirView, FlowView, HistogramView, InterfaceView, LatencyView, NatView,
-};
+use crate::views::{CpuShareView, DirView, FlowView, HistogramView, InterfaceView, LatencyView, NatView};
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3

@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::api::types::{FlowPod, FlowView, PodView};
 use crate::config::Pods as PodsCfg;
 use crate::engine::Engine;
+use crate::views::{FlowPod, FlowView, PodView};
 use identity::Source;
 use netns::{Namespace, Rtnl};
 use sandbox::{Index, Sandbox};
