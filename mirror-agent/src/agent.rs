@@ -217,7 +217,7 @@ async fn serve(
     }));
     let ready = Readiness::default();
     let pods = Pods::new(cfg.pods.clone());
-    pods.start(engine.clone());
+    pods.start(engine.attached());
     events.name_pods(pods.clone());
     let listener = api::bind(&cfg.api.socket).await?;
     let handover = Arc::new(tokio::sync::Notify::new());
