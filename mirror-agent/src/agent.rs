@@ -12,7 +12,6 @@ use tokio::sync::mpsc;
 
 use mirror_bpf::{DatapathOptions, MirrorDelivery, Rule};
 
-use crate::api::types::MirrorView;
 use crate::api::{self, AgentInfo, ApiState};
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
@@ -24,6 +23,7 @@ use crate::pods::Pods;
 use crate::server;
 use crate::sink::{Sink, Target};
 use crate::state::StateStore;
+use crate::views::MirrorView;
 
 /// How the agent is started.
 #[derive(Debug, Clone, Copy, Default)]
@@ -217,7 +217,7 @@ async fn serve(
     }));
     let ready = Readiness::default();
     let pods = Pods::new(cfg.pods.clone());
-    pods.start(engine.clone());
+    pods.start(engine.attached());
     events.name_pods(pods.clone());
     let listener = api::bind(&cfg.api.socket).await?;
     let handover = Arc::new(tokio::sync::Notify::new());

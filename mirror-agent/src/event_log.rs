@@ -16,9 +16,9 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::Notify;
 
-use crate::api::types::EventView;
 use crate::config::Events as EventsCfg;
 use crate::pods::Pods;
+use crate::views::EventView;
 
 /// Where events go as JSON lines.
 pub enum Output {
@@ -185,7 +185,7 @@ impl EventLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::types::TupleView;
+    use crate::views::TupleView;
 
     fn event(status: u16) -> EventView {
         let t = TupleView {

@@ -22,3 +22,4 @@ pub mod rules;
 pub mod server;
 pub mod sink;
 pub mod state;
+pub mod views;

@@ -16,10 +16,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::api::types::{HistogramView, PodView};
 use crate::config::metric_label;
 use crate::engine::Engine;
 use crate::pods::Pods;
+use crate::views::{HistogramView, PodView};
 
 /// Counters exported as `mirror_<metric>_total`: (counter, metric, help).
 const EXPORTED: &[(&str, &str, &str)] = &[

@@ -20,7 +20,7 @@ use tokio::sync::Semaphore;
 use tokio_io_timeout::TimeoutStream;
 use tower::ServiceBuilder;
 
-use crate::api::types::ErrorBody;
+use crate::views::ErrorBody;
 
 /// What one server allows its clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -69,7 +69,7 @@ fn captures_name_pods_directions_and_rules() {
     let agent = env.start(&[]);
     agent.wait_attached(&VETHS, ATTACH);
     let resolved = wait_until(Duration::from_secs(5), || {
-        let pods: Vec<mirror_agent::api::types::PodView> = json(&env.ctl_ok(&["-o", "json", "pods"]));
+        let pods: Vec<mirror_agent::views::PodView> = json(&env.ctl_ok(&["-o", "json", "pods"]));
         pods.iter().filter(|p| p.source == "env").count() == 2
     });
     assert!(resolved, "pods not resolved: {}", env.ctl_ok(&["pods"]));
@@ -99,7 +99,7 @@ fn captures_name_pods_directions_and_rules() {
     std::thread::sleep(Duration::from_millis(500));
     let mirrored = status(&env).counters["mirrored_packets"] - before;
     // The trigger's event names the pod whose veth saw the 500.
-    let events: Vec<mirror_agent::api::types::EventView> = json(&env.ctl_ok(&["-o", "json", "events"]));
+    let events: Vec<mirror_agent::views::EventView> = json(&env.ctl_ok(&["-o", "json", "events"]));
     assert!(events.iter().any(|e| e.status == 500 && e.pod.as_deref() == Some("web-0/shop")), "{events:?}");
     // It carries the request behind the 500, replayed to the sink.
     let request = events.iter().find_map(|e| e.request.as_ref()).expect("the event carries the request");
@@ -229,7 +229,7 @@ fn a_capture_of_one_rule_leaves_out_the_others() {
     let _python = Server::python(&topo.pod("server").ns, ALT, env.dir());
     let agent = env.start(&[]);
     agent.wait_attached(&VETHS, ATTACH);
-    let rules: Vec<mirror_agent::api::types::RuleView> = json(&env.ctl_ok(&["-o", "json", "rules", "list"]));
+    let rules: Vec<mirror_agent::views::RuleView> = json(&env.ctl_ok(&["-o", "json", "rules", "list"]));
     let id_of = |p: u16| {
         rules
             .iter()
@@ -253,14 +253,14 @@ fn a_capture_of_one_rule_leaves_out_the_others() {
     let urls = [url(server, ALT, "/fail?bytes=20000"), url(server, ALT, "/ok")];
     assert_eq!(client::get_keepalive(&topo.pod("client").ns, &urls), [500, 200]);
     let both = wait_until(Duration::from_secs(5), || {
-        let flows: Vec<mirror_agent::api::types::FlowView> = json(&env.ctl_ok(&["-o", "json", "flows"]));
+        let flows: Vec<mirror_agent::views::FlowView> = json(&env.ctl_ok(&["-o", "json", "flows"]));
         [nginx_rule, python_rule]
             .iter()
             .all(|r| flows.iter().any(|f| f.rule_id == Some(*r) && f.mirrored_packets > 0))
     });
     assert!(both, "both rules mirror: {}", env.ctl_ok(&["flows"]));
     std::thread::sleep(Duration::from_millis(500));
-    let flows: Vec<mirror_agent::api::types::FlowView> = json(&env.ctl_ok(&["-o", "json", "flows"]));
+    let flows: Vec<mirror_agent::views::FlowView> = json(&env.ctl_ok(&["-o", "json", "flows"]));
     let mirrored_by =
         |r: u32| -> u64 { flows.iter().filter(|f| f.rule_id == Some(r)).map(|f| f.mirrored_packets).sum() };
     let total = status(&env).counters["mirrored_packets"] - before;

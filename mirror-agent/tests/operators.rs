@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use mirror_agent::api::types::EventView;
+use mirror_agent::views::EventView;
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
 use mirror_e2e::capture::{Capture, SETTLE};

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mirror_agent::api::types::{EventView, PodView};
 use mirror_agent::pods::{cri::Cri, resolve};
+use mirror_agent::views::{EventView, PodView};
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
 use mirror_e2e::client::{self, url};

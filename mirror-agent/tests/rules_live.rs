@@ -106,10 +106,10 @@ fn rules_from_mirrorctl_act_on_live_traffic() {
     assert!(metrics.lines().any(|l| l.starts_with(&hits) && l.ends_with(" 1")), "{metrics}");
 
     // JSON output of add, and of del.
-    let second: mirror_agent::api::types::RuleView =
+    let second: mirror_agent::views::RuleView =
         json(&env.ctl_ok(&["-o", "json", "rules", "add", "status=5xx", "port=8080"]));
     assert!(second.id != id && second.rule.starts_with("port=8080 status=5xx"), "{second:?}");
-    let deleted: mirror_agent::api::types::RuleView =
+    let deleted: mirror_agent::views::RuleView =
         json(&env.ctl_ok(&["rules", "del", &second.id.to_string(), "-o", "json"]));
     assert_eq!(deleted.id, second.id);
 

@@ -1,7 +1,6 @@
-//! The local API: HTTP/JSON on a Unix socket (mode 0600). Resources: rules, flows, status,
-//! counters. Bad requests get a 4xx with a message.
-
-pub mod types;
+//! The local API: HTTP/JSON on a Unix socket (mode 0600). Resources: rules, flows, pods,
+//! events, status, counters, latency and its measurement groups, and the hand-over to a newer
+//! agent. Bodies are the [`crate::views`]; bad requests get a 4xx with a message.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -20,7 +19,7 @@ use crate::engine::Engine;
 use crate::event_log::EventLog;
 use crate::groups::Group;
 use crate::pods::Pods;
-use types::{
+use crate::views::{
     ErrorBody, EventQuery, EventView, FlowView, GroupView, HistogramView, MirrorView, NewRule, PodView,
     RuleView, SetGroup, StatusView,
 };

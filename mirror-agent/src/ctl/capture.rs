@@ -17,10 +17,10 @@ use hyper::Method;
 use tokio::io::unix::AsyncFd;
 
 use super::client::Client;
-use crate::api::types::{FlowView, PodView, RuleView, StatusView};
 use crate::capture::packet::{self, Tuple};
 use crate::capture::socket::{PacketSocket, SNAPLEN};
 use crate::capture::{Direction, PcapNgOut};
+use crate::views::{FlowView, PodView, RuleView, StatusView};
 
 /// What to capture.
 #[derive(Debug, Clone, clap::Args)]

@@ -9,7 +9,7 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 
-use crate::api::types::ErrorBody;
+use crate::views::ErrorBody;
 
 /// Talks to one agent socket.
 pub struct Client<'a> {

@@ -5,7 +5,7 @@ use hyper::Method;
 
 use super::client::Client;
 use super::table;
-use crate::api::types::EventView;
+use crate::views::EventView;
 
 /// How long one poll of `-f` waits for events (below the API's request timeout).
 const FOLLOW_WAIT_S: u64 = 25;

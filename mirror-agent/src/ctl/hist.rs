@@ -1,6 +1,6 @@
 //! A latency histogram drawn in the terminal, one row per power of two (as bpftrace's `hist`).
 
-use crate::api::types::HistogramView;
+use crate::views::HistogramView;
 
 /// Width of the longest bar.
 const BAR: usize = 40;

@@ -13,10 +13,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use hyper::Method;
 use serde::Serialize;
 
-use crate::api::types::{
-    FlowView, GroupView, HistogramView, NewRule, PodView, RuleView, SetGroup, StatusView,
-};
 use crate::config::DEFAULT_SOCKET;
+use crate::views::{FlowView, GroupView, HistogramView, NewRule, PodView, RuleView, SetGroup, StatusView};
 use client::Client;
 
 /// Drive the mirror agent of this node.

@@ -14,7 +14,7 @@ use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
 use ratatui::Frame;
 
 use super::client::Client;
-use crate::api::types::{FlowView, RuleView, StatusView};
+use crate::views::{FlowView, RuleView, StatusView};
 
 /// How often the view is refreshed.
 const TICK: Duration = Duration::from_secs(1);

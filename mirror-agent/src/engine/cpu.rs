@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use mirror_bpf::{NetCpuTime, TraceGroup, Tracing};
 
-use crate::api::types::CpuShareView;
+use crate::views::CpuShareView;
 
 /// The last sample and the shares computed from the one before.
 #[derive(Default)]

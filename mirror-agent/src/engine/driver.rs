@@ -2,36 +2,29 @@
 //! detaches links, points copies at the sink, changes rules and measurement groups, and stops.
 //! It holds the state file's one writer ([`StateStore`]) while the engine runs.
 
-use std::collections::BTreeMap;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
+use tokio::sync::watch;
 
-use mirror_bpf::{
-    AttachMode, Attachment, Datapath, MirrorDelivery, MirrorMethod, ReplayHook, Rule, TraceGroup, Tracing,
-};
+use mirror_bpf::{AttachMode, Datapath, MirrorDelivery, MirrorMethod, ReplayHook, Rule, TraceGroup, Tracing};
 
+use super::attached::{Attached, AttachedLinks};
 use super::cpu::CpuSampler;
 use super::events::Events;
 use super::{view, AddedRule, EngineConfig, EngineStatus, Stopped};
-use crate::api::types::{GroupView, InterfaceView, RuleView};
 use crate::capacity::RuleCapacity;
 use crate::event_log::EventLog;
 use crate::groups::Group;
 use crate::state::{SavedRule, StateStore};
-
-/// A link we are attached to.
-pub(super) struct Attached {
-    pub(super) name: String,
-    pub(super) att: Attachment,
-}
+use crate::views::{GroupView, InterfaceView, RuleView};
 
 pub(super) struct Driver {
     dp: Datapath<'static>,
     cfg: EngineConfig,
-    attached: BTreeMap<u32, Attached>,
+    attached: AttachedLinks,
     state: StateStore,
     tcx_available: Option<bool>,
     /// Attach latency, microseconds.
@@ -45,7 +38,14 @@ pub(super) struct Driver {
 }
 
 impl Driver {
-    pub(super) fn new(cfg: EngineConfig, state: StateStore, log: Arc<EventLog>) -> anyhow::Result<Self> {
+    /// Loads (or adopts) the data path and restores the rules of `state`. Trigger events go
+    /// to `log`; the attached links' list, each time it changes, to `attached`.
+    pub(super) fn new(
+        cfg: EngineConfig,
+        state: StateStore,
+        log: Arc<EventLog>,
+        attached: watch::Sender<Vec<InterfaceView>>,
+    ) -> anyhow::Result<Self> {
         // The object lives as long as the process: one per agent.
         let storage = Box::leak(Box::new(MaybeUninit::uninit()));
         let mut dp = Datapath::load(storage, &cfg.datapath)?;
@@ -106,7 +106,7 @@ impl Driver {
         let mut d = Driver {
             dp,
             cfg,
-            attached: BTreeMap::new(),
+            attached: AttachedLinks::new(attached),
             state,
             tcx_available: None,
             latency: hdrhistogram::Histogram::new(3).expect("3 significant digits is valid"),
@@ -135,8 +135,8 @@ impl Driver {
         &self.dp
     }
 
-    /// The attached links, by ifindex.
-    pub(super) fn attached(&self) -> &BTreeMap<u32, Attached> {
+    /// The attached links.
+    pub(super) fn attached(&self) -> &AttachedLinks {
         &self.attached
     }
 
@@ -154,9 +154,8 @@ impl Driver {
         name: String,
         since: Instant,
     ) -> anyhow::Result<InterfaceView> {
-        if let Some(a) = self.attached.get_mut(&ifindex) {
-            a.name = name;
-            return Ok(view::interface(ifindex, a));
+        if let Some(view) = self.attached.rename(ifindex, &name) {
+            return Ok(view);
         }
         let queued = since.elapsed();
         let mut att = self
@@ -181,13 +180,13 @@ impl Driver {
             "attached in {}", round(took)
         );
         let a = Attached { name, att };
-        let view = view::interface(ifindex, &a);
+        let view = a.view(ifindex);
         self.attached.insert(ifindex, a);
         Ok(view)
     }
 
     pub(super) fn detach(&mut self, ifindex: u32) -> anyhow::Result<bool> {
-        let Some(a) = self.attached.remove(&ifindex) else { return Ok(false) };
+        let Some(a) = self.attached.remove(ifindex) else { return Ok(false) };
         let res = self.dp.detach(a.att);
         self.state.set_created_qdisc(ifindex, false)?;
         match res {
@@ -208,19 +207,21 @@ impl Driver {
         self.set_replay_sink(sink);
         // act_mirred carries the ifindex itself: point every filter at the new sink.
         if self.cfg.method == MirrorMethod::Mirred && ifindex != 0 {
-            let links: Vec<_> = self.attached.iter().map(|(i, a)| (*i, a.name.clone())).collect();
-            for (i, name) in links {
-                let a = self.attached.remove(&i).expect("listed");
-                let created = a.att.created_qdisc;
-                drop(a); // keep the filter: attach() replaces it in place
-                match self.dp.attach(i, self.cfg.mode, self.cfg.method) {
+            let (dp, cfg) = (&mut self.dp, &self.cfg);
+            self.attached.reattach(|i, Attached { name, att }| {
+                let created = att.created_qdisc;
+                drop(att); // keep the filter: attach() replaces it in place
+                match dp.attach(i, cfg.mode, cfg.method) {
                     Ok(mut att) => {
                         att.created_qdisc |= created;
-                        self.attached.insert(i, Attached { name, att });
+                        Some(Attached { name, att })
                     }
-                    Err(e) => tracing::warn!(%name, error = %e, "re-pointing act_mirred"),
+                    Err(e) => {
+                        tracing::warn!(%name, error = %e, "re-pointing act_mirred");
+                        None
+                    }
                 }
-            }
+            });
         }
         Ok(())
     }
@@ -352,7 +353,7 @@ impl Driver {
     }
 
     pub(super) fn drop_stale_pins(&mut self) -> anyhow::Result<usize> {
-        Ok(self.dp.drop_stale_links(|i| self.attached.contains_key(&i))?)
+        Ok(self.dp.drop_stale_links(|i| self.attached.get(i).is_some())?)
     }
 
     /// Detaches (or with `keep_attached` releases) everything, and hands the state file back.
@@ -363,7 +364,7 @@ impl Driver {
 
     fn stop(&mut self, keep_attached: bool) -> anyhow::Result<()> {
         self.events.drain(&self.dp, &self.attached);
-        let attached = std::mem::take(&mut self.attached);
+        let attached = self.attached.take_all();
         let n = attached.len();
         if keep_attached {
             for (_, a) in attached {

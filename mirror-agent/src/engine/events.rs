@@ -11,10 +11,10 @@ use std::time::{Duration, SystemTime};
 use mirror_bpf::flow::monotonic_ns;
 use mirror_bpf::{Datapath, EventRing, TriggerEvent};
 
-use super::driver::Attached;
-use crate::api::types::{EventView, RequestView, TupleView};
+use super::attached::AttachedLinks;
 use crate::community_id;
 use crate::event_log::EventLog;
+use crate::views::{EventView, RequestView, TupleView};
 
 /// The ring buffer of trigger events and what its callback has read.
 pub(super) struct Events {
@@ -34,7 +34,7 @@ impl Events {
     }
 
     /// Reads what the ring buffer holds, logs each trigger and records it.
-    pub(super) fn drain(&mut self, dp: &Datapath<'_>, attached: &BTreeMap<u32, Attached>) {
+    pub(super) fn drain(&mut self, dp: &Datapath<'_>, attached: &AttachedLinks) {
         if let Err(e) = self.ring.consume() {
             tracing::warn!(error = %e, "reading trigger events");
         }
@@ -72,7 +72,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// The event as the API shows it (`seq` is set by the log).
-fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &BTreeMap<u32, Attached>) -> EventView {
+fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &AttachedLinks) -> EventView {
     let proto = e.key.proto;
     // The response's sender is the server of the tuple it was seen under.
     let seen = if e.reverse { (e.key.lo, e.key.hi) } else { (e.key.hi, e.key.lo) };
@@ -93,7 +93,7 @@ fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &BTreeMap<u32, Attach
         seq: 0,
         time: chrono::DateTime::<chrono::Utc>::from(when)
             .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        interface: attached.get(&e.ifindex).map(|a| a.name.clone()).unwrap_or_default(),
+        interface: attached.get(e.ifindex).map(|a| a.name.clone()).unwrap_or_default(),
         pod: None,
         labels: BTreeMap::new(),
         ifindex: e.ifindex,

@@ -4,9 +4,12 @@
 //!
 //! One concern per module: this one is the thread (the [`Engine`] handle, its commands and
 //! the loop that serves them); [`driver`] drives the data path (load, attach, rules, groups,
-//! stop) and is the state file's writer while the engine runs; [`view`] builds what the API
-//! shows; [`events`] reads the trigger events; [`cpu`] samples the network stack's CPU time.
+//! stop) and is the state file's writer while the engine runs; [`attached`] keeps the
+//! attached links and publishes their list ([`Engine::attached`]); [`view`] builds what the
+//! API shows; [`events`] reads the trigger events; [`cpu`] samples the network stack's CPU
+//! time.
 
+mod attached;
 mod cpu;
 mod driver;
 mod events;
@@ -17,16 +20,14 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use mirror_bpf::{AttachMode, DatapathOptions, MirrorDelivery, MirrorMethod, Rule};
 
-use crate::api::types::{
-    CpuShareView, FlowView, GroupView, HistogramView, InterfaceView, LatencyView, RuleView,
-};
 use crate::event_log::EventLog;
 use crate::groups::Group;
 use crate::state::StateStore;
+use crate::views::{CpuShareView, FlowView, GroupView, HistogramView, InterfaceView, LatencyView, RuleView};
 use driver::Driver;
 
 /// How the engine is set up.
@@ -112,6 +113,7 @@ enum Cmd {
 #[derive(Clone)]
 pub struct Engine {
     tx: mpsc::Sender<Cmd>,
+    attached: watch::Receiver<Vec<InterfaceView>>,
 }
 
 /// How long the thread waits for a command before draining events again.
@@ -128,9 +130,10 @@ impl Engine {
     ) -> anyhow::Result<Engine> {
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = oneshot::channel();
+        let (attached_tx, attached) = watch::channel(Vec::new());
         std::thread::Builder::new()
             .name("datapath".into())
-            .spawn(move || match Driver::new(cfg, state, events) {
+            .spawn(move || match Driver::new(cfg, state, events, attached_tx) {
                 Ok(d) => {
                     let _ = ready_tx.send(Ok(()));
                     run(d, rx);
@@ -141,7 +144,13 @@ impl Engine {
             })
             .context("starting the data-path thread")?;
         ready_rx.await.map_err(|_| anyhow!("the data-path thread died"))??;
-        Ok(Engine { tx })
+        Ok(Engine { tx, attached })
+    }
+
+    /// The attached interfaces, sent again each time they change (a link attached, renamed,
+    /// detached or lost). The channel closes when the engine stops.
+    pub fn attached(&self) -> watch::Receiver<Vec<InterfaceView>> {
+        self.attached.clone()
     }
 
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> anyhow::Result<T> {

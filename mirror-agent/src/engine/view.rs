@@ -1,31 +1,17 @@
-//! What the API shows of the data path: flows, latency histograms, interfaces and status,
-//! built from the data path's tables and the driver's bookkeeping.
+//! What the API shows of the data path: flows, latency histograms and status, built from the
+//! data path's tables and the driver's bookkeeping.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use mirror_bpf::flow::monotonic_ns;
-use mirror_bpf::{AttachMode, Datapath, MirrorMethod, Tracing};
+use mirror_bpf::{Datapath, Tracing};
 
-use super::driver::Attached;
+use super::attached::AttachedLinks;
 use super::EngineStatus;
-use crate::api::types::{
-    CpuShareView, DirView, FlowView, HistogramView, InterfaceView, LatencyView, NatView,
-};
+use crate::views::{CpuShareView, DirView, FlowView, HistogramView, LatencyView, NatView};
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-/// An attached interface.
-pub(super) fn interface(ifindex: u32, a: &Attached) -> InterfaceView {
-    InterfaceView {
-        name: a.name.clone(),
-        ifindex,
-        mode: if a.att.mode == AttachMode::Tcx { "tcx" } else { "tc" }.into(),
-        method: if a.att.method == MirrorMethod::Mirred { "mirred" } else { "clone" }.into(),
-        directions: vec!["ingress".into(), "egress".into()],
-    }
 }
 
 /// The flow table.
@@ -56,16 +42,13 @@ pub(super) fn flows(dp: &Datapath<'_>) -> anyhow::Result<Vec<FlowView>> {
 }
 
 /// The latency histograms, named by the attached interfaces.
-pub(super) fn latency(
-    dp: &Datapath<'_>,
-    attached: &BTreeMap<u32, Attached>,
-) -> anyhow::Result<Vec<HistogramView>> {
+pub(super) fn latency(dp: &Datapath<'_>, attached: &AttachedLinks) -> anyhow::Result<Vec<HistogramView>> {
     let q = |h: &mirror_bpf::Histogram, p| h.quantile(p).map_or(0.0, ms);
     Ok(dp
         .histograms()?
         .into_iter()
         .map(|h| HistogramView {
-            interface: attached.get(&h.ifindex).map(|a| a.name.clone()).unwrap_or_default(),
+            interface: attached.get(h.ifindex).map(|a| a.name.clone()).unwrap_or_default(),
             ifindex: h.ifindex,
             kind: h.kind.name().into(),
             class: (h.kind == mirror_bpf::HistKind::HttpResponse).then_some(h.class),
@@ -104,7 +87,7 @@ pub(super) fn tracing(tracing: &Result<Tracing, String>) -> String {
 
 /// What the driver knows besides the data path, for the status.
 pub(super) struct StatusParts<'a> {
-    pub attached: &'a BTreeMap<u32, Attached>,
+    pub attached: &'a AttachedLinks,
     pub tcx_available: Option<bool>,
     /// Attach latency, microseconds.
     pub attach_latency: &'a hdrhistogram::Histogram<u64>,
@@ -140,7 +123,7 @@ pub(super) fn status(dp: &Datapath<'_>, p: StatusParts<'_>) -> anyhow::Result<En
     let h = p.attach_latency;
     let ms = |us: u64| us as f64 / 1000.0;
     Ok(EngineStatus {
-        interfaces: p.attached.iter().map(|(i, a)| interface(*i, a)).collect(),
+        interfaces: p.attached.views(),
         counters,
         adopted: dp.adopted(),
         tcx_available: p.tcx_available,

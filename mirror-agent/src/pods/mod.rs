@@ -9,10 +9,12 @@
 //! pod the runtime does not list (or a runtime that does not answer in time) keeps the name
 //! `/proc` gives.
 //!
-//! One task writes the table and owns the CRI client: it resolves again when told that links
-//! changed (after each attach and detach), and every few seconds while a pod is known by a
-//! fallback name only (a container starts after its veth), has no address yet, or is not (yet)
-//! among the runtime's sandboxes. Readers take a copy.
+//! One task writes the table and owns the CRI client. It follows the attached interfaces on a
+//! watch channel (the engine publishes them; the task ends when the channel closes) and
+//! resolves again when told that links changed (after each link event, attach and detach
+//! among them), and every few seconds while a pod is known by a fallback name only (a
+//! container starts after its veth), has no address yet, or is not (yet) among the runtime's
+//! sandboxes. Readers take a copy.
 
 pub mod cri;
 pub mod cri_api;
@@ -25,11 +27,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
-use crate::api::types::{FlowPod, FlowView, PodView};
 use crate::config::Pods as PodsCfg;
-use crate::engine::Engine;
+use crate::views::{FlowPod, FlowView, InterfaceView, PodView};
 use identity::Source;
 use netns::{Namespace, Rtnl};
 use sandbox::{Index, Sandbox};
@@ -66,8 +67,9 @@ impl Pods {
         &self.cfg.labels
     }
 
-    /// Starts the task that keeps the table: it reads the attached interfaces from `engine`.
-    pub fn start(&self, engine: Engine) {
+    /// Starts the task that keeps the table for the interfaces `attached` lists, until that
+    /// channel closes.
+    pub fn start(&self, attached: watch::Receiver<Vec<InterfaceView>>) {
         let pods = self.clone();
         let mut cri = cri::Cri::new(self.cfg.cri.paths(), self.cfg.cri_timeout);
         tokio::spawn(async move {
@@ -87,14 +89,15 @@ impl Pods {
                     pods.wake.notified().await;
                 }
                 tokio::time::sleep(DEBOUNCE).await;
-                let attached = match engine.status().await {
-                    Ok(st) => st.interfaces.into_iter().map(|i| (i.ifindex, i.name)).collect::<Vec<_>>(),
-                    // The engine has stopped: so do we.
-                    Err(_) => return,
-                };
+                // The engine has stopped: so do we.
+                if attached.has_changed().is_err() {
+                    return;
+                }
+                let links: Vec<(u32, String)> =
+                    attached.borrow().iter().map(|i| (i.ifindex, i.name.clone())).collect();
                 let sandboxes = cri.sandboxes().await;
                 let keys = pods.cfg.labels.clone();
-                match tokio::task::spawn_blocking(move || resolve(&attached, sandboxes, &keys)).await {
+                match tokio::task::spawn_blocking(move || resolve(&links, sandboxes, &keys)).await {
                     Ok(Ok(found)) => pods.set(found),
                     Ok(Err(e)) => tracing::warn!(error = %e, "resolving pods"),
                     Err(e) => tracing::warn!(error = %e, "resolving pods"),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use mirror_agent::api::types::{FlowView, PodView, RuleView, StatusView};
+use mirror_agent::views::{FlowView, PodView, RuleView, StatusView};
 use mirror_bpf::attach::tcx_prog_ids;
 use mirror_e2e::agent::{AgentEnv, Binaries};
 

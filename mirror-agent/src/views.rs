@@ -1,4 +1,6 @@
-//! JSON bodies of the API, shared by the agent and mirrorctl.
+//! The views: what the agent shows of itself, as the API's JSON bodies, shared by the agent
+//! and mirrorctl. The ground floor of the crate: it imports nothing of the agent, so every
+//! module may use it.
 
 use std::collections::BTreeMap;
 
