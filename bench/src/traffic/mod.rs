@@ -165,6 +165,9 @@ pub enum Rung {
     NoReplay,
     /// The classifier as configured (replays on, the default).
     Classifier,
+    /// The classifier of another build (`MIRROR_BENCH_BEFORE_AGENT`), as configured: a change
+    /// measured against the build before it, in the same rounds.
+    Before,
 }
 
 impl Rung {
@@ -180,6 +183,7 @@ impl Rung {
             Rung::Cached => "floor with the flow cache",
             Rung::NoReplay => "classifier, replays off",
             Rung::Classifier => "classifier (replays on, the default)",
+            Rung::Before => "classifier of the build before (MIRROR_BENCH_BEFORE_AGENT)",
         }
     }
 }
@@ -327,13 +331,22 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
     let mut stages = Vec::new();
     if let Some((load, cfg, rounds)) = plan.ratio {
         let what = format!("classifier against the empty program under {} ({})", load.name(), cfg.key);
+        // The agent of another build, measured in the same rounds (a before-and-after).
+        let before_bins = std::env::var_os("MIRROR_BENCH_BEFORE_AGENT")
+            .map(|agent| Binaries { agent: agent.into(), ctl: bins.ctl.clone() });
+        let before = before_bins.as_ref().map(|b| Ctx {
+            bed: &bed,
+            agents: agent::Agents::new(b, bed.node(), pins.agent),
+            static_filter: ctx.static_filter,
+        });
         let mut done = Vec::new();
         for round in 0..rounds {
             check_stop()?;
-            if let Some(r) = stage(&what, &mut failures, || ratio_round(&ctx, load, &cfg, plan.secs)) {
-                let ladder: Vec<String> = Rung::ALL
+            if let Some(r) = stage(&what, &mut failures, || ratio_round(&ctx, before.as_ref(), load, &cfg, plan.secs)) {
+                let ladder: Vec<String> = r
+                    .rungs
                     .iter()
-                    .map(|&g| {
+                    .map(|&(g, _)| {
                         let ingress = bpfstats::hook_total(r.of(g), "ingr").ns_per_run();
                         format!("{} {ingress:.0} ns in, {:.2}x", g.label(), r.ratio_of(g))
                     })
@@ -451,16 +464,17 @@ fn profile(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<(Vec<Pr
 /// One round of the headline ratio: `load` under each rung of the ladder in turn, the
 /// baselines attached with TCX to the same veths as the agent, the agent of `cfg` with replays
 /// off and as configured; BPF run-time accounting on in all.
-fn ratio_round(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<RatioRound> {
+fn ratio_round(ctx: &Ctx<'_>, before: Option<&Ctx<'_>>, load: Load, cfg: &Config, secs: u32) -> Result<RatioRound> {
     let veths = ctx.bed.pod_veths();
     let mut rungs = Vec::new();
-    for rung in Rung::ALL {
+    let all = Rung::ALL.into_iter().chain(before.map(|_| Rung::Before));
+    for rung in all {
         let baseline = match rung {
             Rung::Empty => Some(bpfstats::Baseline::Empty),
             Rung::Parse => Some(bpfstats::Baseline::Parse),
             Rung::Floor => Some(bpfstats::Baseline::Floor),
             Rung::Cached => Some(bpfstats::Baseline::Cached),
-            Rung::NoReplay | Rung::Classifier => None,
+            Rung::NoReplay | Rung::Classifier | Rung::Before => None,
         };
         let runs = match baseline {
             Some(which) => {
@@ -472,7 +486,8 @@ fn ratio_round(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<Rat
             }
             None => {
                 let cfg = if rung == Rung::NoReplay { cfg.without_replays() } else { *cfg };
-                profile(ctx, load, &cfg, secs)?.0
+                let agents = if rung == Rung::Before { before.unwrap_or(ctx) } else { ctx };
+                profile(agents, load, &cfg, secs)?.0
             }
         };
         if runs.is_empty() {

@@ -556,7 +556,7 @@ fn ratio_table(s: &mut String, r: &Results) {
         let m = Summary::of(&v);
         format!("{:.d$} ({:.d$}-{:.d$})", m.median, m.min, m.max, d = digits)
     };
-    for rung in super::Rung::ALL {
+    for &(rung, _) in &rounds[0].rungs {
         let ns = |hook: &str| {
             range(rounds.iter().map(|round| hook_total(round.of(rung), hook).ns_per_run()).collect(), 0)
         };
