@@ -61,7 +61,7 @@ static __always_inline struct replay_slot *replay_slot_of(const struct flow_timi
 
 /*
  * replay_from_scratch - the segment of a request that starts its payload, into @r: the headers
- * from the packet's linear area (a plain copy), the payload from the @n bytes the HTTP stage
+ * from the packet's linear area (loads from the packet), the payload from the @n bytes the HTTP stage
  * read already (s->buf): the payload, in the page fragments TCP hands the veth, is not read a
  * second time. Whole words are copied (up to 7 bytes past @n, never counted in r->len).
  * @return the bytes kept (0: not possible here, the caller reads the frame instead).
@@ -75,8 +75,27 @@ static __always_inline __u32 replay_from_scratch(struct __sk_buff *skb, struct r
     asm volatile("" : "+r"(h));
     if (h < 1 || h > REPLAY_FRAME_MAX - HTTP_SCAN_MAX || n < 1 || n > HTTP_SCAN_MAX)
         return 0;
-    if (bpf_skb_load_bytes(skb, 0, r->frame, h))
-        return 0;
+    /* The headers, parsed in the linear area: loads from the packet, no helper call. Whole
+     * words, then the last bytes one by one (the linear area may end with the headers). */
+    const __u8 *data = (const __u8 *)(long)skb->data, *end = (const __u8 *)(long)skb->data_end;
+#pragma unroll
+    for (int i = 0; i < (REPLAY_FRAME_MAX - HTTP_SCAN_MAX) / 8; i++) {
+        if (i * 8 + 8 > h)
+            break;
+        if (data + i * 8 + 8 > end)
+            return 0;
+        *(__u64 *)(r->frame + i * 8) = *(const __u64 *)(data + i * 8);
+    }
+    __u32 tail = h & ~7ULL;
+#pragma unroll
+    for (int i = 0; i < 7; i++) {
+        __u32 at = (tail + i) & (REPLAY_FRAME_MAX - HTTP_SCAN_MAX - 1);
+        if (tail + i >= h)
+            break;
+        if (data + at + 1 > end)
+            return 0;
+        r->frame[at] = data[at];
+    }
     __u8 *dst = r->frame + h;
     const __u64 *src = __builtin_assume_aligned(s->buf, 8);
 #pragma unroll
