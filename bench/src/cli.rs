@@ -26,7 +26,8 @@ usage: mirror-bench datapath [--quick] [--out FILE]
   --cpus C,S   traffic: pin clients to CPU C and servers to CPU S (default: both on the
                last CPU)
   --no-wait    traffic: start at once instead of waiting for a quiet machine (full mode)
-  --only S,..  traffic: run only these stages: loads (the alternating runs), attach, profile;
+  --only S,..  traffic: run only these stages: loads (the alternating runs), bars (only the
+               loads behind the bars, 9 rounds), attach, profile;
                mirror-path: test-run or traffic
   --rounds N   mirror-path: rounds of traffic runs (default 7); churn: bursts per way of
                attaching (default 3, quick 1)
@@ -58,6 +59,9 @@ pub struct TrafficArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
     Loads,
+    /// Only the loads behind the bars (HTTP passing and mirroring, sockperf passing, against no
+    /// agent), in more rounds: the throughput and latency bars resolved at less cost.
+    Bars,
     Attach,
     Profile,
 }
@@ -66,9 +70,10 @@ fn parse_stages(s: &str) -> Result<Vec<Stage>, String> {
     s.split(',')
         .map(|w| match w.trim() {
             "loads" => Ok(Stage::Loads),
+            "bars" => Ok(Stage::Bars),
             "attach" => Ok(Stage::Attach),
             "profile" => Ok(Stage::Profile),
-            other => Err(format!("unknown stage '{other}' (loads, attach, profile)")),
+            other => Err(format!("unknown stage '{other}' (loads, bars, attach, profile)")),
         })
         .collect()
 }

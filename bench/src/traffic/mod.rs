@@ -108,7 +108,14 @@ impl Plan {
         if only.is_empty() {
             return;
         }
-        if !only.contains(&Stage::Loads) {
+        if only.contains(&Stage::Bars) && !only.contains(&Stage::Loads) {
+            self.cells = vec![
+                (Http { errors_pct: 0 }, vec![NO_AGENT, PASS]),
+                (Http { errors_pct: 100 }, vec![NO_AGENT, MIRROR]),
+                (Sockperf, vec![NO_AGENT, PASS]),
+            ];
+            self.rounds = self.rounds.max(9);
+        } else if !only.contains(&Stage::Loads) {
             self.cells.clear();
         }
         if !only.contains(&Stage::Attach) {
@@ -342,7 +349,9 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
         let mut done = Vec::new();
         for round in 0..rounds {
             check_stop()?;
-            if let Some(r) = stage(&what, &mut failures, || ratio_round(&ctx, before.as_ref(), load, &cfg, plan.secs)) {
+            if let Some(r) =
+                stage(&what, &mut failures, || ratio_round(&ctx, before.as_ref(), load, &cfg, plan.secs))
+            {
                 let ladder: Vec<String> = r
                     .rungs
                     .iter()
@@ -464,7 +473,13 @@ fn profile(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<(Vec<Pr
 /// One round of the headline ratio: `load` under each rung of the ladder in turn, the
 /// baselines attached with TCX to the same veths as the agent, the agent of `cfg` with replays
 /// off and as configured; BPF run-time accounting on in all.
-fn ratio_round(ctx: &Ctx<'_>, before: Option<&Ctx<'_>>, load: Load, cfg: &Config, secs: u32) -> Result<RatioRound> {
+fn ratio_round(
+    ctx: &Ctx<'_>,
+    before: Option<&Ctx<'_>>,
+    load: Load,
+    cfg: &Config,
+    secs: u32,
+) -> Result<RatioRound> {
     let veths = ctx.bed.pod_veths();
     let mut rungs = Vec::new();
     let all = Rung::ALL.into_iter().chain(before.map(|_| Rung::Before));
