@@ -495,3 +495,20 @@ impl<'obj> Datapath<'obj> {
         event::poll(rb, timeout)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::DatapathOptions;
+
+    #[test]
+    fn replay_requests_are_none_or_a_power_of_two_within_bounds() {
+        let check = DatapathOptions::check_replay_requests;
+        for ok in [0, 64, DatapathOptions::REPLAY_REQUESTS, 65_536] {
+            check(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in [1, 32, 1000, 4097, 131_072] {
+            let e = check(bad).unwrap_err();
+            assert_eq!(e, format!("{bad}: 0 (off) or a power of two from 64 to 65536"));
+        }
+    }
+}
