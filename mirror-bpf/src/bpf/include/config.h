@@ -4,10 +4,10 @@
  * the mmapped .data, or .rodata before load) and the maps of settings it writes. Each knob is
  * named as its configuration key, and says which key it is and who sets it.
  *
- * The values written here are not defaults: user space sets every global at load, before a
- * packet is seen (the defaults live in mirror-bpf's DatapathOptions and Tracing, and in the
- * agent's configuration, which uses them). Zero is written here so that a knob left unset
- * would switch its feature off rather than pass for a setting.
+ * The values written here are placeholders, not defaults: user space sets every global at
+ * load, before a packet is seen. The defaults live in mirror-bpf (DatapathOptions, Tracing,
+ * TimingGroup), where the agent's configuration takes them from. Each placeholder is 0, which
+ * for flows_max and replay_requests switches their feature off rather than passing for a size.
  *
  * The maps are pinned with the others: an agent started again adopts their values, then sets
  * its own. The globals are not pinned: each load starts them afresh.
