@@ -87,7 +87,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
                 pin_path: Some(cfg.bpf.pin_path.clone()),
                 only: Some((cfg.attach.mode.into(), cfg.mirror.method.into())),
                 expedite_rcu: cfg.attach.expedite_rcu.then_some(rcu_marker),
-                replay_slots: cfg.mirror.replay_requests,
+                replay_requests: cfg.mirror.replay_requests,
                 ..Default::default()
             },
             mode: cfg.attach.mode.into(),

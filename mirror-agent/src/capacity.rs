@@ -14,6 +14,7 @@ use libbpf_rs::{MapType, OpenObject};
 
 use mirror_bpf::skel::classifier::ClassifierSkelBuilder;
 use mirror_bpf::types;
+use mirror_bpf::DatapathOptions;
 
 /// The most entries the kernel gives a hash map: its bucket array (`max_entries` rounded up to
 /// a power of two, 16 bytes a bucket) must stay within 4 GiB, else the map create fails with
@@ -59,11 +60,14 @@ impl MapSpec {
     }
 }
 
-/// The maps `flows.max` sizes, and the one `flows.marks_max` sizes (as the data path's
-/// loader sets them); every other map keeps the size its object declares.
+/// The maps `flows.max` sizes, the one `flows.marks_max` sizes, the one
+/// `mirror.replay_requests` sizes (as the data path's loader sets them), and the event ring
+/// (which the agent leaves at its default size); every other map keeps the size its object
+/// declares.
 const FLOW_MAPS: [&str; 4] = ["flow_table", "flow_timing", "flow_timing_index", "flow_nat"];
 const MARK_MAP: &str = "mirror_marks";
 const REPLAY_MAP: &str = "request_replay";
+const EVENTS_MAP: &str = "events";
 
 /// What the classifier's object declares, read once (opened, not loaded: no privilege
 /// needed).
@@ -123,7 +127,9 @@ impl TableMemory {
             } else if spec.name == REPLAY_MAP {
                 m.replay += spec.bytes(replay.max(1), cpus);
             } else {
-                let b = spec.bytes(spec.entries, cpus);
+                let entries =
+                    if spec.name == EVENTS_MAP { DatapathOptions::RINGBUF_BYTES } else { spec.entries };
+                let b = spec.bytes(entries, cpus);
                 m.fixed += b;
                 if b > m.largest_fixed.1 {
                     m.largest_fixed = (spec.name.clone(), b);

@@ -57,6 +57,25 @@ pub enum MirrorDelivery {
     Ingress,
 }
 
+impl MirrorDelivery {
+    /// Its value of the classifier's `mirror_deliver`: the flags of `bpf_clone_redirect`.
+    pub(crate) fn flags(self) -> u32 {
+        match self {
+            MirrorDelivery::Egress => 0,
+            MirrorDelivery::Ingress => BPF_F_INGRESS,
+        }
+    }
+
+    /// The delivery of the classifier's `mirror_deliver` value.
+    pub(crate) fn from_flags(flags: u32) -> Self {
+        if flags & BPF_F_INGRESS != 0 {
+            MirrorDelivery::Ingress
+        } else {
+            MirrorDelivery::Egress
+        }
+    }
+}
+
 /// Whether this kernel has TCX (6.6+): a read-only query of the TCX programs on loopback,
 /// which older kernels refuse as an unknown attach type.
 pub fn tcx_supported() -> bool {
@@ -339,7 +358,7 @@ impl Attacher<'_, '_> {
             }
         }
         let mirror_ifindex = settings::read(&self.skel.maps.settings)?.mirror_ifindex;
-        let mirror_ingress = settings::clone_flags(self.skel) & BPF_F_INGRESS != 0;
+        let mirror_ingress = settings::mirror_deliver(self.skel) == MirrorDelivery::Ingress;
         if att.method == MirrorMethod::Mirred && mirror_ingress {
             // act_mirred's ingress mirror leaves the copy addressed as it was (to this node), so
             // the node would route the copy again.

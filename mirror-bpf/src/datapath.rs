@@ -11,9 +11,7 @@ use std::time::Duration;
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, OpenObject, RingBuffer};
 
-use crate::attach::{
-    AttachMode, Attacher, Attachment, MirrorDelivery, MirrorMethod, BPF_F_INGRESS, LINKS_DIR,
-};
+use crate::attach::{AttachMode, Attacher, Attachment, MirrorDelivery, MirrorMethod, LINKS_DIR};
 use crate::error::{Context, Error, Result};
 use crate::event::{self, TriggerEvent};
 use crate::flow::{self, Flow, FlowKey, MirrorMark};
@@ -25,14 +23,19 @@ use crate::shared::types;
 use crate::skel::classifier::{ClassifierSkel, ClassifierSkelBuilder};
 use crate::stats::Counters;
 
-/// Map sizes, set before load.
+/// What is set at load: map sizes, pins, which programs. Each option that is a setting of the
+/// agent keeps its configuration key's name down to the classifier (`include/config.h`), and
+/// has its default here, which the agent's configuration takes too.
 #[derive(Debug, Clone)]
 pub struct DatapathOptions {
-    /// Flows in the per-CPU flow table (LRU: the oldest go first).
+    /// Flows in the per-CPU flow table (LRU: the oldest go first), and in the tables beside it
+    /// (`flows.max`; [`DatapathOptions::FLOWS_MAX`] unless set).
     pub flows_max: u32,
-    /// Flows that can be marked for mirroring at once.
+    /// Flows that can be marked for mirroring at once (`flows.marks_max`;
+    /// [`DatapathOptions::MARKS_MAX`] unless set).
     pub marks_max: u32,
-    /// Ring buffer for trigger events, bytes (a power of two, multiple of the page size).
+    /// Ring buffer for trigger events, bytes (a power of two, multiple of the page size;
+    /// [`DatapathOptions::RINGBUF_BYTES`] unless set).
     pub ringbuf_bytes: u32,
     /// Directory on a bpffs where maps (and TCX links) are pinned. Maps already pinned there
     /// are reused, so flows, marks, rules and counters survive a restart.
@@ -43,22 +46,50 @@ pub struct DatapathOptions {
     /// Expedited RCU grace periods around each TCX link created or removed (see
     /// [`crate::rcu`]), recorded in this marker file while on; `None`: normal grace periods.
     pub expedite_rcu: Option<PathBuf>,
-    /// Slots for the latest request of flows a rule could trigger on, replayed to the mirror
-    /// ahead of their trigger (a power of two; [`crate::replay::SLOT_BYTES`] each; 0: none
-    /// kept). A flow keeps its slot until as many flows started requests after it.
-    pub replay_slots: u32,
+    /// Flows whose latest request is kept, to replay it to the mirror ahead of their trigger
+    /// (`mirror.replay_requests`: 0, none kept, or a power of two within
+    /// [`DatapathOptions::REPLAY_REQUESTS_MIN`]..=[`DatapathOptions::REPLAY_REQUESTS_MAX`];
+    /// [`DatapathOptions::REPLAY_REQUESTS`] unless set). One slot of
+    /// [`crate::replay::SLOT_BYTES`] each: a flow keeps its slot until as many flows started
+    /// requests after it.
+    pub replay_requests: u32,
+}
+
+impl DatapathOptions {
+    /// Flows in the flow table unless set (`flows.max: auto` never sizes it larger).
+    pub const FLOWS_MAX: u32 = 65_536;
+    /// Marks unless set, and `flows.marks_max`'s default.
+    pub const MARKS_MAX: u32 = 16_384;
+    /// Bytes of the event ring unless set (triggers are rare: this holds about 1,300).
+    pub const RINGBUF_BYTES: u32 = 256 * 1024;
+    /// Requests kept unless set, and `mirror.replay_requests`'s default.
+    pub const REPLAY_REQUESTS: u32 = 4096;
+    /// The fewest requests kept, when any are.
+    pub const REPLAY_REQUESTS_MIN: u32 = 64;
+    /// The most requests kept (44 MiB of slots).
+    pub const REPLAY_REQUESTS_MAX: u32 = 65_536;
+
+    /// Checks a number of requests kept ([`DatapathOptions::replay_requests`]); the error says
+    /// why not.
+    pub fn check_replay_requests(n: u32) -> std::result::Result<(), String> {
+        let (min, max) = (Self::REPLAY_REQUESTS_MIN, Self::REPLAY_REQUESTS_MAX);
+        if n != 0 && (!n.is_power_of_two() || !(min..=max).contains(&n)) {
+            return Err(format!("{n}: 0 (off) or a power of two from {min} to {max}"));
+        }
+        Ok(())
+    }
 }
 
 impl Default for DatapathOptions {
     fn default() -> Self {
         Self {
-            flows_max: 65_536,
-            marks_max: 16_384,
-            ringbuf_bytes: 256 * 1024,
+            flows_max: Self::FLOWS_MAX,
+            marks_max: Self::MARKS_MAX,
+            ringbuf_bytes: Self::RINGBUF_BYTES,
             pin_path: None,
             only: None,
             expedite_rcu: None,
-            replay_slots: 4096,
+            replay_requests: Self::REPLAY_REQUESTS,
         }
     }
 }
@@ -76,8 +107,14 @@ pub struct Datapath<'obj> {
     expedite_rcu: Option<PathBuf>,
     /// Whether flows keep their latest request for a replay (slots exist and it is wanted).
     replay: bool,
-    /// Whether the request_replay map has slots.
-    replay_slots: bool,
+    /// Whether request_replay has slots to keep requests in (`replay_requests` is not 0):
+    /// whether [`Datapath::set_replay`] can switch replays on.
+    replay_possible: bool,
+}
+
+/// The classifier's `.data` (its knobs, `include/config.h`), which libbpf maps for us.
+fn mapped(data: Option<&mut types::data>) -> Result<&mut types::data> {
+    data.ok_or_else(|| Error::Unsupported("the classifier's .data is not mapped".into()))
 }
 
 /// libbpf's own messages go to `tracing` (target "libbpf") at debug level instead of stderr:
@@ -113,12 +150,8 @@ impl<'obj> Datapath<'obj> {
             p.tcx_replay.set_autoload(tcx);
             p.tc_replay.set_autoload(!tcx);
         }
-        if opts.replay_slots != 0 && !opts.replay_slots.is_power_of_two() {
-            return Err(Error::Unsupported(format!(
-                "replay slots must be a power of two (or 0), not {}",
-                opts.replay_slots
-            )));
-        }
+        DatapathOptions::check_replay_requests(opts.replay_requests)
+            .map_err(|why| Error::Unsupported(format!("replay_requests: {why}")))?;
         let maps = &mut open.maps;
         maps.flow_table.set_max_entries(opts.flows_max).context(|| "sizing flow_table".into())?;
         crate::flow::size_cache(&mut maps.flow_cache)?;
@@ -130,18 +163,18 @@ impl<'obj> Datapath<'obj> {
         maps.mirror_marks.set_max_entries(opts.marks_max).context(|| "sizing mirror_marks".into())?;
         maps.events.set_max_entries(opts.ringbuf_bytes).context(|| "sizing events".into())?;
         maps.request_replay
-            .set_max_entries(opts.replay_slots.max(1))
+            .set_max_entries(opts.replay_requests.max(1))
             .context(|| "sizing request_replay".into())?;
-        if let Some(data) = open.maps.data_data.as_deref_mut() {
-            data.replay_mask = opts.replay_slots.max(1) - 1;
-            data.timing_slots = opts.flows_max;
-        }
+        let data = mapped(open.maps.data_data.as_deref_mut())?;
+        // Every knob of the .data (include/config.h), each load: none keeps a value of its own.
+        data.flows_max = opts.flows_max;
+        data.replay_requests = opts.replay_requests;
+        data.mirror_deliver = MirrorDelivery::default().flags();
+        data.stack_stamps = 0;
         // A fresh epoch: flow entries adopted from an earlier instance look their mark up again;
         // and a fresh replay count: their slot numbers are not taken for recent ones.
-        if let Some(data) = open.maps.data_data.as_deref_mut() {
-            data.mark_epoch = (flow::monotonic_ns() as u32) | 1;
-            data.replay_next = (flow::monotonic_ns() >> 10) as u32;
-        }
+        data.mark_epoch = (flow::monotonic_ns() as u32) | 1;
+        data.replay_next = (flow::monotonic_ns() >> 10) as u32;
         let mut adopted = false;
         let mut fresh_settings = true;
         if let Some(dir) = &opts.pin_path {
@@ -196,15 +229,13 @@ impl<'obj> Datapath<'obj> {
             adopted,
             only,
             expedite_rcu: opts.expedite_rcu.clone(),
-            replay: opts.replay_slots != 0,
-            replay_slots: opts.replay_slots != 0,
+            replay: opts.replay_requests != 0,
+            replay_possible: opts.replay_requests != 0,
         };
         dp.sync_replay()?;
         if fresh_settings {
-            // Response and handshake times are on by default; adopted settings are kept.
-            settings::update(&dp.skel.maps.settings, |s| {
-                s.timing = TimingGroup::Http.bit() | TimingGroup::Handshake.bit()
-            })?;
+            // The timing groups on by default; adopted settings are kept.
+            settings::update(&dp.skel.maps.settings, |s| s.timing = TimingGroup::default_bits())?;
         }
         Ok(dp)
     }
@@ -266,27 +297,14 @@ impl<'obj> Datapath<'obj> {
     /// that a packet copied meanwhile goes the new way, if to the old interface. With the
     /// mirred method, act_mirred carries both: attach again to apply them.
     pub fn set_mirror_target(&mut self, ifindex: u32, delivery: MirrorDelivery) -> Result<()> {
-        let flags = match delivery {
-            MirrorDelivery::Egress => 0,
-            MirrorDelivery::Ingress => BPF_F_INGRESS,
-        };
-        let data = self
-            .skel
-            .maps
-            .data_data
-            .as_deref_mut()
-            .ok_or_else(|| Error::Unsupported("the classifier's .data is not mapped".into()))?;
-        data.mirror_clone_flags = flags;
+        let data = mapped(self.skel.maps.data_data.as_deref_mut())?;
+        data.mirror_deliver = delivery.flags();
         self.set_mirror_ifindex(ifindex)
     }
 
     /// How copies reach the mirror interface.
     pub fn mirror_delivery(&self) -> MirrorDelivery {
-        if settings::clone_flags(&self.skel) & BPF_F_INGRESS != 0 {
-            MirrorDelivery::Ingress
-        } else {
-            MirrorDelivery::Egress
-        }
+        settings::mirror_deliver(&self.skel)
     }
 
     /// Sets the node-wide budget of copies, split evenly over the possible CPUs.
@@ -315,7 +333,7 @@ impl<'obj> Datapath<'obj> {
     /// [`crate::Tracing`]); a plain flag in the program's data, read per packet.
     pub fn set_stack_stamps(&mut self, on: bool) {
         if let Some(data) = self.skel.maps.data_data.as_deref_mut() {
-            data.stack_stamps_on = u32::from(on);
+            data.stack_stamps = u32::from(on);
         }
     }
 
@@ -396,8 +414,8 @@ impl<'obj> Datapath<'obj> {
     /// Whether flows a rule could trigger on keep their latest request, for events and
     /// replays (on by default when the map has slots).
     pub fn set_replay(&mut self, on: bool) -> Result<()> {
-        if on && !self.replay_slots {
-            return Err(Error::Unsupported("loaded without replay slots".into()));
+        if on && !self.replay_possible {
+            return Err(Error::Unsupported("loaded with replay_requests 0: no request is kept".into()));
         }
         self.replay = on;
         self.sync_replay()
@@ -475,5 +493,22 @@ impl<'obj> Datapath<'obj> {
     /// Polls `rb` once for at most `timeout`.
     pub fn poll_events(rb: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
         event::poll(rb, timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DatapathOptions;
+
+    #[test]
+    fn replay_requests_are_none_or_a_power_of_two_within_bounds() {
+        let check = DatapathOptions::check_replay_requests;
+        for ok in [0, 64, DatapathOptions::REPLAY_REQUESTS, 65_536] {
+            check(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in [1, 32, 1000, 4097, 131_072] {
+            let e = check(bad).unwrap_err();
+            assert_eq!(e, format!("{bad}: 0 (off) or a power of two from 64 to 65536"));
+        }
     }
 }

@@ -337,10 +337,13 @@ fn fold_cached(v: &mut types::flow_traffic, c: &types::flow_cache_slot) {
     v.http_time_max_ns = v.http_time_max_ns.max(c.http_time_max_ns);
 }
 
+/// Flows held in `flow_cache`, by key bytes: the (CPU, slot) of each copy.
+type CacheHeld = HashMap<Vec<u8>, Vec<(usize, types::flow_cache_slot)>>;
+
 /// The flows each CPU's slots of the `flow_cache` map hold, by key bytes: (CPU, slot).
-fn read_cache(cache: &MapMut<'_>) -> Result<HashMap<Vec<u8>, Vec<(usize, types::flow_cache_slot)>>> {
+fn read_cache(cache: &MapMut<'_>) -> Result<CacheHeld> {
     let per_cpu = types::mirror_limits::FLOW_CACHE_SLOTS.0 as usize;
-    let mut held: HashMap<Vec<u8>, Vec<(usize, types::flow_cache_slot)>> = HashMap::new();
+    let mut held = CacheHeld::new();
     let batch = cache
         .lookup_batch(per_cpu as u32, MapFlags::ANY, MapFlags::ANY)
         .context(|| "reading flow_cache".into())?;

@@ -111,6 +111,10 @@ fn current_netns() -> Result<u32> {
 }
 
 impl Tracing {
+    /// The stack group's sampling unless set, and `latency.stack_sample`'s default: 1 in 16
+    /// packets (each stamp is a hash insert and delete).
+    pub const STACK_SAMPLE: u32 = 16;
+
     /// Loads the tracing programs (nothing is attached yet), sharing `dp`'s maps. Call it from
     /// the network namespace of the interfaces `dp` is attached to.
     pub fn load(dp: &Datapath<'_>) -> Result<Tracing> {
@@ -122,20 +126,23 @@ impl Tracing {
                 (skel, Err(why))
             }
         };
-        Ok(Tracing { skel, fexit, stack: Vec::new(), cpu: Vec::new() })
+        let mut tracing = Tracing { skel, fexit, stack: Vec::new(), cpu: Vec::new() };
+        tracing.set_stack_sample(Self::STACK_SAMPLE);
+        Ok(tracing)
     }
 
     /// Stamps 1 in `every` packets received in the node for the stack group (0 or 1: every
-    /// packet): the per-stage histograms then count that share of the packets.
-    pub fn set_stack_sampling(&mut self, every: u32) {
+    /// packet): the per-stage histograms then count that share of the packets
+    /// (`latency.stack_sample`; [`Tracing::STACK_SAMPLE`] from load).
+    pub fn set_stack_sample(&mut self, every: u32) {
         if let Some(data) = self.skel.maps.data_data.as_deref_mut() {
-            data.stack_sample_every = every.max(1);
+            data.stack_sample = every.max(1);
         }
     }
 
     /// The stack group's sampling: 1 in how many packets.
-    pub fn stack_sampling(&self) -> u32 {
-        self.skel.maps.data_data.as_deref().map_or(1, |d| d.stack_sample_every.max(1))
+    pub fn stack_sample(&self) -> u32 {
+        self.skel.maps.data_data.as_deref().map_or(1, |d| d.stack_sample.max(1))
     }
 
     /// Whether read/write/sendfile on IP sockets count in the cpu group (the kernel has the

@@ -3,6 +3,7 @@
 
 use libbpf_rs::{MapCore, MapFlags, MapMut};
 
+use crate::attach::MirrorDelivery;
 use crate::error::{Context, Result};
 use crate::shared::{bytes_of, read_plain, types, ZERO};
 use crate::skel::classifier::ClassifierSkel;
@@ -26,6 +27,19 @@ impl TimingGroup {
             TimingGroup::Http => types::timing_group::TIMING_HTTP.0,
             TimingGroup::Handshake => types::timing_group::TIMING_HANDSHAKE.0,
         }
+    }
+
+    /// Whether the group is on in a data path loaded without an earlier one's settings, and
+    /// `latency.<name>`'s default.
+    pub const fn on_by_default(self) -> bool {
+        match self {
+            TimingGroup::Http | TimingGroup::Handshake => true,
+        }
+    }
+
+    /// The `timing` bits of the groups on by default.
+    pub(crate) fn default_bits() -> u32 {
+        Self::ALL.into_iter().filter(|g| g.on_by_default()).fold(0, |bits, g| bits | g.bit())
     }
 
     /// Its name: `http`, `handshake`.
@@ -65,7 +79,11 @@ pub(crate) fn timing(map: &MapMut<'_>, group: TimingGroup) -> Result<bool> {
     Ok(read(map)?.timing & group.bit() != 0)
 }
 
-/// The flags the classifier passes to `bpf_clone_redirect` (its `.data`; 0 when unreadable).
-pub(crate) fn clone_flags(skel: &ClassifierSkel<'_>) -> u32 {
-    skel.maps.data_data.as_deref().map_or(0, |d| d.mirror_clone_flags)
+/// How the classifier hands copies to the mirror interface (`mirror_deliver` in its `.data`;
+/// the default when unreadable).
+pub(crate) fn mirror_deliver(skel: &ClassifierSkel<'_>) -> MirrorDelivery {
+    skel.maps
+        .data_data
+        .as_deref()
+        .map_or_else(MirrorDelivery::default, |d| MirrorDelivery::from_flags(d.mirror_deliver))
 }

@@ -201,6 +201,39 @@ fn trigger_event_carries_the_request() {
     assert!(e.reverse, "the server (hi endpoint) sent the response");
 }
 
+/// The request behind a trigger is kept in a request_replay slot, one per flow, when
+/// `replay_requests` gives slots; with none (0) triggers still fire, and nothing is kept.
+#[test]
+fn requests_are_kept_only_where_replay_requests_gives_slots() {
+    if !testing::require_root() {
+        return;
+    }
+    for (replay_requests, kept) in [(DatapathOptions::REPLAY_REQUESTS, true), (0, false)] {
+        let mut dp = testing::load(&DatapathOptions { replay_requests, ..Default::default() });
+        dp.add_rule("status=500".parse().unwrap()).unwrap();
+        let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = events.clone();
+        let rb = dp.events(move |e| sink.lock().unwrap().push(e)).unwrap();
+        let request = b"GET /kept HTTP/1.1\r\nHost: x\r\n\r\n";
+        let d = ingress(&dp, &fixtures::v4_request(44100, PORT_HTTP, request));
+        assert_eq!(d.get(S::STAT_REPLAY_KEPT), u64::from(kept), "{replay_requests} slots");
+        let d = ingress(&dp, &fixtures::v4_response(PORT_HTTP, 44100, RESP_500));
+        assert_eq!(d.get(S::STAT_TRIGGERS), 1, "{replay_requests} slots");
+        assert_eq!(d.get(S::STAT_REPLAY_MISSED), 0, "{replay_requests} slots");
+        Datapath::poll_events(&rb, Duration::from_millis(100)).unwrap();
+        let events = events.lock().unwrap();
+        assert_eq!(events.len(), 1, "{replay_requests} slots");
+        let payload = events[0].request.as_ref().and_then(|r| r.payload().map(<[u8]>::to_vec));
+        assert_eq!(payload.as_deref(), kept.then_some(&request[..]), "{replay_requests} slots");
+        assert_eq!(dp.set_replay(true).is_ok(), kept, "{replay_requests} slots");
+    }
+    // Neither 0 nor a power of two from 64: refused before anything is loaded.
+    let storage = Box::leak(Box::new(std::mem::MaybeUninit::uninit()));
+    let opts = DatapathOptions { replay_requests: 1000, ..Default::default() };
+    let e = Datapath::load(storage, &opts).err().expect("1000 slots are refused");
+    assert!(e.to_string().contains("replay_requests: 1000: 0 (off) or a power of two"), "{e}");
+}
+
 #[test]
 fn limits_end_the_mirroring() {
     let Some(mut dp) = load() else { return };

@@ -11,6 +11,8 @@ use mirror_e2e::testbed::Testbed;
 fn bed_with(group: TraceGroup) -> (Testbed, Tracing) {
     let mut bed = Testbed::builder(&PODS).nginx("server", HTTP).no_mirror().build();
     let mut tracing = Tracing::load(&bed.dp).unwrap();
+    // Every packet: the stages' counts are compared with the packets sent.
+    tracing.set_stack_sample(1);
     // Loaded is not on: nothing is measured before a group is switched on.
     let cpu: u64 = tracing.cpu_times().unwrap().iter().map(|c| c.syscall_ns + c.softirq_rx_ns).sum();
     assert_eq!(cpu, 0);
@@ -47,7 +49,7 @@ fn stack_stages_are_present_and_ordered_for_pod_to_pod_packets() {
     assert!((sum - t.as_nanos() as i128).abs() * 10 <= t.as_nanos() as i128 + 1000, "{a:?} + {b:?} vs {t:?}");
 
     // 1 in 4: the same exchange gives about a quarter of the samples.
-    tracing.set_stack_sampling(4);
+    tracing.set_stack_sample(4);
     assert!(client::get_keepalive(&bed.pod("client").ns, &urls).iter().all(|s| *s == 200));
     let sampled = bed.histogram(HistKind::StackXmit, None).unwrap().count - total.count;
     assert!(

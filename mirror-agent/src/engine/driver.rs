@@ -79,7 +79,7 @@ impl Driver {
         let mut tracing = Tracing::load(&dp).map_err(|e| e.to_string());
         match &mut tracing {
             Ok(t) => {
-                t.set_stack_sampling(cfg.stack_sample);
+                t.set_stack_sample(cfg.stack_sample);
                 match t.fexit() {
                     Ok(()) => tracing::info!(
                         "latency tracing uses fexit and tp_btf: clones of a packet keep its stack-latency stamp"
@@ -238,7 +238,7 @@ impl Driver {
                 tracing::debug!(error = %e, "detaching the replay program");
             }
         }
-        if sink == 0 || self.cfg.datapath.replay_slots == 0 {
+        if sink == 0 || self.cfg.datapath.replay_requests == 0 {
             return;
         }
         match self.dp.attach_replay(sink) {

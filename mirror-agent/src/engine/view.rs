@@ -79,7 +79,7 @@ pub(super) fn tracing(tracing: &Result<Tracing, String>) -> String {
                 Ok(()) => "fexit + tp_btf".into(),
                 Err(why) => format!("tp_btf (this kernel refuses fexit: {why}; expected, works without it)"),
             };
-            format!("{how}; stack group samples 1 in {} packets", t.stack_sampling())
+            format!("{how}; stack group samples 1 in {} packets", t.stack_sample())
         }
         Err(why) => format!("unavailable: {why}"),
     }

@@ -19,6 +19,7 @@
 
 #include "include/compat.h"
 #include "include/types.h"
+#include "include/config.h"
 #include "include/maps.h"
 #include "include/parse.h"
 #include "include/clock.h"
@@ -105,7 +106,7 @@ __noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
         return 0;
     cnt->v[STAT_PACKETS]++;
     cnt->v[STAT_BYTES] += skb->len;
-    if (hook == HOOK_INGRESS && stack_stamps_on)
+    if (hook == HOOK_INGRESS && stack_stamps)
         stack_stamp_tc(skb);
 
     struct http_scratch *hs = bpf_map_lookup_elem(&http_scratch, &zero);

@@ -19,15 +19,14 @@
 #include <bpf/bpf_tracing.h>
 
 #include "include/types.h"
+#define MIRROR_TRACING_PROGRAMS /* this object's knobs, not the classifier's */
+#include "include/config.h"
 #include "include/shared_maps.h"
 #include "include/hist.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 struct net_cpu_time _net_cpu_time = {};
-
-/* The node's network namespace (inode), set at load: ifindexes are only unique within one. */
-const volatile __u32 node_netns = 0;
 
 /*
  * Some skbs are freed on paths without a tracepoint (TCP frees consumed ACKs with
@@ -37,13 +36,6 @@ const volatile __u32 node_netns = 0;
 #define STAMP_MAX_AGE_NS (1000ULL * 1000 * 1000)
 
 /* ---- stack ---- */
-
-/*
- * 1 in stack_sample_every packets received in the node is stamped (0 or 1: every packet),
- * set by user space at run time. Stamping costs a hash insert and delete per packet; a sample
- * gives the same per-stage distributions for a fraction of that.
- */
-volatile __u32 stack_sample_every SEC(".data") = 1;
 
 /* Key: 0. Value: packets seen on this CPU, for the sampling. */
 struct {
@@ -55,7 +47,7 @@ struct {
 
 static __always_inline int stack_sampled(void)
 {
-    __u32 every = stack_sample_every, zero = 0;
+    __u32 every = stack_sample, zero = 0;
     __u32 *n = every > 1 ? bpf_map_lookup_elem(&stack_sample_n, &zero) : NULL;
 
     if (!n)
@@ -224,12 +216,6 @@ static __always_inline void resume_task(__u32 tid, __u64 now)
     if (t && !t->start_ns)
         t->start_ns = now;
 }
-
-/*
- * Set by user space before load: whether the kernel has the sock_send_length and
- * sock_recv_length tracepoints (6.3+). Without them only the send and recv calls count.
- */
-const volatile __u32 sock_length_tps = 0;
 
 /* The send/receive system calls (1), and read/write/readv/writev/sendfile (2), by architecture. */
 static __always_inline int net_syscall(long id)

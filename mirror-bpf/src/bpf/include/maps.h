@@ -1,13 +1,17 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * This file contains every map of the classifier. Sizes here are defaults: user space sets
- * max_entries before load. Key/Value and the reason for each type are given per map.
+ * This file contains every map of the classifier but the knobs (config.h), and the counters the
+ * programs advance beside the maps they serve. Key/Value and the reason for each type are given
+ * per map. User space sizes flow_table, flow_timing, flow_timing_index, flow_nat (flows_max),
+ * mirror_marks (flows.marks_max), request_replay (replay_requests) and events before load:
+ * their sizes here are placeholders, never used.
  */
 #ifndef MIRROR_MAPS_H
 #define MIRROR_MAPS_H
 
 #include "types.h"
 #include "shared_maps.h"
+#include "config.h"
 
 /*
  * Key: struct flow_key. Value: struct flow_traffic, one copy per CPU.
@@ -62,9 +66,7 @@ struct {
     __type(value, __u32);
 } flow_timing_index SEC(".maps");
 
-/* flow_timing's size, set by user space at load. */
-volatile __u32 timing_slots SEC(".data") = 65536;
-/* The allocator's hand: the next flow_timing slot it looks at. */
+/* The allocator's hand: the next flow_timing slot it looks at (modulo flows_max). */
 volatile __u32 timing_next SEC(".data") = 0;
 
 /*
@@ -171,14 +173,6 @@ struct {
     __type(value, __u32);
 } attach_epoch SEC(".maps");
 
-/* Key: 0. Value: struct settings. */
-struct {
-    __uint(type, BPF_MAP_TYPE_ARRAY);
-    __uint(max_entries, 1);
-    __type(key, __u32);
-    __type(value, struct settings);
-} settings SEC(".maps");
-
 /* One struct trigger_event per trigger; triggers are rare, 256 KiB holds ~1,300. */
 struct {
     __uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -194,17 +188,9 @@ struct {
 volatile __u32 mark_epoch SEC(".data") = 1;
 
 /*
- * How bpf_clone_redirect hands a copy to the mirror interface: 0, transmitted by it (a capture
- * on it sees it going out, one on its veth peer sees it coming in); BPF_F_INGRESS, received by
- * it as if from the wire (no transmit path, no veth crossing: a capture on it sees it coming
- * in). Set by user space through the mmapped .data, before the interface in settings.
- */
-volatile __u32 mirror_clone_flags SEC(".data") = 0;
-
-/*
  * Key: slot. Value: struct replay_slot, the segment of a flow's latest request (replay.h).
- * Sized at load (a power of two); slots are handed out in turn, so a flow keeps its slot until
- * as many flows started requests after it.
+ * replay_requests slots (at least 1); handed out in turn, so a flow keeps its slot until as
+ * many flows started requests after it.
  */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
@@ -213,27 +199,10 @@ struct {
     __type(value, struct replay_slot);
 } request_replay SEC(".maps");
 
-/* request_replay's size - 1, set by user space at load. */
-volatile __u32 replay_mask SEC(".data") = 4095;
-/* How many request_replay slots were handed out: the next is replay_next & replay_mask. User
+/* How many request_replay slots were handed out: the next is replay_next & replay_mask(). User
  * space starts it at a fresh value at each load, so that numbers adopted from an earlier
  * instance are not taken for recent ones. */
 volatile __u32 replay_next SEC(".data") = 0;
-
-/*
- * Switched by user space through the mmapped .data: whether the classifier stamps packets for
- * the kernel stack latency (a plain load per packet, no map lookup).
- */
-volatile __u32 stack_stamps_on SEC(".data") = 0;
-
-/* Key: 0. Value: struct budget_config, this CPU's share of mirror.budget (the same on every
- * CPU), written by user space. Read only when a copy is about to be made. */
-struct {
-    __uint(type, BPF_MAP_TYPE_ARRAY);
-    __uint(max_entries, 1);
-    __type(key, __u32);
-    __type(value, struct budget_config);
-} budget_config SEC(".maps");
 
 /* Key: 0. Value: struct budget_state. Per CPU: each CPU spends its own share, no shared writes. */
 struct {

@@ -31,7 +31,7 @@ static __always_inline int mirror_copy(struct __sk_buff *skb, enum mirror_method
             cnt->v[STAT_MIRROR_NO_TARGET]++;
             return 0;
         }
-        if (bpf_clone_redirect(skb, set->mirror_ifindex, mirror_clone_flags & BPF_F_INGRESS)) {
+        if (bpf_clone_redirect(skb, set->mirror_ifindex, mirror_deliver & BPF_F_INGRESS)) {
             cnt->v[STAT_MIRROR_ERRORS]++;
             return 0;
         }

@@ -25,6 +25,15 @@
 #define REPLAY_MAC_4 0x6c
 #define REPLAY_MAC_5 0x79
 
+/*
+ * replay_mask - the slot of hand-out number n is n & replay_mask(): replay_requests is a power
+ * of two. With none (0), every lookup misses: nothing is kept then (settings.replay_keep).
+ */
+static __always_inline __u32 replay_mask(void)
+{
+    return replay_requests - 1;
+}
+
 /* replay_wanted - does a rule cover @m's server port (its destination, @m being a request)? */
 static __always_inline int replay_wanted(const struct settings *set, const struct pkt_meta *m)
 {
@@ -44,7 +53,7 @@ static __always_inline int replay_wanted(const struct settings *set, const struc
  */
 static __always_inline int replay_held(const struct flow_timing *t)
 {
-    return t && t->replay && replay_next - (t->replay - 1) <= replay_mask + 1;
+    return t && t->replay && replay_next - (t->replay - 1) <= replay_requests;
 }
 
 /* replay_slot_of - the slot of @t holding @key's latest request, or NULL. */
@@ -53,7 +62,7 @@ static __always_inline struct replay_slot *replay_slot_of(const struct flow_timi
 {
     if (!replay_held(t))
         return NULL;
-    __u32 idx = (t->replay - 1) & replay_mask;
+    __u32 idx = (t->replay - 1) & replay_mask();
     struct replay_slot *r = bpf_map_lookup_elem(&request_replay, &idx);
     /* Its owner wrote its key with the segment: a racing newer owner is caught here. */
     return r && flow_key_eq(&r->key, key) ? r : NULL;
@@ -133,7 +142,7 @@ static __always_inline int replay_keep(struct __sk_buff *skb, struct http_scratc
         number = __sync_fetch_and_add(&replay_next, 1);
         t->replay = number + 1;
     }
-    __u32 idx = number & replay_mask;
+    __u32 idx = number & replay_mask();
     struct replay_slot *r = bpf_map_lookup_elem(&request_replay, &idx);
     if (!r)
         return 0;
@@ -182,7 +191,7 @@ static __always_inline struct replay_slot *replay_trigger(struct __sk_buff *skb,
     /* A replay is a copy: within the node-wide budget (refusals counted there). */
     if (!set->replay_ifindex || !set->mirror_ifindex || !budget_admit(r->len))
         return r;
-    s->replay_arm = ((t->replay - 1) & replay_mask) + 1;
+    s->replay_arm = ((t->replay - 1) & replay_mask()) + 1;
     if (bpf_clone_redirect(skb, set->replay_ifindex, 0))
         cnt->v[STAT_REPLAY_FAILED]++;
     /* Still armed: no replay program ran (the clone went out unchanged). */
@@ -259,7 +268,7 @@ __noinline int replay_reshape(struct __sk_buff *skb)
     if (r->wire_len > len && replay_fix_length(skb, r, len))
         goto fail;
     cnt->v[STAT_REPLAYED]++;
-    __u32 flags = mirror_clone_flags & BPF_F_INGRESS;
+    __u32 flags = mirror_deliver & BPF_F_INGRESS;
     /* Copies are transmitted by this interface: so is the replay, from here. */
     if (set->mirror_ifindex == skb->ifindex && !flags)
         return TC_ACT_UNSPEC;

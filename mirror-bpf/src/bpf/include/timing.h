@@ -89,10 +89,10 @@ __noinline int timing_take(const struct flow_key *key)
     struct flow_timing *t = NULL;
     __u32 slot = 0;
 
-    if (!key || !init || !timing_slots)
+    if (!key || !init || !flows_max)
         return 0;
     for (int i = 0; i < TIMING_SECOND_CHANCES; i++) {
-        slot = __sync_fetch_and_add(&timing_next, 1) % timing_slots;
+        slot = __sync_fetch_and_add(&timing_next, 1) % flows_max;
         t = bpf_map_lookup_elem(&flow_timing, &slot);
         if (!t)
             return 0;
