@@ -61,13 +61,14 @@ impl MapSpec {
 }
 
 /// The maps `flows.max` sizes, the one `flows.marks_max` sizes, the one
-/// `mirror.replay_requests` sizes (as the data path's loader sets them), and the event ring
-/// (which the agent leaves at its default size); every other map keeps the size its object
-/// declares.
+/// `mirror.replay_requests` sizes (as the data path's loader sets them), the event ring
+/// (which the agent leaves at its default size) and the flow cache (its declared slots for
+/// each possible CPU); every other map keeps the size its object declares.
 const FLOW_MAPS: [&str; 4] = ["flow_table", "flow_timing", "flow_timing_index", "flow_nat"];
 const MARK_MAP: &str = "mirror_marks";
 const REPLAY_MAP: &str = "request_replay";
 const EVENTS_MAP: &str = "events";
+const CACHE_MAP: &str = "flow_cache";
 
 /// What the classifier's object declares, read once (opened, not loaded: no privilege
 /// needed).
@@ -127,8 +128,11 @@ impl TableMemory {
             } else if spec.name == REPLAY_MAP {
                 m.replay += spec.bytes(replay.max(1), cpus);
             } else {
-                let entries =
-                    if spec.name == EVENTS_MAP { DatapathOptions::RINGBUF_BYTES } else { spec.entries };
+                let entries = match spec.name.as_str() {
+                    EVENTS_MAP => DatapathOptions::RINGBUF_BYTES,
+                    CACHE_MAP => spec.entries * cpus,
+                    _ => spec.entries,
+                };
                 let b = spec.bytes(entries, cpus);
                 m.fixed += b;
                 if b > m.largest_fixed.1 {
@@ -305,8 +309,9 @@ mod tests {
         // One slot of 696 bytes per flow whose request is kept.
         assert_eq!(m.replay, 4096 * 696);
         // The other maps: 35,013,728 bytes as the kernel counted them (bpftool's memlock) on 2
-        // CPUs when written; the per-CPU latency histograms are the largest and grow with CPUs.
-        let kernel = 35_013_728f64;
+        // CPUs when written, before the flow cache (2 CPUs x 4,096 slots x 128 bytes) joined
+        // them; the per-CPU latency histograms are the largest and grow with CPUs.
+        let kernel = 35_013_728f64 + f64::from(2 * 4096 * 128);
         assert!((m.fixed as f64 - kernel).abs() < kernel * 0.05, "{m:?}");
         assert_eq!(m.largest_fixed.0, "latency_hists");
         let big = TableMemory::of(65_536, 16_384, 4096, 64);
