@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod capture;
 pub mod client;
+pub mod containerd;
 pub mod flood;
 pub mod footprint;
 pub mod http_stream;
