@@ -190,6 +190,13 @@ impl SharedMount {
 
 impl Drop for SharedMount {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-R").arg(&self.0).status();
+        // A container just removed may hold it a moment longer (busy): retry a while.
+        let unmounted = crate::proc::wait_until(Duration::from_secs(5), || {
+            let _ = Command::new("umount").arg("-R").arg(&self.0).output();
+            !Command::new("mountpoint").arg("-q").arg(&self.0).status().is_ok_and(|s| s.success())
+        });
+        if !unmounted {
+            eprintln!("{} is still mounted", self.0.display());
+        }
     }
 }
