@@ -65,8 +65,7 @@ const TOOLS: [&str; 6] = ["containerd", "containerd-shim-runc-v2", "ctr", "crict
 #[track_caller]
 pub fn available() -> bool {
     let on_path = |t: &str| {
-        std::env::var_os("PATH")
-            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(t).is_file()))
+        std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(t).is_file()))
     };
     let mut missing: Vec<String> = TOOLS.iter().filter(|t| !on_path(t)).map(|t| t.to_string()).collect();
     for plugin in ["bridge", "host-local", "loopback"] {
@@ -78,7 +77,10 @@ pub fn available() -> bool {
         return true;
     }
     let here = std::panic::Location::caller();
-    assert!(!in_ci(), "{here}: a real node needs {missing:?} (scripts/install-deps.sh), and CI=true forbids skipping");
+    assert!(
+        !in_ci(),
+        "{here}: a real node needs {missing:?} (scripts/install-deps.sh), and CI=true forbids skipping"
+    );
     eprintln!("NOT RUN ({here}): a real node needs {missing:?} (scripts/install-deps.sh)");
     false
 }
@@ -87,7 +89,8 @@ pub fn available() -> bool {
 /// `$MIRROR_IMAGE_CACHE` or /var/cache/mirror-agent): the base image first
 /// (`scripts/base-image.sh`), then `sleep infinity` as its entrypoint.
 pub fn pause_archive() -> PathBuf {
-    let cache = std::env::var_os("MIRROR_IMAGE_CACHE").map_or_else(|| "/var/cache/mirror-agent".into(), PathBuf::from);
+    let cache = std::env::var_os("MIRROR_IMAGE_CACHE")
+        .map_or_else(|| "/var/cache/mirror-agent".into(), PathBuf::from);
     std::fs::create_dir_all(&cache).unwrap_or_else(|e| panic!("creating {}: {e}", cache.display()));
     let archive = cache.join("pause-bookworm.oci.tar");
     let lock = std::fs::File::create(cache.join("pause.lock")).expect("creating the pause image's lock");
@@ -105,7 +108,9 @@ pub fn pause_archive() -> PathBuf {
     run_ok(podman::podman().args(["build", "-q", "-t", PAUSE_IMAGE, "-f"]).arg(&file).arg(ctx.path()));
     let partial = cache.join("pause-bookworm.oci.tar.partial");
     let _ = std::fs::remove_file(&partial);
-    run_ok(podman::podman().args(["save", "-q", "--format", "oci-archive", "-o"]).arg(&partial).arg(PAUSE_IMAGE));
+    run_ok(
+        podman::podman().args(["save", "-q", "--format", "oci-archive", "-o"]).arg(&partial).arg(PAUSE_IMAGE),
+    );
     std::fs::rename(&partial, &archive).expect("keeping the pause image");
     eprintln!("pause image {PAUSE_IMAGE} made in {:.1} s: {}", t.elapsed().as_secs_f64(), archive.display());
     archive
@@ -367,7 +372,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             .unwrap_or_else(|| panic!("no network namespace in {status}"))
             .to_string();
         self.live.borrow_mut().push((id.clone(), netns_path.clone()));
-        let ns = Netns::existing(Path::new(&netns_path).file_name().and_then(|f| f.to_str()).expect("a name"));
+        let ns =
+            Netns::existing(Path::new(&netns_path).file_name().and_then(|f| f.to_str()).expect("a name"));
         let ip = |v: &Value| v["ip"].as_str().and_then(|s| s.parse::<std::net::IpAddr>().ok());
         let net = &status["status"]["network"];
         let ips: Vec<std::net::IpAddr> = std::iter::once(&net)
@@ -386,7 +392,12 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         let (Some(v4), Some(v6)) = (v4, v6) else { panic!("not dual-stack: {net}") };
         let pause_pid = status["info"]["pid"].as_u64().expect("the pause process") as u32;
         let veth = self.host_veth(&ns);
-        CriPod { id, spec: spec.clone(), pod: Pod::new(&spec.name, ns, &veth, v4, v6, GATEWAY4, GATEWAY6), pause_pid }
+        CriPod {
+            id,
+            spec: spec.clone(),
+            pod: Pod::new(&spec.name, ns, &veth, v4, v6, GATEWAY4, GATEWAY6),
+            pause_pid,
+        }
     }
 
     /// The node-side end of the veth whose other end is the pod's `eth0`.
@@ -446,7 +457,10 @@ impl Drop for CriNode {
         for m in std::iter::once(root.to_path_buf()).chain(mounts) {
             let top = m.join(&self.cgroup_top);
             if top.is_dir() {
-                let _ = Command::new("find").arg(&top).args(["-depth", "-type", "d", "-exec", "rmdir", "{}", "+"]).status();
+                let _ = Command::new("find")
+                    .arg(&top)
+                    .args(["-depth", "-type", "d", "-exec", "rmdir", "{}", "+"])
+                    .status();
                 if top.exists() {
                     eprintln!("removing cgroup {}: not empty", top.display());
                 }

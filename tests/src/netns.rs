@@ -171,7 +171,15 @@ pub struct Pod {
 impl Pod {
     /// A pod whose namespace and link something else set up (a CNI plugin): `veth` in the
     /// node, `eth0` with these addresses in `ns`, the node's addresses on the link.
-    pub fn new(role: &str, ns: Netns, veth: &str, v4: Ipv4Addr, v6: Ipv6Addr, gw4: Ipv4Addr, gw6: Ipv6Addr) -> Pod {
+    pub fn new(
+        role: &str,
+        ns: Netns,
+        veth: &str,
+        v4: Ipv4Addr,
+        v6: Ipv6Addr,
+        gw4: Ipv4Addr,
+        gw6: Ipv6Addr,
+    ) -> Pod {
         Pod { ns, veth: veth.to_string(), v4, v6, gw4, gw6, role: role.to_string() }
     }
 

@@ -94,7 +94,9 @@ fn wait_named(env: &AgentEnv, want: &[&CriPod]) -> Vec<Value> {
     let named = wait_until(NAMED, || {
         listed = pods(env);
         want.iter().all(|p| {
-            listed.iter().any(|v| v["interface"] == p.pod.veth.as_str() && v["sandbox"] == p.id.as_str() && v["source"] == "cri")
+            listed.iter().any(|v| {
+                v["interface"] == p.pod.veth.as_str() && v["sandbox"] == p.id.as_str() && v["source"] == "cri"
+            })
         })
     });
     assert!(named, "not named from the runtime within {NAMED:?}: {listed:#?}");
@@ -123,7 +125,8 @@ fn assert_pod(listed: &[Value], p: &CriPod, want_labels: &[(&str, &str)]) {
     assert_eq!(v["labels"], serde_json::to_value(labels(want_labels)).unwrap(), "{v:#}");
     assert_eq!(v["netns"], p.pod.ns.name(), "{v:#}");
     assert_eq!(v["peer"], "eth0", "{v:#}");
-    let addrs: Vec<&str> = v["addresses"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    let addrs: Vec<&str> =
+        v["addresses"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
     for a in [p.pod.v4.to_string(), p.pod.v6.to_string()] {
         assert!(addrs.contains(&a.as_str()), "{a} not in {v:#}");
     }
@@ -191,11 +194,16 @@ fn containerd_pods_are_attached_named_and_mirrored_as_they_come_and_go() {
     assert_pod(&listed, &client, &[("app", "curl")]);
     let table = env.ctl_ok(&["pods"]);
     assert!(
-        table.lines().any(|l| l.starts_with(&server.pod.veth) && l.contains("web-0") && l.contains("app=web,team=shop")),
+        table.lines().any(|l| l.starts_with(&server.pod.veth)
+            && l.contains("web-0")
+            && l.contains("app=web,team=shop")),
         "{table}"
     );
     let log = agent.output();
-    assert!(log.contains("pod identity: asking the container runtime (CRI)") && log.contains("containerd"), "{log}");
+    assert!(
+        log.contains("pod identity: asking the container runtime (CRI)") && log.contains("containerd"),
+        "{log}"
+    );
 
     // A 500, mirrored exactly once from the trigger on; a capture names the pods.
     let _nginx = Server::nginx(&server.pod, HTTP, env.dir());
@@ -249,7 +257,10 @@ fn containerd_pods_are_attached_named_and_mirrored_as_they_come_and_go() {
         named,
         BTreeMap::from([
             ("curl-0/tools".to_string(), serde_json::to_value(labels(&[("app", "curl")])).unwrap()),
-            ("web-0/shop".to_string(), serde_json::to_value(labels(&[("app", "web"), ("team", "shop")])).unwrap()),
+            (
+                "web-0/shop".to_string(),
+                serde_json::to_value(labels(&[("app", "web"), ("team", "shop")])).unwrap()
+            ),
         ]),
         "{f:#}"
     );
@@ -296,7 +307,9 @@ fn containerd_pods_are_attached_named_and_mirrored_as_they_come_and_go() {
     let expected = Expected::from_reference(&rec.reference, |status, _| status == 500);
     expected.assert_mirror(&rec.mirror);
     assert_eq!(expected.triggered.len(), 1, "{:?}", expected.triggered);
-    let forgotten = wait_until(ATTACH, || !attached(&env).contains(&gone) && !pods(&env).iter().any(|p| p["interface"] == gone.as_str()));
+    let forgotten = wait_until(ATTACH, || {
+        !attached(&env).contains(&gone) && !pods(&env).iter().any(|p| p["interface"] == gone.as_str())
+    });
     assert!(forgotten, "{gone} not forgotten: {:?} {:#?}", attached(&env), pods(&env));
 
     // The pod made again (a StatefulSet's): a new sandbox, UID, veth and address, named anew.
@@ -354,7 +367,8 @@ fn the_agent_killed_while_pods_change_adopts_the_data_path_and_catches_up() {
         let mut session = Session::open(&client.pod.ns, target, HTTP);
         let (code, port) = session.get("/bar");
         assert_eq!(code, 500);
-        let mut same_connection = |path: &str, want: u16| assert_eq!(session.get(path), (want, port), "{path}");
+        let mut same_connection =
+            |path: &str, want: u16| assert_eq!(session.get(path), (want, port), "{path}");
 
         // SIGKILL: the data path stays pinned and attached, and mirrors.
         agent.kill();
@@ -379,7 +393,10 @@ fn the_agent_killed_while_pods_change_adopts_the_data_path_and_catches_up() {
         }
         let listed = wait_named(&env, &[&server, &client, &new]);
         assert_pod(&listed, &new, &[("app", "job")]);
-        assert!(!listed.iter().any(|p| p["interface"] == old_veth.as_str() || p["name"] == "job-0"), "{listed:#?}");
+        assert!(
+            !listed.iter().any(|p| p["interface"] == old_veth.as_str() || p["name"] == "job-0"),
+            "{listed:#?}"
+        );
         same_connection("/foo", 200);
         assert_eq!(client::get_keepalive(&client.pod.ns, &[url(target, HTTP, "/bar")]), [500]);
         last = Some((agent, new));
@@ -429,7 +446,11 @@ fn a_cluster_ip_in_front_of_the_pods_is_one_flow_named_on_both_sides() {
         .arg(url(vip, SERVICE_PORT, "/foo"))
         .output()
         .expect("running curl");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "000", "the ClusterIP answered without bridge-nf-call-iptables");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "000",
+        "the ClusterIP answered without bridge-nf-call-iptables"
+    );
     node.node.sh("sysctl -qw net.bridge.bridge-nf-call-iptables=1 && conntrack -F 2>/dev/null || true");
 
     let agent = env.start(&[]);
@@ -467,7 +488,13 @@ fn a_cluster_ip_in_front_of_the_pods_is_one_flow_named_on_both_sides() {
     let ev = events(&env);
     let [e] = ev.as_slice() else { panic!("one event expected: {ev:#?}") };
     assert_eq!(
-        (&e["pod"], &e["nat"], &e["client_side"]["server"], &e["server_side"]["server"], &e["server_side"]["client"]),
+        (
+            &e["pod"],
+            &e["nat"],
+            &e["client_side"]["server"],
+            &e["server_side"]["server"],
+            &e["server_side"]["client"]
+        ),
         (
             &Value::from("web-0/shop"),
             &Value::from(true),
@@ -483,8 +510,9 @@ fn a_cluster_ip_in_front_of_the_pods_is_one_flow_named_on_both_sides() {
         .iter()
         .filter(|f| {
             let ends = [&f["lo"], &f["hi"], &f["nat"]["lo"], &f["nat"]["hi"]];
-            ends.iter().any(|e| **e == client_side.1.to_string().as_str() || **e == server_side.0.to_string().as_str())
-                && ends.iter().any(|e| **e == client_side.0.to_string().as_str())
+            ends.iter().any(|e| {
+                **e == client_side.1.to_string().as_str() || **e == server_side.0.to_string().as_str()
+            }) && ends.iter().any(|e| **e == client_side.0.to_string().as_str())
         })
         .collect();
     let [f] = listed.as_slice() else { panic!("the connection listed {} times: {all:#?}", listed.len()) };
@@ -494,7 +522,9 @@ fn a_cluster_ip_in_front_of_the_pods_is_one_flow_named_on_both_sides() {
         .as_array()
         .into_iter()
         .flatten()
-        .map(|p| (p["endpoint"].as_str().unwrap_or_default().into(), p["pod"].as_str().unwrap_or_default().into()))
+        .map(|p| {
+            (p["endpoint"].as_str().unwrap_or_default().into(), p["pod"].as_str().unwrap_or_default().into())
+        })
         .collect();
     assert_eq!(named.get(&client_side.0.to_string()).map(String::as_str), Some("curl-0/tools"), "{f:#}");
     assert_eq!(named.get(&server_side.0.to_string()).map(String::as_str), Some("web-0/shop"), "{f:#}");
@@ -540,15 +570,22 @@ fn the_daemonset_agent_names_containerd_pods_through_the_nodes_run() {
     };
     Container::run_to_end(&m.podman_args("mount-bpffs", &kube_node));
     let _nginx = Server::nginx(&server.pod, HTTP, dir.path());
-    let agent = Container::start(&format!("mirror-e2e-{}-node", std::process::id()), &m.podman_args("agent", &kube_node));
+    let agent = Container::start(
+        &format!("mirror-e2e-{}-node", std::process::id()),
+        &m.podman_args("agent", &kube_node),
+    );
     let socket = run.join("api.sock");
-    let serving = wait_until(Duration::from_secs(30), || std::os::unix::net::UnixStream::connect(&socket).is_ok());
+    let serving =
+        wait_until(Duration::from_secs(30), || std::os::unix::net::UnixStream::connect(&socket).is_ok());
     assert!(serving, "the agent did not serve: {}", agent.logs());
 
     let mut listed = Vec::new();
     let named = wait_until(NAMED, || {
         let out = agent.exec(&["mirrorctl", "-o", "json", "pods"]);
-        listed = serde_json::from_slice::<Value>(&out.stdout).ok().and_then(|v| v.as_array().cloned()).unwrap_or_default();
+        listed = serde_json::from_slice::<Value>(&out.stdout)
+            .ok()
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default();
         [&server, &client].iter().all(|p| {
             listed.iter().any(|v| {
                 v["interface"] == p.pod.veth.as_str()
@@ -575,12 +612,23 @@ fn the_daemonset_agent_names_containerd_pods_through_the_nodes_run() {
     assert_eq!(client::get_keepalive(&client.pod.ns, &[url(target, HTTP, "/bar")]), [500]);
     let mut ev = Vec::new();
     let seen = wait_until(Duration::from_secs(5), || {
-        ev = json(&agent.exec_ok(&["mirrorctl", "-o", "json", "events"])).as_array().cloned().unwrap_or_default();
+        ev = json(&agent.exec_ok(&["mirrorctl", "-o", "json", "events"]))
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         !ev.is_empty()
     });
     assert!(seen, "no event: {}", agent.logs());
-    assert_eq!((&ev[0]["pod"], &ev[0]["labels"]["app"]), (&Value::from("web-0/shop"), &Value::from("web")), "{ev:#?}");
+    assert_eq!(
+        (&ev[0]["pod"], &ev[0]["labels"]["app"]),
+        (&Value::from("web-0/shop"), &Value::from("web")),
+        "{ev:#?}"
+    );
     let (code, log) = agent.stop(Duration::from_secs(30));
     assert_eq!(code, 0, "{log}");
-    eprintln!("DaemonSet on the node: {:.1} s (image built in {:.1} s)", t0.elapsed().as_secs_f64(), built.build_s);
+    eprintln!(
+        "DaemonSet on the node: {:.1} s (image built in {:.1} s)",
+        t0.elapsed().as_secs_f64(),
+        built.build_s
+    );
 }
