@@ -124,6 +124,12 @@ fn assert_pod(listed: &[Value], p: &CriPod, want_labels: &[(&str, &str)]) {
     );
     assert_eq!(v["labels"], serde_json::to_value(labels(want_labels)).unwrap(), "{v:#}");
     assert_eq!(v["netns"], p.pod.ns.name(), "{v:#}");
+    // What /proc tells stays: the pause process, its container (the sandbox's) from its cgroup.
+    assert_eq!(
+        (&v["pid"], &v["container"]),
+        (&Value::from(p.pause_pid), &Value::from(p.id.as_str())),
+        "{v:#}"
+    );
     assert_eq!(v["peer"], "eth0", "{v:#}");
     let addrs: Vec<&str> =
         v["addresses"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
