@@ -437,6 +437,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 
 impl Drop for CriNode {
     fn drop(&mut self) {
+        let t = Instant::now();
         let live: Vec<(String, String)> = self.live.borrow().clone();
         for (id, netns) in &live {
             let ok = [["stopp", id], ["rmp", id]].iter().all(|a| self.crictl(a).status.success());
@@ -470,5 +471,6 @@ impl Drop for CriNode {
             // Only when empty: another runtime may have put something there meanwhile.
             let _ = std::fs::remove_dir(d);
         }
+        eprintln!("node removed in {:.1} s", t.elapsed().as_secs_f64());
     }
 }

@@ -44,9 +44,30 @@ const METRICS: &str = "127.0.0.1:9464";
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// One test at a time (a failed one does not stop the others).
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+/// One test's node, started once the tests before it have ended (a failed one does not stop
+/// the others).
+struct Bed {
+    node: CriNode,
+    t0: Instant,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Bed {
+    /// `None` where the test cannot run (it fails instead in CI).
+    #[track_caller]
+    fn start() -> Option<Bed> {
+        if !require_root() || !containerd::available() {
+            return None;
+        }
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let t0 = Instant::now();
+        Some(Bed { node: CriNode::start(), t0, _serial: serial })
+    }
+
+    /// Says how long the test took.
+    fn done(&self, what: &str) {
+        eprintln!("{what}: {:.1} s", self.t0.elapsed().as_secs_f64());
+    }
 }
 
 fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -176,13 +197,9 @@ fn interface_names(file: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn containerd_pods_are_attached_named_and_mirrored_as_they_come_and_go() {
-    if !require_root() || !containerd::available() {
-        return;
-    }
-    let _serial = serial();
-    let t0 = Instant::now();
-    let node = CriNode::start();
-    let env = agent_env(&node);
+    let Some(bed) = Bed::start() else { return };
+    let node = &bed.node;
+    let env = agent_env(node);
     let agent = env.start(&[]);
     let _inside = node.node.enter();
 
@@ -342,18 +359,14 @@ fn containerd_pods_are_attached_named_and_mirrored_as_they_come_and_go() {
     assert_eq!(st["counters"]["mirror_errors"], 0, "{st:#}");
     let log = agent.terminate();
     assert!(!log.contains("panicked"), "{log}");
-    eprintln!("containerd pods test: {:.1} s", t0.elapsed().as_secs_f64());
+    bed.done("containerd's pods");
 }
 
 #[test]
 fn the_agent_killed_while_pods_change_adopts_the_data_path_and_catches_up() {
-    if !require_root() || !containerd::available() {
-        return;
-    }
-    let _serial = serial();
-    let t0 = Instant::now();
-    let node = CriNode::start();
-    let env = agent_env(&node);
+    let Some(bed) = Bed::start() else { return };
+    let node = &bed.node;
+    let env = agent_env(node);
     let _inside = node.node.enter();
     let server = node.run_pod(&web(1));
     let client = node.run_pod(&curl());
@@ -422,18 +435,14 @@ fn the_agent_killed_while_pods_change_adopts_the_data_path_and_catches_up() {
     assert!(ev.iter().any(|e| e["pod"] == "web-0/shop" && e["status"] == 500), "{ev:#?}");
     let (agent, _new) = last.expect("the second agent");
     agent.terminate();
-    eprintln!("restart test: {:.1} s", t0.elapsed().as_secs_f64());
+    bed.done("the agent killed while pods change");
 }
 
 #[test]
 fn a_cluster_ip_in_front_of_the_pods_is_one_flow_named_on_both_sides() {
-    if !require_root() || !containerd::available() {
-        return;
-    }
-    let _serial = serial();
-    let t0 = Instant::now();
-    let node = CriNode::start();
-    let env = agent_env(&node);
+    let Some(bed) = Bed::start() else { return };
+    let node = &bed.node;
+    let env = agent_env(node);
     let server = node.run_pod(&web(1));
     let client = node.run_pod(&curl());
     let _nginx = Server::nginx(&server.pod, HTTP, env.dir());
@@ -535,7 +544,7 @@ fn a_cluster_ip_in_front_of_the_pods_is_one_flow_named_on_both_sides() {
     assert_eq!(named.get(&client_side.0.to_string()).map(String::as_str), Some("curl-0/tools"), "{f:#}");
     assert_eq!(named.get(&server_side.0.to_string()).map(String::as_str), Some("web-0/shop"), "{f:#}");
     agent.terminate();
-    eprintln!("ClusterIP test: {:.1} s", t0.elapsed().as_secs_f64());
+    bed.done("a ClusterIP");
 }
 
 /// The DaemonSet's pod spec run with podman on the node, as `tests/tests/image.rs` runs it: the
@@ -544,15 +553,11 @@ fn a_cluster_ip_in_front_of_the_pods_is_one_flow_named_on_both_sides() {
 /// at `/host/run`) and names the pods from it.
 #[test]
 fn the_daemonset_agent_names_containerd_pods_through_the_nodes_run() {
-    if !require_root() || !containerd::available() {
-        return;
-    }
-    let _serial = serial();
-    let t0 = Instant::now();
+    let Some(bed) = Bed::start() else { return };
+    let node = &bed.node;
     let m = Manifests::load();
     let bins = Binaries::locate().expect("the binaries");
     let built = build_prebuilt(&bins, &m.image("mirror-agent"));
-    let node = CriNode::start();
     let server = node.run_pod(&web(1));
     let client = node.run_pod(&curl());
     let dir = tempfile::Builder::new().prefix("mirror-ds").tempdir().expect("a temp dir");
@@ -632,9 +637,6 @@ fn the_daemonset_agent_names_containerd_pods_through_the_nodes_run() {
     );
     let (code, log) = agent.stop(Duration::from_secs(30));
     assert_eq!(code, 0, "{log}");
-    eprintln!(
-        "DaemonSet on the node: {:.1} s (image built in {:.1} s)",
-        t0.elapsed().as_secs_f64(),
-        built.build_s
-    );
+    eprintln!("image built in {:.1} s", built.build_s);
+    bed.done("the DaemonSet's agent");
 }
