@@ -56,7 +56,7 @@ const STARTUP: Duration = Duration::from_secs(30);
 /// The host directories containerd and libcni create outside the node's root.
 const HOST_DIRS: [&str; 4] = ["/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni"];
 
-/// The tools a node needs, as (what, path or command).
+/// The commands a node needs on the PATH.
 const TOOLS: [&str; 6] = ["containerd", "containerd-shim-runc-v2", "ctr", "crictl", "runc", "podman"];
 
 /// Whether this machine has what a node needs (containerd, crictl, runc, podman, the CNI
