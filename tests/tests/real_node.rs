@@ -159,11 +159,6 @@ fn assert_pod(listed: &[Value], p: &CriPod, want_labels: &[(&str, &str)]) {
     }
 }
 
-/// The veths the agent reports attached.
-fn attached(env: &AgentEnv) -> Vec<String> {
-    env.attached()
-}
-
 /// Asserts that the classifier is on both hooks of `veth` once (the calling thread in the node).
 #[track_caller]
 fn hooked_once(veth: &str) {
@@ -331,9 +326,9 @@ fn containerd_pods_are_attached_named_and_mirrored_as_they_come_and_go() {
     expected.assert_mirror(&rec.mirror);
     assert_eq!(expected.triggered.len(), 1, "{:?}", expected.triggered);
     let forgotten = wait_until(ATTACH, || {
-        !attached(&env).contains(&gone) && !pods(&env).iter().any(|p| p["interface"] == gone.as_str())
+        !env.attached().contains(&gone) && !pods(&env).iter().any(|p| p["interface"] == gone.as_str())
     });
-    assert!(forgotten, "{gone} not forgotten: {:?} {:#?}", attached(&env), pods(&env));
+    assert!(forgotten, "{gone} not forgotten: {:?} {:#?}", env.attached(), pods(&env));
 
     // The pod made again (a StatefulSet's): a new sandbox, UID, veth and address, named anew.
     let again = node.run_pod(&web(3));
@@ -402,7 +397,7 @@ fn the_agent_killed_while_pods_change_adopts_the_data_path_and_catches_up() {
         agent.wait_attached(&live.map(String::as_str), ATTACH);
         let st = env.status();
         assert_eq!(st["adopted"], true, "{st:#}\n{}", agent.output());
-        let mut now = attached(&env);
+        let mut now = env.attached();
         now.sort();
         let mut want: Vec<String> = live.iter().map(|v| v.to_string()).collect();
         want.sort();
