@@ -4,7 +4,8 @@
 # nftables, conntrack, tcpdump, tshark, tmux, curl, nginx, python3, iperf3, wrk, sockperf;
 # Python's Prometheus parser and the reference Community ID hashing), the Go toolchain and
 # Node.js for the accuracy test's server stacks (when no go/node is found already), podman, runc
-# and debootstrap for the image, kubernetes-validate for the manifests, and Rust. Idempotent:
+# and debootstrap for the image, kubernetes-validate for the manifests, containerd, the CNI
+# plugins and crictl (built from its Go module) for the real node's tests, and Rust. Idempotent:
 # only what is missing is installed. Run as root.
 set -euo pipefail
 
@@ -21,6 +22,7 @@ PACKAGES=(
     procps psmisc util-linux coreutils git                         # sysctl, taskset, nsenter, timeout
     podman runc debootstrap binutils                               # the image: base, build, run (tests/tests/image.rs)
     python3-venv                                                   # kubernetes-validate (tests/tests/manifests.rs)
+    containerd containernetworking-plugins                         # the real node (tests/tests/real_node.rs)
 )
 
 # The accuracy test builds a Go net/http server and runs a Node http one (it fails without them
@@ -61,6 +63,18 @@ if [ ! -x "$KV/bin/kubernetes-validate" ]; then
     echo "installing kubernetes-validate into $KV"
     /usr/bin/python3 -m venv "$KV"
     "$KV/bin/pip" install -q kubernetes-validate
+fi
+
+# crictl, the kubelet's view of the CRI, which the real node's tests drive containerd with: no
+# Debian package has it, so it is built once from its Go module (a minute or two) into
+# /usr/local/bin. The version is pinned; cri-tools needs Go 1.24 or later.
+CRICTL_VERSION=v1.34.0
+if ! crictl --version 2>/dev/null | grep -qx "crictl version $CRICTL_VERSION"; then
+    GO="$(command -v go || echo /usr/local/go/bin/go)"
+    echo "building crictl $CRICTL_VERSION (sigs.k8s.io/cri-tools) into /usr/local/bin"
+    GOBIN=/usr/local/bin GOFLAGS=-mod=mod "$GO" install \
+        -ldflags "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" \
+        "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
 fi
 
 # The kernel must expose BTF for CO-RE.

@@ -1,11 +1,11 @@
-//! Pod identity from the container runtime's CRI socket: a fake runtime (a tonic server of
-//! `runtime.v1.RuntimeService` on a Unix socket) lists sandboxes that match namespaces and
-//! processes set up as containers are; the agent names the veths' pods after them, with the
-//! configured labels, in `mirrorctl pods`, flows, events and metrics. Each way of matching a
-//! sandbox to the veth's peer is used once: the pause process's namespace, the namespace's
-//! path, the pod's address; a sandbox on the node's network never names a veth. A runtime that
-//! is absent, never answers, or stops answering leaves the pods named from `/proc` within the
-//! configured timeout.
+//! Pod identity when the container runtime's CRI socket fails, with a fake runtime (a tonic
+//! server of `runtime.v1.RuntimeService` on a Unix socket) that can be made absent, silent or
+//! hung, and counted: a runtime that is absent, never answers, or stops answering leaves the
+//! pods named from `/proc` within the configured timeout; the client asks each sandbox's status
+//! once and the list at most once a second. (A real runtime, containerd, names the pods in
+//! tests/tests/real_node.rs.) The fake's sandboxes match namespaces and processes set up as
+//! containers are, each way of matching once: the pause process's namespace, the namespace's
+//! path, the pod's address; a sandbox on the node's network never names a veth.
 
 mod common;
 mod fake_cri;
@@ -15,17 +15,14 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use mirror_agent::pods::{cri::Cri, resolve};
-use mirror_agent::views::{EventView, PodView};
+use mirror_agent::views::PodView;
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
-use mirror_e2e::client::{self, url};
 use mirror_e2e::kubelet::{plug, pod_uid, PodProcess, PodSpec};
 use mirror_e2e::netns::{Netns, Topology};
 use mirror_e2e::proc::wait_until;
-use mirror_e2e::scenario::HTTP;
-use mirror_e2e::servers::Server;
 
-use common::{add_rule, bins, find, flows, json, pods, ATTACH, METRICS};
+use common::{bins, find, pods, ATTACH};
 use fake_cri::{FakeCri, FakeSandbox, Silent};
 
 /// The labels the agent is told to show.
@@ -85,8 +82,11 @@ fn sandboxes(topo: &Topology, server_pid: u32) -> Vec<FakeSandbox> {
     ]
 }
 
+/// A runtime that answered, then stops: the pods it named are named from `/proc` again, and a
+/// pod that appears meanwhile is named from `/proc` within the timeout. (Naming from a real
+/// runtime, with labels, in pods, flows, events, captures and metrics: tests/tests/real_node.rs.)
 #[test]
-fn the_runtime_names_the_pods_with_their_labels() {
+fn a_runtime_that_stops_answering_leaves_the_pods_to_proc() {
     if !require_root() {
         return;
     }
@@ -101,116 +101,26 @@ fn the_runtime_names_the_pods_with_their_labels() {
             ..PodSpec::default()
         },
     );
-    let _other_proc = PodProcess::start(
-        &topo.pod("other").ns,
-        &PodSpec {
-            env_name: Some("other-0".into()),
-            env_namespace: Some("batch".into()),
-            uid: pod_uid(12),
-            ..PodSpec::default()
-        },
-    );
     let dir = tempfile::tempdir().expect("a temp dir");
     let fake = FakeCri::start(&dir.path().join("cri.sock"), sandboxes(&topo, server_proc.pid()));
     let absent = dir.path().join("absent.sock");
-    let cfg = AgentConfig {
-        metrics: METRICS.into(),
-        extra: pods_section(&[&absent, &fake.socket], "1s"),
-        ..AgentConfig::default()
-    };
+    let cfg = AgentConfig { extra: pods_section(&[&absent, &fake.socket], "1s"), ..AgentConfig::default() };
     let env = AgentEnv::new(&bins(), &topo.node, &cfg);
-    let _nginx = Server::nginx(topo.pod("server"), HTTP, env.dir());
     let agent = env.start(&[]);
-    let veths = ["vethclient", "vethserver", "vethbare", "vethother"];
-    agent.wait_attached(&veths, ATTACH);
+    agent.wait_attached(&["vethclient", "vethserver", "vethbare", "vethother"], ATTACH);
     let mut listed = Vec::new();
     let resolved = wait_until(Duration::from_secs(5), || {
         listed = pods(&env);
-        listed.iter().filter(|p| p.source == "cri").count() == 3 && find(&listed, "vethother").source == "env"
+        listed.iter().filter(|p| p.source == "cri").count() == 3
     });
     assert!(resolved, "{listed:#?}\n{}", agent.output());
-    let log = agent.output();
-    assert!(
-        log.contains("pod identity: asking the container runtime (CRI)") && log.contains("fake-runtime"),
-        "{log}"
-    );
-
     let server = find(&listed, "vethserver");
-    assert_eq!((server.label(), server.source.as_str()), ("web-0/shop".to_string(), "cri"), "{server:?}");
-    assert_eq!(server.uid, Some(pod_uid(11)));
-    assert_eq!(server.sandbox.as_deref(), Some("sb-server"));
-    // Only the configured labels.
-    assert_eq!(server.labels, labels(&[("app", "web"), ("team", "shop")]));
-    // What /proc tells stays: the process and its container.
-    assert_eq!(server.pid, Some(server_proc.pid()));
-    assert_eq!(server.container.as_deref(), Some(server_proc.container.as_str()));
-    let bare = find(&listed, "vethbare");
     assert_eq!(
-        (bare.label(), bare.sandbox.as_deref(), bare.labels.clone()),
-        ("db-0/data".to_string(), Some("sb-bare"), labels(&[("app.kubernetes.io/name", "postgres")]))
+        (server.label(), server.labels.clone()),
+        ("web-0/shop".into(), labels(&[("app", "web"), ("team", "shop")]))
     );
-    let client_pod = find(&listed, "vethclient");
-    assert_eq!(
-        (client_pod.label(), client_pod.labels.clone()),
-        ("curl-0/tools".to_string(), labels(&[("app", "curl")]))
-    );
-    // Not listed by the runtime (and the hostNetwork sandbox with its address is not it).
-    let other = find(&listed, "vethother");
-    assert_eq!(
-        (other.label(), other.source.as_str(), other.labels.is_empty()),
-        ("other-0/batch".to_string(), "env", true)
-    );
-    let table = env.ctl_ok(&["pods"]);
-    assert!(
-        table
-            .lines()
-            .any(|l| l.starts_with("vethserver") && l.contains("web-0") && l.contains("app=web,team=shop")),
-        "{table}"
-    );
-
-    // Events and flows carry the labels.
-    let id = add_rule(&env, "status=500");
-    let server_ip = topo.pod("server").addr(false);
-    let urls = ["/foo", "/bar"].map(|p| url(server_ip, HTTP, p));
-    assert_eq!(client::get_keepalive(&topo.pod("client").ns, &urls), [200, 500]);
-    let mut events: Vec<EventView> = Vec::new();
-    let seen = wait_until(Duration::from_secs(3), || {
-        events = json(&env.ctl_ok(&["-o", "json", "events"]));
-        !events.is_empty()
-    });
-    assert!(seen, "no event");
-    let ev = &events[0];
-    assert_eq!(
-        (ev.pod.as_deref(), ev.labels.clone()),
-        (Some("web-0/shop"), labels(&[("app", "web"), ("team", "shop")]))
-    );
-    let all = flows(&env);
-    let f = all.iter().find(|f| f.rule_id == Some(id)).unwrap_or_else(|| panic!("no mirrored flow: {all:?}"));
-    let by_pod =
-        |pod: &str| f.pods.iter().find(|p| p.pod == pod).unwrap_or_else(|| panic!("{pod} not in {f:?}"));
-    assert_eq!(by_pod("web-0/shop").labels, labels(&[("app", "web"), ("team", "shop")]));
-    assert_eq!(by_pod("curl-0/tools").labels, labels(&[("app", "curl")]));
-
-    // The histograms: one label per configured key, "" where the pod has none.
-    let metrics = topo.node.sh(&format!("curl -sS --max-time 5 http://{METRICS}/metrics"));
-    let line = metrics
-        .lines()
-        .find(|l| {
-            l.starts_with("mirror_http_response_seconds_count{") && l.contains("interface=\"vethserver\"")
-        })
-        .unwrap_or_else(|| panic!("{metrics}"));
-    for want in [
-        "pod=\"web-0/shop\"",
-        "label_app=\"web\"",
-        "label_team=\"shop\"",
-        "label_app_kubernetes_io_name=\"\"",
-    ] {
-        assert!(line.contains(want), "{want} not in {line}");
-    }
-
     // Each sandbox's status was asked once, however often the list was.
     assert_eq!(fake.calls("PodSandboxStatusRequest"), 4, "{:?}", fake.state.lock().unwrap().calls);
-    assert!(fake.calls("ListPodSandboxRequest") >= 1);
 
     // The runtime stops answering; a pod appears: named from /proc within the timeout.
     fake.state.lock().unwrap().hang = true;
@@ -241,7 +151,8 @@ fn the_runtime_names_the_pods_with_their_labels() {
     let log = agent.output();
     assert!(log.contains("the container runtime (CRI) failed; from /proc until it answers"), "{log}");
     // The API answered meanwhile, and the pods the runtime named are named from /proc now.
-    assert_eq!(find(&pods(&env), "vethserver").label(), "from-env/env-ns");
+    let server = find(&pods(&env), "vethserver").clone();
+    assert_eq!((server.label(), server.labels.is_empty()), ("from-env/env-ns".to_string(), true));
     agent.terminate();
 }
 

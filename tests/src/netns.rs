@@ -21,9 +21,10 @@ pub const MIRROR_DEV: &str = "mir0";
 /// Its peer, where the mirror is captured.
 pub const MIRROR_SINK: &str = "mir1";
 
-/// A named network namespace, deleted on drop.
+/// A named network namespace, deleted on drop unless another owns it ([`Netns::existing`]).
 pub struct Netns {
     name: String,
+    owned: bool,
 }
 
 static NEXT_NS: AtomicU32 = AtomicU32::new(0);
@@ -58,8 +59,17 @@ impl Netns {
         REAP.call_once(reap_stale);
         let name = format!("me2e-{}-{}-{role}", std::process::id(), NEXT_NS.fetch_add(1, Ordering::Relaxed));
         sh(&format!("ip netns add {name}"));
-        let ns = Netns { name };
+        let ns = Netns { name, owned: true };
         ns.sh("ip link set lo up && sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0");
+        ns
+    }
+
+    /// A namespace of `/run/netns` that something else made and deletes (a container
+    /// runtime's pod sandbox): used as any other, left alone on drop.
+    #[track_caller]
+    pub fn existing(name: &str) -> Netns {
+        let ns = Netns { name: name.to_string(), owned: false };
+        assert!(Path::new(&ns.path()).exists(), "no network namespace {}", ns.path());
         ns
     }
 
@@ -118,6 +128,9 @@ fn setns(ns: &File) {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let out = Command::new("ip").args(["netns", "del", &self.name]).output();
         if !out.as_ref().is_ok_and(|o| o.status.success()) {
             eprintln!("deleting netns {}: {out:?}", self.name);
@@ -156,6 +169,20 @@ pub struct Pod {
 }
 
 impl Pod {
+    /// A pod whose namespace and link something else set up (a CNI plugin): `veth` in the
+    /// node, `eth0` with these addresses in `ns`, the node's addresses on the link.
+    pub fn new(
+        role: &str,
+        ns: Netns,
+        veth: &str,
+        v4: Ipv4Addr,
+        v6: Ipv6Addr,
+        gw4: Ipv4Addr,
+        gw6: Ipv6Addr,
+    ) -> Pod {
+        Pod { ns, veth: veth.to_string(), v4, v6, gw4, gw6, role: role.to_string() }
+    }
+
     /// Its role.
     pub fn role(&self) -> &str {
         &self.role

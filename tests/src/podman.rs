@@ -33,7 +33,8 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
-fn repo_root() -> PathBuf {
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
@@ -165,5 +166,37 @@ impl Container {
 impl Drop for Container {
     fn drop(&mut self) {
         let _ = podman().args(["rm", "-f", "-t", "10", &self.name]).output();
+    }
+}
+
+/// A directory made a shared mount point of its own, as a node's /sys/fs/bpf is, so that an
+/// init container's bpffs mount (Bidirectional) reaches the host; unmounted on drop.
+pub struct SharedMount(PathBuf);
+
+impl SharedMount {
+    /// Creates `path` and makes it a shared mount point.
+    pub fn new(path: &Path) -> SharedMount {
+        std::fs::create_dir_all(path).expect("creating the bpffs directory");
+        let p = path.display();
+        mirror_bpf::testing::sh(&format!("mount --bind {p} {p} && mount --make-shared {p}"));
+        SharedMount(path.to_path_buf())
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for SharedMount {
+    fn drop(&mut self) {
+        // A container just removed may hold it a moment longer (busy): retry a while.
+        let unmounted = crate::proc::wait_until(Duration::from_secs(5), || {
+            let _ = Command::new("umount").arg("-R").arg(&self.0).output();
+            !Command::new("mountpoint").arg("-q").arg(&self.0).status().is_ok_and(|s| s.success())
+        });
+        if !unmounted {
+            eprintln!("{} is still mounted", self.0.display());
+        }
     }
 }

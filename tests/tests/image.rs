@@ -19,7 +19,7 @@ use mirror_e2e::kube::{Manifests, Node};
 use mirror_e2e::kubelet::{pod_uid, PodProcess, PodSpec};
 use mirror_e2e::netns::Topology;
 use mirror_e2e::oracle::Expected;
-use mirror_e2e::podman::{build_prebuilt, Container};
+use mirror_e2e::podman::{build_prebuilt, Container, SharedMount};
 use mirror_e2e::proc::wait_until;
 use mirror_e2e::scenario::{HTTP, PODS};
 use mirror_e2e::servers::Server;
@@ -31,25 +31,6 @@ const GRACE: Duration = Duration::from_secs(30);
 /// The sink of the ConfigMap (`create: auto`: a veth pair on this kernel) and its peer.
 const SINK: &str = "mirror0";
 const SINK_PEER: &str = "mirror0p";
-
-/// A directory made a shared mount point of its own, as a node's /sys/fs/bpf is, so that the
-/// init container's bpffs mount (Bidirectional) reaches the host; unmounted on drop.
-struct SharedMount(std::path::PathBuf);
-
-impl SharedMount {
-    fn new(path: &std::path::Path) -> SharedMount {
-        std::fs::create_dir_all(path).expect("creating the bpffs directory");
-        let p = path.display();
-        mirror_bpf::testing::sh(&format!("mount --bind {p} {p} && mount --make-shared {p}"));
-        SharedMount(path.to_path_buf())
-    }
-}
-
-impl Drop for SharedMount {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-R").arg(&self.0).status();
-    }
-}
 
 fn fs_type(path: &std::path::Path) -> i64 {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("a path");
@@ -121,7 +102,7 @@ fn the_image_installs_upgrades_and_uninstalls_as_the_daemonset_runs_it() {
     let node_ip = topo.pod("client").gw4.to_string();
     let node = Node {
         host_paths: BTreeMap::from([
-            ("/sys/fs/bpf", bpffs.0.clone()),
+            ("/sys/fs/bpf", bpffs.path().to_path_buf()),
             ("/var/lib/mirror-agent", state.clone()),
             ("/run/mirror-agent", run.clone()),
             // No container runtime here: an empty /run, the pods named from /proc.
@@ -134,9 +115,9 @@ fn the_image_installs_upgrades_and_uninstalls_as_the_daemonset_runs_it() {
     let unique = format!("mirror-e2e-{}", std::process::id());
 
     // The init container mounts a bpffs where the node has none, on the host's side.
-    assert_ne!(fs_type(&bpffs.0), BPF_FS_MAGIC);
+    assert_ne!(fs_type(bpffs.path()), BPF_FS_MAGIC);
     Container::run_to_end(&m.podman_args("mount-bpffs", &node));
-    assert_eq!(fs_type(&bpffs.0), BPF_FS_MAGIC, "the init container's bpffs did not reach the host");
+    assert_eq!(fs_type(bpffs.path()), BPF_FS_MAGIC, "the init container's bpffs did not reach the host");
 
     let _nginx = Server::nginx(topo.pod("server"), HTTP, dir.path());
     let args = m.podman_args("agent", &node);
@@ -238,7 +219,7 @@ fn the_image_installs_upgrades_and_uninstalls_as_the_daemonset_runs_it() {
     assert_eq!(code, 0, "{log}");
     assert!(log.contains("detached everywhere, pins removed"), "{log}");
     assert!(log.contains("mirror sink removed"), "{log}");
-    assert_eq!(pins(&bpffs.0), Vec::<String>::new(), "pins left in the bpffs");
+    assert_eq!(pins(bpffs.path()), Vec::<String>::new(), "pins left in the bpffs");
     let _inside = topo.node.enter();
     for p in PODS {
         let i = ifindex(&format!("veth{p}"));

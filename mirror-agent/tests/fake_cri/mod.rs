@@ -75,7 +75,7 @@ fn list(state: &State) -> api::ListPodSandboxResponse {
             state: api::PodSandboxState::SandboxReady as i32,
             created_at: 1,
             labels: s.labels.iter().cloned().collect(),
-            annotations: HashMap::new(),
+            ..Default::default()
         })
         .collect();
     api::ListPodSandboxResponse { items }
@@ -121,12 +121,14 @@ fn status(
             network: Some(network),
             linux: Some(api::LinuxPodSandboxStatus {
                 namespaces: Some(api::Namespace {
-                    options: Some(api::NamespaceOption { network: mode as i32 }),
+                    options: Some(api::NamespaceOption { network: mode as i32, ..Default::default() }),
                 }),
             }),
             labels: s.labels.iter().cloned().collect(),
+            ..Default::default()
         }),
         info,
+        ..Default::default()
     })
 }
 
