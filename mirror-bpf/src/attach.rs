@@ -41,41 +41,6 @@ pub enum MirrorMethod {
     Mirred,
 }
 
-/// How a copy reaches the mirror interface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MirrorDelivery {
-    /// Transmitted by the interface (`bpf_clone_redirect` without flags, `mirred egress
-    /// mirror`): a capture on it sees the copy going out, one on its veth peer coming in.
-    /// What transmitting costs depends on the interface: a dummy frees the copy, a veth hands
-    /// it to its peer's receive path, an ifb hands it back to the interface it came from.
-    #[default]
-    Egress,
-    /// Received by the interface, as if from the wire (`BPF_F_INGRESS`; the clone method
-    /// only): no transmit path and, for a veth, no crossing to the peer. A capture on it sees
-    /// the copy coming in. The copy is addressed to another host (its Ethernet destination is
-    /// not the interface's), so the node's IP stack drops it at once.
-    Ingress,
-}
-
-impl MirrorDelivery {
-    /// Its value of the classifier's `mirror_deliver`: the flags of `bpf_clone_redirect`.
-    pub(crate) fn flags(self) -> u32 {
-        match self {
-            MirrorDelivery::Egress => 0,
-            MirrorDelivery::Ingress => BPF_F_INGRESS,
-        }
-    }
-
-    /// The delivery of the classifier's `mirror_deliver` value.
-    pub(crate) fn from_flags(flags: u32) -> Self {
-        if flags & BPF_F_INGRESS != 0 {
-            MirrorDelivery::Ingress
-        } else {
-            MirrorDelivery::Egress
-        }
-    }
-}
-
 /// Whether this kernel has TCX (6.6+): a read-only query of the TCX programs on loopback,
 /// which older kernels refuse as an unknown attach type.
 pub fn tcx_supported() -> bool {
@@ -94,9 +59,6 @@ impl AttachMode {
         }
     }
 }
-
-/// `BPF_F_INGRESS`, the flag of `bpf_clone_redirect` that delivers to the interface's receive path.
-pub(crate) const BPF_F_INGRESS: u32 = 1;
 
 /// Our filter handle on clsact hooks ("MR"): a filter with it is ours.
 pub const TC_HANDLE: u32 = 0x4d52;
@@ -358,7 +320,7 @@ impl Attacher<'_, '_> {
             }
         }
         let mirror_ifindex = settings::read(&self.skel.maps.settings)?.mirror_ifindex;
-        let mirror_ingress = settings::mirror_deliver(self.skel) == MirrorDelivery::Ingress;
+        let mirror_ingress = settings::mirror_deliver(self.skel) == settings::MirrorDelivery::Ingress;
         if att.method == MirrorMethod::Mirred && mirror_ingress {
             // act_mirred's ingress mirror leaves the copy addressed as it was (to this node), so
             // the node would route the copy again.

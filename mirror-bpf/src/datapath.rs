@@ -11,13 +11,14 @@ use std::time::Duration;
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, OpenObject, RingBuffer};
 
-use crate::attach::{AttachMode, Attacher, Attachment, MirrorDelivery, MirrorMethod, LINKS_DIR};
+use crate::attach::{AttachMode, Attacher, Attachment, MirrorMethod, LINKS_DIR};
 use crate::error::{Context, Error, Result};
 use crate::event::{self, TriggerEvent};
 use crate::flow::{self, Flow, FlowKey, MirrorMark};
 use crate::latency::{self, Histogram};
 use crate::rule::{Rule, RuleId};
 use crate::rule_maps::{InstalledRules, RuleInfo};
+use crate::settings::MirrorDelivery;
 use crate::settings::{self, TimingGroup};
 use crate::shared::types;
 use crate::skel::classifier::{ClassifierSkel, ClassifierSkelBuilder};

@@ -28,7 +28,7 @@ pub mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use attach::{tcx_supported, AttachMode, AttachTimings, Attachment, MirrorDelivery, MirrorMethod};
+pub use attach::{tcx_supported, AttachMode, AttachTimings, Attachment, MirrorMethod};
 pub use budget::{Budget, Refused};
 pub use datapath::{Datapath, DatapathOptions};
 pub use error::{Error, Result};
@@ -41,6 +41,7 @@ pub use probes::{NetCpuTime, TraceGroup, Tracing};
 pub use replay::{ReplayHook, ReplayedRequest};
 pub use rule::{Limits, Rule, RuleError, RuleId, StatusMatch};
 pub use rule_maps::RuleInfo;
+pub use settings::MirrorDelivery;
 pub use settings::TimingGroup;
 pub use shared::{possible_cpus, types};
 pub use stats::Counters;

@@ -1,12 +1,49 @@
-//! The classifier's runtime settings (a single-entry map read per packet) and the timing groups
-//! they switch.
+//! The classifier's runtime settings (a single-entry map read per packet), the timing groups
+//! they switch, and how copies are delivered to the mirror interface.
 
 use libbpf_rs::{MapCore, MapFlags, MapMut};
 
-use crate::attach::MirrorDelivery;
 use crate::error::{Context, Result};
 use crate::shared::{bytes_of, read_plain, types, ZERO};
 use crate::skel::classifier::ClassifierSkel;
+
+/// `BPF_F_INGRESS`, the flag of `bpf_clone_redirect` that delivers to the interface's receive path.
+pub(crate) const BPF_F_INGRESS: u32 = 1;
+
+/// How a copy reaches the mirror interface (`mirror.deliver`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MirrorDelivery {
+    /// Transmitted by the interface (`bpf_clone_redirect` without flags, `mirred egress
+    /// mirror`): a capture on it sees the copy going out, one on its veth peer coming in.
+    /// What transmitting costs depends on the interface: a dummy frees the copy, a veth hands
+    /// it to its peer's receive path, an ifb hands it back to the interface it came from.
+    #[default]
+    Egress,
+    /// Received by the interface, as if from the wire (`BPF_F_INGRESS`; the clone method
+    /// only): no transmit path and, for a veth, no crossing to the peer. A capture on it sees
+    /// the copy coming in. The copy is addressed to another host (its Ethernet destination is
+    /// not the interface's), so the node's IP stack drops it at once.
+    Ingress,
+}
+
+impl MirrorDelivery {
+    /// Its value of the classifier's `mirror_deliver`: the flags of `bpf_clone_redirect`.
+    pub(crate) fn flags(self) -> u32 {
+        match self {
+            MirrorDelivery::Egress => 0,
+            MirrorDelivery::Ingress => BPF_F_INGRESS,
+        }
+    }
+
+    /// The delivery of the classifier's `mirror_deliver` value.
+    pub(crate) fn from_flags(flags: u32) -> Self {
+        if flags & BPF_F_INGRESS != 0 {
+            MirrorDelivery::Ingress
+        } else {
+            MirrorDelivery::Egress
+        }
+    }
+}
 
 /// Groups of timing measurements that can be switched at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
