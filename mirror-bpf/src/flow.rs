@@ -368,8 +368,8 @@ pub(crate) fn read_flows(
     nat: &MapMut<'_>,
 ) -> Result<Vec<Flow>> {
     let mut cached = read_cache(cache)?;
-    let cpus =
-        crate::possible_cpus().map_err(|e| crate::Error::Unsupported(format!("counting CPUs: {e}")))?;
+    let cpus = crate::shared::possible_cpus()
+        .map_err(|e| crate::error::Error::Unsupported(format!("counting CPUs: {e}")))?;
     let mut by_key: HashMap<FlowKey, Flow> = HashMap::new();
     let add = |k: &[u8],
                mut values: Vec<types::flow_traffic>,
@@ -415,8 +415,8 @@ pub(crate) fn read_flows(
 
 /// Sizes the `flow_cache` map of an object before its load: every possible CPU's slots.
 pub fn size_cache(cache: &mut libbpf_rs::OpenMapMut<'_>) -> Result<()> {
-    let cpus =
-        crate::possible_cpus().map_err(|e| crate::Error::Unsupported(format!("counting CPUs: {e}")))?;
+    let cpus = crate::shared::possible_cpus()
+        .map_err(|e| crate::error::Error::Unsupported(format!("counting CPUs: {e}")))?;
     cache
         .set_max_entries(cpus * types::mirror_limits::FLOW_CACHE_SLOTS.0)
         .context(|| "sizing flow_cache".into())
