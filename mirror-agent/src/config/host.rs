@@ -111,13 +111,14 @@ mod tests {
         cfg("max: 65536").check_host(&host(256, 10 * gib)).unwrap();
         let e = cfg("marks_max: 10000000").check_host(&host(2, 2 * gib)).unwrap_err();
         assert_eq!(e.path, "flows.marks_max", "{e}");
-        // A cgroup's limit, 256 MiB (the DaemonSet's), less 16 MiB for the agent itself.
-        cgroup(2, 256 << 20).check_host_ok(&Config::parse(pins).unwrap());
-        cgroup(20, 256 << 20).check_host_ok(&Config::parse(pins).unwrap());
-        // On 24 CPUs the defaults take 273 MiB; fewer flows fit.
-        let e = Config::parse(pins).unwrap().check_host(&cgroup(24, 256 << 20)).unwrap_err();
+        // A cgroup's limit, 288 MiB (the DaemonSet's), less 16 MiB for the agent itself.
+        let daemonset = 288 << 20;
+        cgroup(2, daemonset).check_host_ok(&Config::parse(pins).unwrap());
+        cgroup(20, daemonset).check_host_ok(&Config::parse(pins).unwrap());
+        // On 24 CPUs the defaults take 285 MiB; fewer flows fit.
+        let e = Config::parse(pins).unwrap().check_host(&cgroup(24, daemonset)).unwrap_err();
         assert_eq!(e.path, "flows.max", "{e}");
-        cgroup(24, 256 << 20).check_host_ok(&cfg("max: 4096"));
+        cgroup(24, daemonset).check_host_ok(&cfg("max: 4096"));
         let e = cfg("max: 262144").check_host(&cgroup(2, 256 << 20)).unwrap_err();
         assert_eq!(e.path, "flows.max", "{e}");
         assert!(e.reason.contains("more than 240.0 MiB, the memory limit of the agent's cgroup"), "{e}");
