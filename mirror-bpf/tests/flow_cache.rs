@@ -126,3 +126,26 @@ fn two_flows_sharing_a_slot_both_stay_exact() {
     let created = dp.counters().unwrap().get(types::stat_idx::STAT_FLOWS_CREATED);
     assert_eq!(created, u64::from(other - first) + 1, "each flow created once, whatever the turns");
 }
+
+/// After a write-back, a direction's next ACKs are not taken for its handshake's last one, even
+/// when that ACK carried data (so the SYN's time was never used).
+#[test]
+fn a_write_back_does_not_make_a_second_handshake() {
+    let Some(dp) = load() else { return };
+    let cport = 43000;
+    let to_server = |flags| PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).tcp(cport, PORT_HTTP, flags);
+    let syn = to_server(tcp_flags::SYN).build();
+    let synack = PacketBuilder::ipv4(V4_SERVER, V4_CLIENT)
+        .tcp(PORT_HTTP, cport, tcp_flags::SYN | tcp_flags::ACK)
+        .build();
+    send(&dp, &syn, 1);
+    send(&dp, &synack, 1);
+    // The handshake completed by a segment with data: no pure ACK measured it. With the SYN,
+    // these make the direction's count reach the write-back, which starts it again at 0.
+    send(&dp, &segment(cport), L::FLOW_CACHE_WRITEBACK.0 - 1);
+    assert_eq!(in_table(&dp, cport), u64::from(L::FLOW_CACHE_WRITEBACK.0), "written back");
+    let ack = to_server(tcp_flags::ACK).build();
+    send(&dp, &ack, 2);
+    let f = dp.flows().unwrap().into_iter().find(|f| f.key == key(cport)).expect("the flow");
+    assert_eq!(f.handshake, None, "no handshake measured from an ACK after a thousand packets");
+}

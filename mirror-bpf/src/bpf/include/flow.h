@@ -49,6 +49,8 @@ __noinline int flow_cache_flush(struct flow_cache_slot *c)
         d->tcp_flags |= c->tcp_flags[i];
         d->http_kind = c->http_kind[i];
         d->http_misses = c->http_misses[i];
+        if (d->packets > 2)
+            c->past_handshake |= 1 << i;
         c->packets[i] = 0;
         cd->bytes = 0;
     }
@@ -102,6 +104,8 @@ __noinline int flow_cache_fill(struct flow_cache_slot *c, const struct flow_key 
         for (int i = 0; i < FLOW_DIRS; i++) {
             c->http_kind[i] = ft->dir[i].http_kind;
             c->http_misses[i] = ft->dir[i].http_misses;
+            if (ft->dir[i].packets > 2)
+                c->past_handshake |= 1 << i;
         }
     }
     return created;

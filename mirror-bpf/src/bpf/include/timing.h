@@ -257,15 +257,19 @@ static __always_inline __u64 timing_response(struct __sk_buff *skb, struct http_
 }
 
 /*
- * handshake_packet - could @m be part of a handshake: a SYN, or one of the first ACKs of its
- * direction on this CPU (since its cache slot was filled or written back)? Most packets are not: checked inline, before calling timing_handshake.
+ * handshake_packet - could @m be part of a handshake: a SYN, or one of the first two ACKs of
+ * its direction on this CPU (counting what the flow table holds: see past_handshake)? Most
+ * packets are not: checked inline, before calling timing_handshake.
  */
 static __always_inline int handshake_packet(const struct pkt_meta *m,
                                             const struct flow_cache_slot *fs)
 {
     __u8 f = m->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK);
 
-    return (f & TCP_FLAG_SYN) || (f == TCP_FLAG_ACK && fs && fs->packets[m->dir & 1] <= 2);
+    __u32 dir = m->dir & 1;
+
+    return (f & TCP_FLAG_SYN) ||
+           (f == TCP_FLAG_ACK && fs && !(fs->past_handshake & (1 << dir)) && fs->packets[dir] <= 2);
 }
 
 /*

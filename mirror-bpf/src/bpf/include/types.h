@@ -217,7 +217,10 @@ struct flow_cache_slot {
     __u8 tcp_flags[FLOW_DIRS];   /* OR of the flags seen since the slot was filled */
     __u8 http_kind[FLOW_DIRS];   /* flow_dir_stats.http_kind */
     __u8 http_misses[FLOW_DIRS]; /* flow_dir_stats.http_misses */
-    __u8 _pad[4];
+    /* Bit d: direction d had more than two packets on this CPU before the counts the slot
+     * holds (its handshake, if any, is behind it). */
+    __u8 past_handshake;
+    __u8 _pad[3];
     struct flow_cache_dir dir[FLOW_DIRS];
     __u64 http_time_sum_ns; /* since the last write-back */
     __u64 http_time_max_ns; /* since the slot was filled */
