@@ -209,6 +209,11 @@ fn per_run(p: &[ProgRun]) -> f64 {
 }
 
 impl RatioRound {
+    /// ns per run of all of `rung`'s runs, both hooks.
+    pub fn ns_per_run(&self, rung: Rung) -> f64 {
+        per_run(self.of(rung))
+    }
+
     /// The runs of one rung.
     pub fn of(&self, rung: Rung) -> &[ProgRun] {
         self.rungs.iter().find(|(r, _)| *r == rung).map_or(&[], |(_, p)| p.as_slice())

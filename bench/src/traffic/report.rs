@@ -560,17 +560,7 @@ fn ratio_table(s: &mut String, r: &Results) {
         let ns = |hook: &str| {
             range(rounds.iter().map(|round| hook_total(round.of(rung), hook).ns_per_run()).collect(), 0)
         };
-        let both = range(
-            rounds
-                .iter()
-                .map(|round| {
-                    let p = round.of(rung);
-                    let runs: u64 = p.iter().map(|r| r.run_cnt).sum();
-                    p.iter().map(|r| r.run_time_ns).sum::<u64>() as f64 / runs.max(1) as f64
-                })
-                .collect(),
-            0,
-        );
+        let both = range(rounds.iter().map(|round| round.ns_per_run(rung)).collect(), 0);
         let ratio = range(rounds.iter().map(|round| round.ratio_of(rung)).collect(), 2);
         let _ = writeln!(s, "| {} | {} | {} | {} | {}x |", rung.label(), ns("ingr"), ns("egre"), both, ratio);
     }

@@ -90,8 +90,7 @@ static __always_inline void cached_count(struct __sk_buff *skb)
     if (!flow_key_eq(&c->key, &m.key)) {
         if (!floor_lru(&m))
             return;
-        __builtin_memset(c, 0, sizeof(*c));
-        c->key = m.key;
+        flow_cache_take(c, &m.key);
     }
     flow_cache_count(c, m.dir, skb->len, m.tcp_flags, now);
 }

@@ -95,8 +95,7 @@ __noinline int flow_cache_fill(struct flow_cache_slot *c, const struct flow_key 
         }
         ft = bpf_map_lookup_elem(&flow_table, key);
     }
-    __builtin_memset(c, 0, sizeof(*c));
-    c->key = *key;
+    flow_cache_take(c, key);
     if (ft) {
         c->mark_seen = ft->mark_seen;
         c->timing_slot = ft->timing_slot;

@@ -20,8 +20,8 @@
 /*
  * Key: CPU * FLOW_CACHE_SLOTS + slot. Value: struct flow_cache_slot.
  * Sized by user space at load to the possible CPUs' slots. A plain array indexed by CPU, not a
- * per-CPU one: its values are contiguous and page-aligned (each slot exactly two cache lines),
- * and user space reads them all through one mmap.
+ * per-CPU one: its values are contiguous, and BPF_F_MMAPABLE makes the kernel start them on a
+ * page, so each slot is exactly two cache lines. User space reads them in batches (flow.rs).
  */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
@@ -57,6 +57,13 @@ static __always_inline struct flow_cache_slot *flow_cache_slot_of(const struct f
     __u32 idx = flow_cache_index(k);
 
     return bpf_map_lookup_elem(&flow_cache, &idx);
+}
+
+/* flow_cache_take - @c now holds the flow of @key, every count and state field zero. */
+static __always_inline void flow_cache_take(struct flow_cache_slot *c, const struct flow_key *key)
+{
+    __builtin_memset(c, 0, sizeof(*c));
+    c->key = *key;
 }
 
 /*
