@@ -11,7 +11,7 @@ use crate::capacity::RuleCapacity;
 
 /// The longest mirror time per flow (`duration=`); `0` is no time limit.
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
-/// The highest slowness threshold (`latency>`).
+/// The highest time a rule waits for (`latency>`, `noresponse>`).
 pub const MAX_LATENCY: Duration = Duration::from_secs(3600);
 
 /// Parses a rule and holds it to the agent's bounds; errors point at the token.
@@ -24,8 +24,9 @@ pub fn parse(text: &str) -> Result<Rule, RuleError> {
             "longer than 24h, the longest mirror time per flow (duration=0: until the packet or byte limit)",
         ));
     }
-    if rule.latency.is_some_and(|l| l > MAX_LATENCY) {
-        return Err(token_error(text, "latency>", "longer than 1h, the highest latency threshold"));
+    if rule.threshold().is_some_and(|l| l > MAX_LATENCY) {
+        let token = if rule.kind() == mirror_bpf::TriggerKind::NoResponse { "noresponse>" } else { "latency>" };
+        return Err(token_error(text, token, "longer than 1h, the highest time a rule may wait for"));
     }
     Ok(rule)
 }
@@ -96,7 +97,7 @@ mod tests {
     fn durations_are_bounded() {
         assert_eq!(parse("status=500 duration=24h").unwrap().limits.duration, MAX_DURATION);
         assert_eq!(parse("status=500 duration=0").unwrap().limits.duration, Duration::ZERO);
-        assert_eq!(parse("latency>1h").unwrap().latency, Some(MAX_LATENCY));
+        assert_eq!(parse("latency>1h").unwrap().threshold(), Some(MAX_LATENCY));
         let e = parse("status=500 duration=99999999999999h").unwrap_err();
         assert_eq!((e.token.as_str(), e.offset), ("duration=99999999999999h", 11), "{e}");
         assert!(e.reason.contains("longer than 24h"), "{e}");

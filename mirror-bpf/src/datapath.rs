@@ -161,6 +161,7 @@ impl<'obj> Datapath<'obj> {
             .set_max_entries(opts.flows_max)
             .context(|| "sizing flow_timing_index".into())?;
         maps.flow_nat.set_max_entries(opts.flows_max).context(|| "sizing flow_nat".into())?;
+        maps.pending_timers.set_max_entries(opts.flows_max).context(|| "sizing pending_timers".into())?;
         maps.mirror_marks.set_max_entries(opts.marks_max).context(|| "sizing mirror_marks".into())?;
         maps.events.set_max_entries(opts.ringbuf_bytes).context(|| "sizing events".into())?;
         maps.request_replay
@@ -217,8 +218,10 @@ impl<'obj> Datapath<'obj> {
         if let Some(dir) = &opts.pin_path {
             for mut map in skel.object_mut().maps_mut() {
                 let path = dir.join(map.name());
-                // Internal maps (.bss and the like, named "<obj>.<section>") are not shared state.
-                if !path.exists() && !map.name().to_string_lossy().contains('.') {
+                // Internal maps (.bss and the like, named "<obj>.<section>") are not shared state,
+                // nor are timers, which call back into the programs of this load.
+                let name = map.name().to_string_lossy();
+                if !path.exists() && !name.contains('.') && name != "pending_timers" {
                     map.pin(&path).context(|| format!("pinning {}", path.display()))?;
                 }
             }
@@ -233,7 +236,7 @@ impl<'obj> Datapath<'obj> {
             replay: opts.replay_requests != 0,
             replay_possible: opts.replay_requests != 0,
         };
-        dp.sync_replay()?;
+        dp.sync_rules()?;
         if fresh_settings {
             // The timing groups on by default; adopted settings are kept.
             settings::update(&dp.skel.maps.settings, |s| s.timing = TimingGroup::default_bits())?;
@@ -383,13 +386,13 @@ impl<'obj> Datapath<'obj> {
     /// Adds a rule with a given id (to restore saved rules).
     pub fn insert_rule(&mut self, id: RuleId, rule: Rule) -> Result<()> {
         self.rules.add(&self.skel.maps, id, None, rule, true)?;
-        self.sync_replay()
+        self.sync_rules()
     }
 
     /// Adds a saved rule with its id and hit-counter slot, keeping its hit count.
     pub fn restore_rule(&mut self, id: RuleId, slot: u32, rule: Rule) -> Result<()> {
         self.rules.add(&self.skel.maps, id, Some(slot), rule, false)?;
-        self.sync_replay()
+        self.sync_rules()
     }
 
     /// The hit-counter slot of a rule (saved with it, for [`Datapath::restore_rule`]).
@@ -406,7 +409,7 @@ impl<'obj> Datapath<'obj> {
     /// Removes a rule. Flows it already marked stay mirrored until their limits.
     pub fn remove_rule(&mut self, id: RuleId) -> Result<Rule> {
         let rule = self.rules.remove(&self.skel.maps, id)?;
-        self.sync_replay()?;
+        self.sync_rules()?;
         Ok(rule)
     }
 
@@ -419,14 +422,21 @@ impl<'obj> Datapath<'obj> {
             return Err(Error::Unsupported("loaded with replay_requests 0: no request is kept".into()));
         }
         self.replay = on;
-        self.sync_replay()
+        self.sync_rules()
     }
 
-    /// Tells the classifier which flows keep their latest request, after a change of rules.
-    fn sync_replay(&self) -> Result<()> {
+    /// Tells the classifier, after a change of rules, which flows keep their requests (for
+    /// replays, and for host= filters, which read the kept request even with replays off) and
+    /// which kinds of trigger to look for.
+    fn sync_rules(&self) -> Result<()> {
         let rules = self.rules.slots();
-        let mode = crate::replay::keep_mode(self.replay, rules.iter().map(|(_, _, r)| r));
-        settings::update(&self.skel.maps.settings, |s| s.replay_keep = mode)
+        let hosts = self.replay_possible && rules.iter().any(|(_, _, r)| r.filter.host.is_some());
+        let mode = crate::replay::keep_mode(self.replay || hosts, rules.iter().map(|(_, _, r)| r));
+        let kinds = self.rules.kinds();
+        settings::update(&self.skel.maps.settings, |s| {
+            s.replay_keep = mode;
+            s.kinds = kinds;
+        })
     }
 
     /// Attaches the replay program to the egress of the mirror interface `ifindex` (TCX where

@@ -31,6 +31,9 @@ pub enum Error {
     /// Every rule slot is taken.
     #[error("too many rules: at most {0}")]
     TooManyRules(usize),
+    /// A rule does not fit the rule maps for another reason (said in words).
+    #[error("{0}")]
+    RuleDoesNotFit(String),
     /// The kernel lacks what the requested mode needs.
     #[error("{0}")]
     Unsupported(String),

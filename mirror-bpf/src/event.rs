@@ -7,11 +7,37 @@ use libbpf_rs::{MapMut, RingBuffer, RingBufferBuilder};
 use crate::error::{Context, Result};
 use crate::flow::FlowKey;
 use crate::replay::ReplayedRequest;
+use crate::rule::TriggerKind;
 use crate::shared::{read_plain, types};
 
-/// One trigger: a response matched a rule and its flow is now mirrored.
+/// Who sent the packet behind a trigger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The side that sent the requests.
+    Client,
+    /// The other.
+    Server,
+}
+
+impl Side {
+    /// `client` or `server`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Side::Client => "client",
+            Side::Server => "server",
+        }
+    }
+}
+
+/// One trigger: a response, a reset or a request left unanswered matched a rule, and its flow
+/// is now mirrored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TriggerEvent {
+    /// What triggered.
+    pub kind: TriggerKind,
+    /// Who sent the packet that triggered: the server for a status, either side for a reset;
+    /// none for a request left unanswered (no packet did).
+    pub by: Option<Side>,
     /// The flow, as the tuple the response was seen under.
     pub key: FlowKey,
     /// The connection's other tuple when the node's conntrack translated it (a Service):
@@ -21,19 +47,22 @@ pub struct TriggerEvent {
     pub ts_ns: u64,
     /// The rule that matched.
     pub rule_id: u32,
-    /// The response's status.
+    /// The response's status (0 for the other kinds).
     pub status: u16,
-    /// Interface the response was seen on.
+    /// Interface the packet that triggered was seen on (a request left unanswered: where the
+    /// request was).
     pub ifindex: u32,
     /// Seen at egress (else ingress) of that interface.
     pub egress: bool,
-    /// The response went from `key.hi` to `key.lo` (else `lo` to `hi`): the server is the sender.
+    /// The packet that triggered (the request, for one left unanswered) went from `key.hi` to
+    /// `key.lo` (else `lo` to `hi`).
     pub reverse: bool,
     /// Request method, when the request was seen.
     pub method: Option<String>,
     /// First bytes (at most 64) of the request target.
     pub target: Option<String>,
-    /// From the request's first segment to the status line.
+    /// From the request's first segment to what triggered: the status line, the reset, or
+    /// (a request left unanswered) the mark, the time it waited.
     pub request_to_response: Option<Duration>,
     /// The segment of the flow's latest request, kept before the trigger (and replayed to the
     /// mirror ahead of the response when the replay program is attached).
@@ -52,7 +81,14 @@ impl TriggerEvent {
         let ev: types::trigger_event = read_plain(data);
         let head_len = (ev.request_head_len as usize).min(ev.request_head.len());
         let (method, target) = split_request(&ev.request_head[..head_len]);
+        use types::trigger_side as side;
         Some(TriggerEvent {
+            kind: TriggerKind::from_raw(u32::from(ev.kind))?,
+            by: match u32::from(ev.by) {
+                x if x == side::SIDE_CLIENT.0 => Some(Side::Client),
+                x if x == side::SIDE_SERVER.0 => Some(Side::Server),
+                _ => None,
+            },
             key: FlowKey::from(&ev.key),
             nat: (ev.nat.family != 0).then(|| FlowKey::from(&ev.nat)),
             ts_ns: ev.ts_ns,

@@ -129,7 +129,9 @@ impl DirStats {
 pub struct MirrorMark {
     /// The rule that triggered.
     pub rule_id: u32,
-    /// The status that triggered.
+    /// What triggered.
+    pub kind: crate::rule::TriggerKind,
+    /// The status that triggered (0 for the other kinds).
     pub status: u16,
     /// When it triggered, monotonic ns.
     pub trigger_ns: u64,
@@ -147,6 +149,7 @@ impl From<&types::mirror_mark> for MirrorMark {
     fn from(m: &types::mirror_mark) -> Self {
         MirrorMark {
             rule_id: m.rule_id,
+            kind: crate::rule::TriggerKind::from_raw(u32::from(m.kind)).unwrap_or(crate::rule::TriggerKind::Status),
             status: m.status,
             trigger_ns: m.trigger_ns,
             packets: m.packets,

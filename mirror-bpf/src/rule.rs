@@ -1,13 +1,19 @@
-//! Trigger rules: `status=500`, `status=5xx`, `status=500-504`, a slowness condition
-//! `latency>200ms` (request to status line), optionally `port=8080`, with per-flow mirror
-//! limits `packets=N`, `bytes=N`, `duration=30s`.
+//! Trigger rules. What marks a flow: a final response's status `status=500`, `status=5xx`,
+//! `status=500-504`, with or without a slowness condition `latency>200ms` (request to status
+//! line); a TCP reset of an established HTTP connection, `reset`; or a request left without the
+//! start of a response for a time, `noresponse>2s`. Optionally `port=8080` (the server's), the
+//! request filters `method=POST,PUT`, `path=/api/` (a prefix of the target) and
+//! `host=shop.example` (the Host header), and the per-flow mirror limits `packets=N`,
+//! `bytes=N`, `duration=30s`.
 //!
-//! A rule compiles to one map entry per (port, status) it covers, so the classifier's cost does
-//! not depend on how many rules exist.
+//! A rule compiles to one map entry per (port, status) it covers, the other kinds under their
+//! pseudo-status, so the classifier's cost does not depend on how many rules exist.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
+
+use crate::shared::types;
 
 /// A rule's user-visible id.
 pub type RuleId = u32;
@@ -39,15 +45,136 @@ impl Default for Limits {
     }
 }
 
+/// What marks a flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Trigger {
+    /// A final response with one of these statuses, at least `latency` after its request when
+    /// set.
+    Status {
+        /// Statuses that trigger.
+        status: StatusMatch,
+        /// Only responses that came at least this long after their request, when set.
+        latency: Option<Duration>,
+    },
+    /// A TCP RST, from either side, of a connection that carried an HTTP request.
+    Reset,
+    /// A request whose response has not begun this long after it.
+    NoResponse(Duration),
+}
+
+/// The kinds of trigger, as events, metrics and `rules list` name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TriggerKind {
+    /// `status=` or `latency>`.
+    Status,
+    /// `reset`.
+    Reset,
+    /// `noresponse>`.
+    NoResponse,
+}
+
+impl TriggerKind {
+    /// Every kind.
+    pub const ALL: [TriggerKind; 3] = [TriggerKind::Status, TriggerKind::Reset, TriggerKind::NoResponse];
+
+    /// Its name: `status`, `reset`, `noresponse`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TriggerKind::Status => "status",
+            TriggerKind::Reset => "reset",
+            TriggerKind::NoResponse => "noresponse",
+        }
+    }
+
+    /// From the data path's `enum trigger_kind`.
+    pub fn from_raw(v: u32) -> Option<Self> {
+        use types::trigger_kind as k;
+        match v {
+            x if x == k::TRIGGER_STATUS.0 => Some(TriggerKind::Status),
+            x if x == k::TRIGGER_RESET.0 => Some(TriggerKind::Reset),
+            x if x == k::TRIGGER_NORESPONSE.0 => Some(TriggerKind::NoResponse),
+            _ => None,
+        }
+    }
+
+    /// Its `enum trigger_kind` value, also its pseudo-status in the rule maps (statuses are
+    /// 100-599).
+    pub fn raw(self) -> u16 {
+        use types::trigger_kind as k;
+        (match self {
+            TriggerKind::Status => k::TRIGGER_STATUS.0,
+            TriggerKind::Reset => k::TRIGGER_RESET.0,
+            TriggerKind::NoResponse => k::TRIGGER_NORESPONSE.0,
+        }) as u16
+    }
+}
+
+impl fmt::Display for TriggerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Request methods a filter names, with their bit in `enum http_method`.
+const METHODS: [(&str, types::http_method); 9] = [
+    ("GET", types::http_method::HTTP_METHOD_GET),
+    ("HEAD", types::http_method::HTTP_METHOD_HEAD),
+    ("POST", types::http_method::HTTP_METHOD_POST),
+    ("PUT", types::http_method::HTTP_METHOD_PUT),
+    ("DELETE", types::http_method::HTTP_METHOD_DELETE),
+    ("PATCH", types::http_method::HTTP_METHOD_PATCH),
+    ("OPTIONS", types::http_method::HTTP_METHOD_OPTIONS),
+    ("CONNECT", types::http_method::HTTP_METHOD_CONNECT),
+    ("TRACE", types::http_method::HTTP_METHOD_TRACE),
+];
+
+/// The longest `path=` prefix and `host=` name.
+pub const FILTER_TEXT_MAX: usize = types::mirror_limits::RULE_FILTER_TEXT.0 as usize;
+
+/// Which requests a rule applies to; an empty part matches any request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct RequestFilter {
+    /// Bits of `enum http_method` (0: any method).
+    pub methods: u32,
+    /// A prefix of the request target, query string included.
+    pub path: Option<String>,
+    /// The Host header's name (without a port), lower case.
+    pub host: Option<String>,
+}
+
+impl RequestFilter {
+    /// Whether it filters anything.
+    pub fn is_empty(&self) -> bool {
+        self.methods == 0 && self.path.is_none() && self.host.is_none()
+    }
+
+    /// The method names it lets through, in a fixed order.
+    pub fn method_names(&self) -> Vec<&'static str> {
+        METHODS.iter().filter(|(_, bit)| self.methods & bit.0 != 0).map(|(n, _)| *n).collect()
+    }
+
+    /// Whether a request with `method`, `target` and `host` (if known) passes (as the data
+    /// path decides: for tests and tools).
+    pub fn matches(&self, method: &str, target: &str, host: Option<&str>) -> bool {
+        let method_ok = self.methods == 0
+            || METHODS.iter().any(|(n, bit)| *n == method && self.methods & bit.0 != 0);
+        let path_ok = self.path.as_deref().is_none_or(|p| target.starts_with(p));
+        let host_ok = self.host.as_deref().is_none_or(|h| {
+            host.is_some_and(|v| v.split(':').next().unwrap_or("").eq_ignore_ascii_case(h))
+        });
+        method_ok && path_ok && host_ok
+    }
+}
+
 /// A trigger rule.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Rule {
-    /// Statuses that trigger.
-    pub status: StatusMatch,
-    /// Only responses sent from this server port, when set.
+    /// What marks a flow.
+    pub trigger: Trigger,
+    /// Only flows whose server port is this, when set.
     pub port: Option<u16>,
-    /// Only responses that came at least this long after their request, when set.
-    pub latency: Option<Duration>,
+    /// Only triggers whose request passes this.
+    pub filter: RequestFilter,
     /// Mirror budget of each flow it marks.
     pub limits: Limits,
 }
@@ -69,35 +196,82 @@ const STATUS_MIN: u16 = 100;
 const STATUS_MAX: u16 = 599;
 
 impl Rule {
-    /// Every status this rule covers.
-    pub fn statuses(&self) -> impl Iterator<Item = u16> {
-        self.status.lo..=self.status.hi
+    /// The kind of its trigger.
+    pub fn kind(&self) -> TriggerKind {
+        match self.trigger {
+            Trigger::Status { .. } => TriggerKind::Status,
+            Trigger::Reset => TriggerKind::Reset,
+            Trigger::NoResponse(_) => TriggerKind::NoResponse,
+        }
     }
+
+    /// Every status this rule covers; the other kinds, their pseudo-status.
+    pub fn statuses(&self) -> impl Iterator<Item = u16> {
+        match self.trigger {
+            Trigger::Status { status, .. } => status.lo..=status.hi,
+            _ => self.kind().raw()..=self.kind().raw(),
+        }
+    }
+
+    /// The time a trigger must come after its request: `latency>`, `noresponse>`.
+    pub fn threshold(&self) -> Option<Duration> {
+        match self.trigger {
+            Trigger::Status { latency, .. } => latency,
+            Trigger::Reset => None,
+            Trigger::NoResponse(d) => Some(d),
+        }
+    }
+}
+
+/// What the tokens of a rule said, before they are checked together.
+#[derive(Default)]
+struct Parts {
+    status: Option<(StatusMatch, usize, String)>,
+    latency: Option<Duration>,
+    reset: Option<(usize, String)>,
+    noresponse: Option<(Duration, usize, String)>,
+    port: Option<u16>,
+    filter: RequestFilter,
+    limits: Limits,
 }
 
 impl FromStr for Rule {
     type Err = RuleError;
 
     fn from_str(text: &str) -> Result<Self, RuleError> {
-        let mut status = None;
-        let mut port = None;
-        let mut latency = None;
-        let mut limits = Limits::default();
-
+        let mut p = Parts { limits: Limits::default(), ..Parts::default() };
         for (offset, token) in tokens(text) {
             let err = |reason: String| RuleError { token: token.to_string(), offset, reason };
+            if token == "reset" {
+                if p.reset.replace((offset, token.to_string())).is_some() {
+                    return Err(err("reset given twice".into()));
+                }
+                continue;
+            }
+            if let Some(v) = token.strip_prefix("noresponse>") {
+                let d = parse_duration(v).map_err(err)?;
+                if d.is_zero() {
+                    return Err(err("noresponse>0 would mark every request: give a time (e.g. 2s)".into()));
+                }
+                if p.noresponse.replace((d, offset, token.to_string())).is_some() {
+                    return Err(err("noresponse given twice".into()));
+                }
+                continue;
+            }
             if let Some(v) = token.strip_prefix("latency>") {
                 let d = parse_duration(v).map_err(err)?;
                 if d.is_zero() {
                     return Err(err("latency>0 matches everything: leave it out".into()));
                 }
-                if latency.replace(d).is_some() {
+                if p.latency.replace(d).is_some() {
                     return Err(err("latency given twice".into()));
                 }
                 continue;
             }
             let (key, value) = token.split_once('=').ok_or_else(|| {
-                err("expected key=value (status, port, packets, bytes, duration) or latency>DURATION".into())
+                err("expected key=value (status, port, method, path, host, packets, bytes, duration), \
+                     reset, noresponse>DURATION or latency>DURATION"
+                    .into())
             })?;
             if value.is_empty() {
                 return Err(err(format!("{key} needs a value")));
@@ -105,30 +279,78 @@ impl FromStr for Rule {
             let dup = || err(format!("{key} given twice"));
             match key {
                 "status" => {
-                    if status.replace(parse_status(value).map_err(err)?).is_some() {
+                    let m = parse_status(value).map_err(err)?;
+                    if p.status.replace((m, offset, token.to_string())).is_some() {
                         return Err(dup());
                     }
                 }
                 "port" => {
-                    let p: u16 = value
+                    let port: u16 = value
                         .parse()
                         .ok()
                         .filter(|p| *p != 0)
                         .ok_or_else(|| err("port must be 1-65535".into()))?;
-                    if port.replace(p).is_some() {
+                    if p.port.replace(port).is_some() {
                         return Err(dup());
                     }
                 }
-                "packets" => limits.packets = parse_count(value).map_err(err)?,
-                "bytes" => limits.bytes = parse_count(value).map_err(err)?,
-                "duration" => limits.duration = parse_duration(value).map_err(err)?,
+                "method" => {
+                    if p.filter.methods != 0 {
+                        return Err(dup());
+                    }
+                    p.filter.methods = parse_methods(value).map_err(err)?;
+                }
+                "path" => {
+                    if p.filter.path.replace(parse_path(value).map_err(err)?).is_some() {
+                        return Err(dup());
+                    }
+                }
+                "host" => {
+                    if p.filter.host.replace(parse_host(value).map_err(err)?).is_some() {
+                        return Err(dup());
+                    }
+                }
+                "packets" => p.limits.packets = parse_count(value).map_err(err)?,
+                "bytes" => p.limits.bytes = parse_count(value).map_err(err)?,
+                "duration" => p.limits.duration = parse_duration(value).map_err(err)?,
                 _ => {
-                    return Err(err(format!("unknown key '{key}' (status, port, packets, bytes, duration)")))
+                    return Err(err(format!(
+                        "unknown key '{key}' (status, port, method, path, host, packets, bytes, duration)"
+                    )))
                 }
             }
         }
-        let status = match (status, latency) {
-            (Some(s), _) => s,
+        let trigger = p.trigger(text)?;
+        Ok(Rule { trigger, port: p.port, filter: p.filter, limits: p.limits })
+    }
+}
+
+impl Parts {
+    /// The one trigger the tokens give.
+    fn trigger(&self, text: &str) -> Result<Trigger, RuleError> {
+        let other = |offset: usize, token: &str, what: &str| RuleError {
+            token: token.to_string(),
+            offset,
+            reason: format!("a rule has one trigger: {what} cannot go with it"),
+        };
+        match (&self.reset, &self.noresponse) {
+            (Some((o, t)), Some(_)) => return Err(other(*o, t, "noresponse>")),
+            (Some((o, t)), None) | (None, Some((_, o, t))) => {
+                if self.status.is_some() {
+                    return Err(other(*o, t, "status="));
+                }
+                if self.latency.is_some() {
+                    return Err(other(*o, t, "latency>"));
+                }
+                return Ok(match self.noresponse {
+                    Some((d, _, _)) => Trigger::NoResponse(d),
+                    None => Trigger::Reset,
+                });
+            }
+            (None, None) => {}
+        }
+        let status = match (&self.status, self.latency) {
+            (Some((s, _, _)), _) => *s,
             // A slowness rule alone covers every status.
             (None, Some(_)) => StatusMatch { lo: STATUS_MIN, hi: STATUS_MAX },
             (None, None) => {
@@ -136,11 +358,13 @@ impl FromStr for Rule {
                     token: text.trim().to_string(),
                     // Where the rule's text starts, after leading blanks.
                     offset: text.len() - text.trim_start().len(),
-                    reason: "a rule needs status=N, status=Nxx, status=A-B or latency>DURATION".into(),
+                    reason: "a rule needs status=N, status=Nxx, status=A-B, latency>DURATION, reset or \
+                             noresponse>DURATION"
+                        .into(),
                 });
             }
         };
-        Ok(Rule { status, port, latency, limits })
+        Ok(Trigger::Status { status, latency: self.latency })
     }
 }
 
@@ -174,6 +398,46 @@ fn parse_status(v: &str) -> Result<StatusMatch, String> {
     }
     let n = code(v)?;
     Ok(StatusMatch { lo: n, hi: n })
+}
+
+/// `POST`, `GET,PUT`: known methods, upper or lower case.
+fn parse_methods(v: &str) -> Result<u32, String> {
+    let mut bits = 0;
+    for name in v.split(',') {
+        let upper = name.to_ascii_uppercase();
+        let bit = METHODS.iter().find(|(n, _)| *n == upper).map(|(_, b)| b.0).ok_or_else(|| {
+            let known: Vec<&str> = METHODS.iter().map(|(n, _)| *n).collect();
+            format!("'{name}' is not a method ({})", known.join(", "))
+        })?;
+        bits |= bit;
+    }
+    Ok(bits)
+}
+
+/// A prefix of request targets: from `/`, at most FILTER_TEXT_MAX bytes of visible ASCII.
+fn parse_path(v: &str) -> Result<String, String> {
+    if !v.starts_with('/') {
+        return Err(format!("path '{v}' must start with /"));
+    }
+    if v.len() > FILTER_TEXT_MAX {
+        return Err(format!("path is {} bytes, more than the {FILTER_TEXT_MAX} a filter holds", v.len()));
+    }
+    if let Some(c) = v.chars().find(|c| !c.is_ascii_graphic()) {
+        return Err(format!("path has {c:?}, not a character of a request target"));
+    }
+    Ok(v.to_string())
+}
+
+/// A host name or address as the Host header gives it (without a port), lower case.
+fn parse_host(v: &str) -> Result<String, String> {
+    if v.len() > FILTER_TEXT_MAX {
+        return Err(format!("host is {} bytes, more than the {FILTER_TEXT_MAX} a filter holds", v.len()));
+    }
+    if let Some(c) = v.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']'))) {
+        let hint = if c == ':' { " (give the name without its port)" } else { "" };
+        return Err(format!("host has {c:?}, not a character of a host name{hint}"));
+    }
+    Ok(v.to_ascii_lowercase())
 }
 
 /// A count with an optional k/m/g (powers of 1000) suffix; 0 means unlimited.
@@ -235,11 +499,26 @@ impl fmt::Display for Rule {
         if let Some(p) = self.port {
             write!(f, "port={p} ")?;
         }
-        let every_status = self.status == StatusMatch { lo: STATUS_MIN, hi: STATUS_MAX };
-        match self.latency {
-            Some(d) if every_status => write!(f, "latency>{}", format_duration(d))?,
-            Some(d) => write!(f, "status={} latency>{}", self.status, format_duration(d))?,
-            None => write!(f, "status={}", self.status)?,
+        match self.trigger {
+            Trigger::Status { status, latency } => {
+                let every_status = status == StatusMatch { lo: STATUS_MIN, hi: STATUS_MAX };
+                match latency {
+                    Some(d) if every_status => write!(f, "latency>{}", format_duration(d))?,
+                    Some(d) => write!(f, "status={status} latency>{}", format_duration(d))?,
+                    None => write!(f, "status={status}")?,
+                }
+            }
+            Trigger::Reset => f.write_str("reset")?,
+            Trigger::NoResponse(d) => write!(f, "noresponse>{}", format_duration(d))?,
+        }
+        if self.filter.methods != 0 {
+            write!(f, " method={}", self.filter.method_names().join(","))?;
+        }
+        if let Some(p) = &self.filter.path {
+            write!(f, " path={p}")?;
+        }
+        if let Some(h) = &self.filter.host {
+            write!(f, " host={h}")?;
         }
         let l = &self.limits;
         write!(f, " packets={} bytes={} duration={}", l.packets, l.bytes, format_duration(l.duration))
@@ -256,9 +535,13 @@ mod tests {
 
     #[test]
     fn status_forms() {
-        assert_eq!(rule("status=500").status, StatusMatch { lo: 500, hi: 500 });
-        assert_eq!(rule("status=5xx").status, StatusMatch { lo: 500, hi: 599 });
-        assert_eq!(rule("status=500-504").status, StatusMatch { lo: 500, hi: 504 });
+        let status = |s: &str| match rule(s).trigger {
+            Trigger::Status { status, .. } => status,
+            t => panic!("{s}: {t:?}"),
+        };
+        assert_eq!(status("status=500"), StatusMatch { lo: 500, hi: 500 });
+        assert_eq!(status("status=5xx"), StatusMatch { lo: 500, hi: 599 });
+        assert_eq!(status("status=500-504"), StatusMatch { lo: 500, hi: 504 });
         assert_eq!(rule("status=404 port=8080").port, Some(8080));
     }
 
@@ -266,11 +549,41 @@ mod tests {
     fn latency_rules() {
         let r = rule("latency>200ms");
         assert_eq!(
-            (r.status, r.latency),
-            (StatusMatch { lo: 100, hi: 599 }, Some(Duration::from_millis(200)))
+            r.trigger,
+            Trigger::Status {
+                status: StatusMatch { lo: 100, hi: 599 },
+                latency: Some(Duration::from_millis(200))
+            }
         );
         let r = rule("status=5xx latency>2s");
-        assert_eq!((r.status.lo, r.latency), (500, Some(Duration::from_secs(2))));
+        assert_eq!(r.threshold(), Some(Duration::from_secs(2)));
+        assert_eq!(r.statuses().next(), Some(500));
+    }
+
+    #[test]
+    fn reset_and_noresponse_rules() {
+        let r = rule("reset port=8080");
+        assert_eq!((r.trigger, r.kind(), r.port), (Trigger::Reset, TriggerKind::Reset, Some(8080)));
+        assert_eq!(r.statuses().collect::<Vec<_>>(), [TriggerKind::Reset.raw()]);
+        let r = rule("noresponse>2s packets=100");
+        assert_eq!(r.trigger, Trigger::NoResponse(Duration::from_secs(2)));
+        assert_eq!((r.kind(), r.threshold()), (TriggerKind::NoResponse, Some(Duration::from_secs(2))));
+        assert!(TriggerKind::ALL.iter().all(|k| TriggerKind::from_raw(u32::from(k.raw())) == Some(*k)));
+    }
+
+    #[test]
+    fn request_filters() {
+        let r = rule("status=5xx method=post,PUT path=/api/checkout host=Shop.Example");
+        assert_eq!(r.filter.method_names(), ["POST", "PUT"]);
+        assert_eq!(r.filter.path.as_deref(), Some("/api/checkout"));
+        assert_eq!(r.filter.host.as_deref(), Some("shop.example"));
+        assert!(r.filter.matches("POST", "/api/checkout?id=3", Some("SHOP.example:8080")));
+        assert!(!r.filter.matches("GET", "/api/checkout", Some("shop.example")));
+        assert!(!r.filter.matches("POST", "/api/cart", Some("shop.example")));
+        assert!(!r.filter.matches("POST", "/api/checkout", Some("shop.example.org")));
+        assert!(!r.filter.matches("POST", "/api/checkout", None));
+        assert!(rule("status=500").filter.is_empty());
+        assert!(rule("reset method=GET").filter.matches("GET", "/", None));
     }
 
     #[test]
@@ -292,6 +605,9 @@ mod tests {
             "status=500-504 duration=250ms bytes=10k",
             "latency>200ms",
             "status=500 latency>1s port=80",
+            "reset",
+            "port=80 noresponse>1500ms method=GET,POST path=/api/ host=shop.example",
+            "status=5xx path=/web/?q=1",
         ] {
             let r = rule(s);
             assert_eq!(rule(&r.to_string()), r, "{s} -> {r}");
@@ -315,6 +631,17 @@ mod tests {
             ("", "", "needs status"),
             ("latency>fast", "latency>fast", "not a duration"),
             ("latency>0", "latency>0", "matches everything"),
+            ("status=500 method=FOO", "method=FOO", "not a method"),
+            ("status=500 method=GET,FOO", "method=GET,FOO", "'FOO' is not a method"),
+            ("status=500 path=api", "path=api", "must start with /"),
+            ("status=500 host=a:80", "host=a:80", "without its port"),
+            ("noresponse>0s", "noresponse>0s", "every request"),
+            ("noresponse>soon", "noresponse>soon", "not a duration"),
+            ("reset status=500", "reset", "one trigger"),
+            ("noresponse>1s latency>2s", "noresponse>1s", "one trigger"),
+            ("reset noresponse>1s", "reset", "one trigger"),
+            ("method=GET", "method=GET", "needs status"),
+            ("status=500 path=/a path=/b", "path=/b", "twice"),
         ];
         for (text, token, reason) in cases {
             let e = text.parse::<Rule>().expect_err(text);

@@ -5,7 +5,7 @@ use libbpf_rs::{MapCore, MapFlags, MapMut};
 
 use crate::error::{Context, Error, Result};
 use crate::rule::{Rule, RuleId};
-use crate::ruleset::{KeyWrite, RuleSet, ANY_PORT};
+use crate::ruleset::{AddError, KeyWrite, RuleSet, ANY_PORT, FILTERED_MAX, FILTERS_MAX};
 use crate::shared::{bytes_of, read_plain, types};
 use crate::skel::classifier::ClassifierMaps;
 
@@ -50,10 +50,26 @@ impl InstalledRules {
         if self.set.get(id).is_some() {
             self.remove(maps, id)?;
         }
-        let writes = self
-            .set
-            .add(id, slot, rule)
-            .ok_or(Error::TooManyRules(types::mirror_limits::RULE_SLOTS.0 as usize - 1))?;
+        let writes = self.set.add(id, slot, rule).map_err(|e| match e {
+            AddError::NoSlot => Error::TooManyRules(types::mirror_limits::RULE_SLOTS.0 as usize - 1),
+            AddError::FilteredPerKey { port, status } => Error::RuleDoesNotFit(format!(
+                "at most {FILTERED_MAX} rules with method=, path= or host= may cover one {} and {}",
+                key_name(status),
+                if port == ANY_PORT { "any port".to_string() } else { format!("port {port}") }
+            )),
+            AddError::Filters => {
+                Error::RuleDoesNotFit(format!("at most {FILTERS_MAX} rules may have method=, path= or host="))
+            }
+        })?;
+        // Its filter first: the entries that list the rule come after.
+        if let Some(e) = self.set.get(id) {
+            if !e.rule.filter.is_empty() {
+                let f = filter_value(self.set.action(id), &e.rule);
+                maps.rule_filters
+                    .update(&e.slot.to_ne_bytes(), bytes_of(&f), MapFlags::ANY)
+                    .context(|| format!("writing the filter of rule {id}"))?;
+            }
+        }
         if reset_hits {
             // A reused slot starts from zero, before the rule can match.
             let slot = self.set.get(id).map_or(0, |e| e.slot);
@@ -70,7 +86,18 @@ impl InstalledRules {
     pub(crate) fn remove(&mut self, maps: &ClassifierMaps<'_>, id: RuleId) -> Result<Rule> {
         let (entry, writes) = self.set.remove(id).ok_or(Error::NoSuchRule(id))?;
         self.apply(maps, &writes)?;
+        if !entry.rule.filter.is_empty() {
+            // No entry lists it any more.
+            maps.rule_filters
+                .delete(&entry.slot.to_ne_bytes())
+                .context(|| format!("removing the filter of rule {id}"))?;
+        }
         Ok(entry.rule)
+    }
+
+    /// The bits (`1 << enum trigger_kind`) of the kinds the rules have.
+    pub(crate) fn kinds(&self) -> u32 {
+        self.set.kinds()
     }
 
     /// The hit-counter slot of a rule.
@@ -122,6 +149,28 @@ impl InstalledRules {
                 .context(|| format!("writing the port bitmap word {w}"))?;
         }
         Ok(())
+    }
+}
+
+/// A rule's filter as the classifier holds it (`struct rule_filter`).
+fn filter_value(action: types::rule_action, rule: &Rule) -> types::rule_filter {
+    let mut f = types::rule_filter { action, methods: rule.filter.methods, ..Default::default() };
+    if let Some(p) = &rule.filter.path {
+        f.path_len = p.len() as u8;
+        f.path[..p.len()].copy_from_slice(p.as_bytes());
+    }
+    if let Some(h) = &rule.filter.host {
+        f.host_len = h.len() as u8;
+        f.host[..h.len()].copy_from_slice(h.as_bytes());
+    }
+    f
+}
+
+/// "status 500", or the name of another kind's pseudo-status.
+fn key_name(status: u16) -> String {
+    match crate::rule::TriggerKind::from_raw(u32::from(status)) {
+        Some(k) if status < 100 => format!("{k} rule"),
+        _ => format!("status {status}"),
     }
 }
 

@@ -34,6 +34,11 @@ pub const COUNTER_NAMES: &[(stat_idx, &str)] = &[
     (stat_idx::STAT_REPLAYED, "replayed"),
     (stat_idx::STAT_REPLAY_MISSED, "replay_missed"),
     (stat_idx::STAT_REPLAY_FAILED, "replay_failed"),
+    (stat_idx::STAT_RESET_TRIGGERS, "reset_triggers"),
+    (stat_idx::STAT_NORESPONSE_TRIGGERS, "noresponse_triggers"),
+    (stat_idx::STAT_FILTERED_OUT, "filtered_out"),
+    (stat_idx::STAT_NORESPONSE_ARMED, "noresponse_timers_started"),
+    (stat_idx::STAT_NORESPONSE_FIRED, "noresponse_timers_fired"),
 ];
 
 /// Counters summed over every CPU.

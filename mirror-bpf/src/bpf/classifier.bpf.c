@@ -5,8 +5,9 @@
  * Per packet: parse to a canonical flow key (parse.h); count it in this CPU's flow cache slot
  * (flow.h); follow the HTTP stream where a message can begin (http.h), timing each answer
  * (timing.h) and deciding what it makes of the flow (decide.h: a rule matched marks the flow,
- * trigger.h); then, when the flow is marked (mark.h), copy the packet to the mirror interface
- * (mirror.h), within its budget.
+ * trigger.h), a reset too; then, when the flow is marked (mark.h), copy the packet to the
+ * mirror interface (mirror.h), within its budget. A request left unanswered is decided by a
+ * timer, not a packet (noresponse.h).
  *
  * Fail-open: every entry point returns "continue" (TC_ACT_UNSPEC / TCX_NEXT, both -1), so
  * the production packet and any filter after ours always go on, whatever happens here.
@@ -66,6 +67,10 @@ enum http_dir_kind _http_dir_kind = 0;
 struct flow_nat _flow_nat = {};
 struct replay_slot _replay_slot = {};
 enum replay_keep _replay_keep = 0;
+enum trigger_kind _trigger_kind = 0;
+enum trigger_side _trigger_side = 0;
+enum http_method _http_method = 0;
+struct rule_filter _rule_filter = {};
 
 /*
  * egress_seen - did @skb, at egress, come in through an interface where our ingress runs? Then
@@ -137,9 +142,16 @@ __noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
         http_segment(skb, hs, fs, hook, cnt);
     else if (handshake_packet(m, fs))
         timing_handshake(skb, m, fs);
+    if (m->tcp_flags & TCP_FLAG_RST)
+        decide_reset(skb, hs, fs, hook);
 
     struct mirror_mark *mk = mark_lookup(fs, &m->key);
-    return mk && mark_admit(mk, skb->len, now, cnt) && mirror_copy(skb, method, cnt);
+    if (!mk || !mark_admit(mk, skb->len, now, cnt))
+        return 0;
+    /* Marked without a packet (noresponse.h): this first packet after it brings the request. */
+    if (mk->replay_due)
+        replay_due(skb, mk);
+    return mirror_copy(skb, method, cnt);
 }
 
 /* clsact + cls_bpf in direct-action mode. */

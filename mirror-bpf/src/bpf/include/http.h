@@ -21,6 +21,7 @@
 #include "parse.h"
 #include "timing.h"
 #include "decide.h"
+#include "noresponse.h"
 #include "replay.h"
 
 /* Bytes read to classify the start of a message; the shortest status line "HTTP/1.1 200" has 12. */
@@ -437,19 +438,23 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
         if (t) {
             __u32 zero = 0;
             struct settings *set = bpf_map_lookup_elem(&settings, &zero);
-            timing_request(t, s, avail, m->now, set);
-            replay_keep(skb, s, pos->off, loaded, t, set, cnt);
+            /* Kept before it is queued: the queue says whether it shares the flow's slot. */
+            __u32 kept = replay_keep(skb, s, pos->off, loaded, t, set, cnt);
+            timing_request(t, s, avail, m->now, set, kept);
+            if (set && (set->kinds & (1 << TRIGGER_NORESPONSE)))
+                noresponse_arm(fs, t, m, skb->ifindex);
         }
     } else {
         cnt->v[STAT_HTTP_RESPONSES]++;
         __u64 took = 0;
         struct http_request *src = NULL;
+        struct flow_timing *owner = NULL;
         s->req.head_len = 0;
         /* A 1xx is interim: the request is still awaiting its final answer. */
         if (status >= 200 && t)
-            took = timing_response(skb, s, fs, t, status, &src);
+            took = timing_response(skb, s, fs, t, status, &src, &owner);
         if (!pos->triggered)
-            pos->triggered = decide_response(skb, s, t, status, took, src);
+            pos->triggered = decide_response(skb, s, t, status, took, src, owner);
         if (http_no_body(status, &s->req)) {
             body = 0;
             chunked = 0;

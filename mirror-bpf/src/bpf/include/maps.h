@@ -2,7 +2,7 @@
 /*
  * This file contains every map of the classifier but the knobs (config.h), and the counters the
  * programs advance beside the maps they serve. Key/Value and the reason for each type are given
- * per map. User space sizes flow_table, flow_timing, flow_timing_index, flow_nat (flows_max),
+ * per map. User space sizes flow_table, flow_timing, flow_timing_index, flow_nat, pending_timers (flows_max),
  * mirror_marks (flows.marks_max), request_replay (replay_requests) and events before load:
  * their sizes here are placeholders, never used.
  */
@@ -136,6 +136,17 @@ struct {
     __type(value, __u64);
 } port_rule_bits SEC(".maps");
 
+/*
+ * Key: rule slot. Value: struct rule_filter, a rule with request filters (filter.h), listed by
+ * the rule_entry of each key it covers. A hash: few rules have filters.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, RULE_FILTERS_MAX);
+    __type(key, __u32);
+    __type(value, struct rule_filter);
+} rule_filters SEC(".maps");
+
 /* Key: rule slot. Value: triggers of that rule, per CPU. */
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -203,6 +214,29 @@ struct {
  * space starts it at a fresh value at each load, so that numbers adopted from an earlier
  * instance are not taken for recent ones. */
 volatile __u32 replay_next SEC(".data") = 0;
+
+/*
+ * Key: flow_timing slot. Value: struct pending_timer, the no-response timer of the flow owning
+ * the slot (noresponse.h). Beside flow_timing, not in it: a timer is never copied or zeroed with
+ * the rest of a slot. Sized as flow_timing; not pinned: a timer calls back into the programs
+ * of the load that armed it.
+ */
+struct pending_timer {
+    struct bpf_timer timer;
+    struct flow_key key; /* the flow it was armed for */
+    __u32 ifindex;       /* where that flow's requests are seen (for the event) */
+    __u32 armed;         /* 1 while the timer runs or is about to (32 bits for cmpxchg) */
+    __u32 ready;         /* the timer was initialised */
+    __u16 port;          /* the requests' server port */
+    __u8 _pad[2];
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, struct pending_timer);
+} pending_timers SEC(".maps");
 
 /* Key: 0. Value: struct budget_state. Per CPU: each CPU spends its own share, no shared writes. */
 struct {

@@ -18,6 +18,11 @@
 #define VLAN_MAX 2
 /* The IP header gives no length (BIG TCP above 64 KiB): L4 is the rest of the skb. */
 #define L4_LEN_FROM_SKB 0xFFFFFFFFU
+/* TCP flag bits of pkt_meta.tcp_flags (the header's flag byte; vmlinux.h's enum of the same
+ * names holds them as bits of the whole flag word instead). */
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
+#define TCP_FLAG_ACK 0x10
 
 enum parse_result {
     PARSE_TCP = 0,   /* a TCP segment: struct pkt_meta is filled */

@@ -47,22 +47,22 @@ static __always_inline int replay_wanted(const struct settings *set, const struc
 }
 
 /*
- * replay_held - does the flow of @t still hold the slot it was handed? Slots are handed out in
- * turn (replay_next counts them): it does while fewer than all the slots were handed out after
- * it. Known from the counters alone, without reading the slot.
+ * replay_held - is the slot of hand-out number @n - 1 (@n: a request's replay field, 0: none)
+ * still its request's? Slots are handed out in turn (replay_next counts them): it is while
+ * fewer than all the slots were handed out after it. Known from the counters alone.
  */
-static __always_inline int replay_held(const struct flow_timing *t)
+static __always_inline int replay_held(__u32 n)
 {
-    return t && t->replay && replay_next - (t->replay - 1) <= replay_requests;
+    return n && replay_next - (n - 1) <= replay_requests;
 }
 
-/* replay_slot_of - the slot of @t holding @key's latest request, or NULL. */
-static __always_inline struct replay_slot *replay_slot_of(const struct flow_timing *t,
-                                                          const struct flow_key *key)
+/* replay_slot_of - the slot of hand-out number @n - 1, kept under @key; NULL when it is no
+ * longer that request's. */
+static __always_inline struct replay_slot *replay_slot_of(__u32 n, const struct flow_key *key)
 {
-    if (!replay_held(t))
+    if (!replay_held(n))
         return NULL;
-    __u32 idx = (t->replay - 1) & replay_mask();
+    __u32 idx = (n - 1) & replay_mask();
     struct replay_slot *r = bpf_map_lookup_elem(&request_replay, &idx);
     /* Its owner wrote its key with the segment: a racing newer owner is caught here. */
     return r && flow_key_eq(&r->key, key) ? r : NULL;
@@ -117,31 +117,32 @@ static __always_inline __u32 replay_from_scratch(struct __sk_buff *skb, struct r
 }
 
 /*
- * replay_keep - a request starts in @m's segment: keep the segment (from its Ethernet header,
- * up to REPLAY_FRAME_MAX bytes; when the request starts the payload, its headers and the first
- * HTTP_SCAN_MAX bytes of the payload) in the flow's slot, taking the next slot when the flow
- * has none (or lost it to a newer flow). Inlined into http_message, its only caller (verified
- * once with it).
- * @s: the scratch area, the request's first @loaded bytes in s->buf when it starts at payload
- * offset @off.
+ * replay_keep - a request starts at payload offset @off of @m's segment: keep the segment (from
+ * its Ethernet header, up to REPLAY_FRAME_MAX bytes; when the request starts the payload, its
+ * headers and the first HTTP_SCAN_MAX bytes of the payload) for a replay. Each request pending
+ * at once has a slot of its own, so that a trigger replays the very request it concerns
+ * (pipelining); a request sent when none is pending takes over the slot of the flow's latest
+ * (one slot per flow, as long as its requests come one at a time). Inlined into http_message,
+ * its only caller (verified once with it).
+ * @s: the scratch area, the request's first @loaded bytes in s->buf.
  * @set: the settings (may be NULL).
+ * @return the slot's hand-out number + 1, for the request's entry (0: not kept).
  */
-static __always_inline int replay_keep(struct __sk_buff *skb, struct http_scratch *s, __u32 off,
-                                       __u32 loaded, struct flow_timing *t,
-                                       const struct settings *set, struct counters *cnt)
+static __always_inline __u32 replay_keep(struct __sk_buff *skb, struct http_scratch *s, __u32 off,
+                                         __u32 loaded, struct flow_timing *t,
+                                         const struct settings *set, struct counters *cnt)
 {
     if (!skb || !s || !t || !set || !cnt)
         return 0;
     struct pkt_meta *m = &s->meta;
     if (!replay_wanted(set, m))
         return 0;
+    __u32 latest = t->req_tail ? t->req[(t->req_tail - 1) % HTTP_PIPELINE].replay : 0;
     __u32 number;
-    if (replay_held(t)) {
-        number = t->replay - 1;
-    } else {
+    if (t->req_head == t->req_tail && replay_held(latest))
+        number = latest - 1;
+    else
         number = __sync_fetch_and_add(&replay_next, 1);
-        t->replay = number + 1;
-    }
     __u32 idx = number & replay_mask();
     struct replay_slot *r = bpf_map_lookup_elem(&request_replay, &idx);
     if (!r)
@@ -159,23 +160,42 @@ static __always_inline int replay_keep(struct __sk_buff *skb, struct http_scratc
         }
     }
     r->len = len;
+    r->req_off = m->payload_off + off;
     r->wire_len = skb->len;
     r->ts_ns = m->now;
     cnt->v[STAT_REPLAY_KEPT]++;
-    return 0;
+    return number + 1;
 }
 
 /*
- * replay_trigger - the flow of @key was just marked by a response (the production packet,
- * @skb): send its kept request to the mirror ahead of it, through the replay program (one
- * clone of @skb, which the program reshapes). Triggers only: a clone is paid once per mark.
- * @t: the flow's shared entry (may be NULL).
- * @return the flow's slot (for the event), NULL when no request was kept.
+ * replay_send - send the request kept in slot @idx to the mirror, through the replay program:
+ * one clone of @skb, which the program reshapes into it. Within the node-wide budget.
+ */
+static __always_inline void replay_send(struct __sk_buff *skb, struct http_scratch *s,
+                                        const struct settings *set, const struct replay_slot *r,
+                                        __u32 idx, struct counters *cnt)
+{
+    if (!set->replay_ifindex || !set->mirror_ifindex || !budget_admit(r->len))
+        return;
+    s->replay_arm = idx + 1;
+    if (bpf_clone_redirect(skb, set->replay_ifindex, 0))
+        cnt->v[STAT_REPLAY_FAILED]++;
+    /* Still armed: no replay program ran (the clone went out unchanged). */
+    else if (s->replay_arm)
+        cnt->v[STAT_REPLAY_FAILED]++;
+    s->replay_arm = 0;
+}
+
+/*
+ * replay_trigger - the flow was just marked by a packet of it (the production packet, @skb):
+ * send the request behind the trigger (ti->replay, kept under ti->replay_key: the other key
+ * of a translated connection when its requests pass there) to the mirror ahead of the packet.
+ * Triggers only: a clone is paid once per mark.
+ * @return the request's slot (for the event), NULL when it was not kept.
  */
 static __always_inline struct replay_slot *replay_trigger(struct __sk_buff *skb,
                                                           struct http_scratch *s,
-                                                          struct flow_timing *t,
-                                                          const struct flow_key *key,
+                                                          const struct trigger_info *ti,
                                                           struct counters *cnt)
 {
     __u32 zero = 0;
@@ -183,22 +203,49 @@ static __always_inline struct replay_slot *replay_trigger(struct __sk_buff *skb,
 
     if (!set || set->replay_keep == REPLAY_OFF)
         return NULL;
-    struct replay_slot *r = replay_slot_of(t, key);
+    struct replay_slot *r = replay_slot_of(ti->replay, &ti->replay_key);
     if (!r || !r->len) {
         cnt->v[STAT_REPLAY_MISSED]++;
         return NULL;
     }
     /* A replay is a copy: within the node-wide budget (refusals counted there). */
-    if (!set->replay_ifindex || !set->mirror_ifindex || !budget_admit(r->len))
-        return r;
-    s->replay_arm = ((t->replay - 1) & replay_mask()) + 1;
-    if (bpf_clone_redirect(skb, set->replay_ifindex, 0))
-        cnt->v[STAT_REPLAY_FAILED]++;
-    /* Still armed: no replay program ran (the clone went out unchanged). */
-    else if (s->replay_arm)
-        cnt->v[STAT_REPLAY_FAILED]++;
-    s->replay_arm = 0;
+    replay_send(skb, s, set, r, (ti->replay - 1) & replay_mask(), cnt);
     return r;
+}
+
+/*
+ * replay_due - the flow of the mark @mk was marked without a packet (noresponse.h): the first
+ * packet after it, @skb, sends the request behind the mark ahead of its own copy. Taken once,
+ * from the mark holding the budget (the other key's mark of a translated connection only points
+ * to it). A global function: verified once, run for that first packet only.
+ */
+__noinline int replay_due(struct __sk_buff *skb, struct mirror_mark *mk)
+{
+    __u32 zero = 0;
+    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+    struct http_scratch *s = bpf_map_lookup_elem(&http_scratch, &zero);
+    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
+
+    if (!skb || !mk || !cnt || !s || !set)
+        return 0;
+    struct mirror_mark *owner = mk;
+    if (mk->linked) {
+        mk->replay_due = 0; /* a hint only: the owner's says */
+        owner = bpf_map_lookup_elem(&mirror_marks, &mk->peer);
+        if (!owner)
+            return 0;
+    }
+    __u32 n = owner->replay_due;
+    if (!n || __sync_val_compare_and_swap(&owner->replay_due, n, 0) != n)
+        return 0;
+    __u32 idx = (n - 1) & replay_mask();
+    struct replay_slot *r = bpf_map_lookup_elem(&request_replay, &idx);
+    if (!r || !r->len || !replay_held(n)) {
+        cnt->v[STAT_REPLAY_MISSED]++;
+        return 0;
+    }
+    replay_send(skb, s, set, r, idx, cnt);
+    return 1;
 }
 
 /*

@@ -1,20 +1,34 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * This file contains the rules as the data path sees them: which rule, if any, matches a
- * response of a given status from a given server port in a given time. Looked up by (port,
- * status) and by status in maps user space writes (rule_maps.rs): constant in the number of
- * rules.
+ * trigger of a kind (a response's status, a reset, a request unanswered) from a given server
+ * port, a given time after its request, for a given request. Looked up by (port, status) and by
+ * status in maps user space writes (rule_maps.rs), the kinds other than a status under their
+ * pseudo-status (enum trigger_kind): constant in the number of rules. The rules with request
+ * filters of a key are tried first (filter.h), then the others.
  */
 #ifndef MIRROR_RULE_H
 #define MIRROR_RULE_H
 
 #include "maps.h"
+#include "filter.h"
 
-/* rule_pick - the rule of @e that matches a response that took @took ns (0: unknown). */
-static __always_inline struct rule_action *rule_pick(struct rule_entry *e, __u64 took)
+/*
+ * rule_pick - the rule of @e that matches a trigger @took ns after its request (0: unknown),
+ * for the request @req (may be NULL: rules with filters do not match then), kept under @key.
+ */
+static __always_inline struct rule_action *rule_pick(struct rule_entry *e, __u64 took,
+                                                     const struct http_request *req,
+                                                     const struct flow_key *key)
 {
     if (!e)
         return NULL;
+    if (e->filtered[0] && req) {
+        __u32 slot = filter_pick(e, took, req, key);
+        struct rule_filter *f = slot ? bpf_map_lookup_elem(&rule_filters, &slot) : NULL;
+        if (f)
+            return &f->action;
+    }
     if (e->any.rule_id)
         return &e->any;
     if (e->slow.rule_id && took && took >= e->slow.min_latency_ns)
@@ -22,25 +36,42 @@ static __always_inline struct rule_action *rule_pick(struct rule_entry *e, __u64
     return NULL;
 }
 
-/*
- * rule_lookup - the rule matching @status answered from server port @port in @took ns.
- * Port-scoped rules win over global ones. Cost: two array lookups, and a hash lookup only for
- * ports that have port-scoped rules.
- * @return the action, or NULL.
- */
-static __always_inline struct rule_action *rule_lookup(__u16 port, __u16 status, __u64 took)
+/* rule_entries - the entries of (@port, @status): port-scoped in @scoped (NULL when the port
+ * has no rules of its own), global returned. */
+static __always_inline struct rule_entry *rule_entries(__u16 port, __u16 status,
+                                                       struct rule_entry **scoped)
 {
-    __u32 word = port / 64;
+    __u32 word = port / 64, idx = status;
     __u64 *bits = bpf_map_lookup_elem(&port_rule_bits, &word);
 
+    *scoped = NULL;
     if (bits && (*bits & (1ULL << (port % 64)))) {
         struct port_status_key k = {.port = port, .status = status};
-        struct rule_action *ra = rule_pick(bpf_map_lookup_elem(&port_rules, &k), took);
+        *scoped = bpf_map_lookup_elem(&port_rules, &k);
+    }
+    return bpf_map_lookup_elem(&status_rules, &idx);
+}
+
+/*
+ * rule_lookup - the rule matching @status (or a kind's pseudo-status) from server port @port,
+ * @took ns after the request @req (may be NULL) kept under @key. Port-scoped rules win
+ * over global ones. Cost: two array lookups, a hash lookup only for ports that have port-scoped
+ * rules, and the filters of the key's rules that have any.
+ * @return the action, or NULL.
+ */
+static __always_inline struct rule_action *rule_lookup(__u16 port, __u16 status, __u64 took,
+                                                       const struct http_request *req,
+                                                       const struct flow_key *key)
+{
+    struct rule_entry *scoped;
+    struct rule_entry *global = rule_entries(port, status, &scoped);
+
+    if (scoped) {
+        struct rule_action *ra = rule_pick(scoped, took, req, key);
         if (ra)
             return ra;
     }
-    __u32 idx = status;
-    return rule_pick(bpf_map_lookup_elem(&status_rules, &idx), took);
+    return rule_pick(global, took, req, key);
 }
 
 #endif /* MIRROR_RULE_H */

@@ -15,8 +15,6 @@
 #include "hist.h"
 #include "nat.h"
 
-#define TCP_FLAG_SYN 0x02
-#define TCP_FLAG_ACK 0x10
 
 /* timing_group_on - whether @set (may be NULL) switches the timing @group on (enum timing_group). */
 static __always_inline int timing_group_on(const struct settings *set, __u32 group)
@@ -144,15 +142,18 @@ static __always_inline struct flow_timing *timing_get(struct flow_cache_slot *fs
 /*
  * timing_request - an HTTP request starts (its first bytes in s->buf, @avail of them in the
  * segment): queue it behind the requests still awaiting answers (pipelining), with its first
- * bytes (for events, and to know a HEAD) and, when HTTP timing is on, the time. The oldest is
- * dropped when the queue is full. Inlined into http_message, its only caller.
+ * bytes (for events, filters, and to know a HEAD), its kept segment (@replay, see replay_keep)
+ * and, when HTTP timing is on, the time. The oldest is dropped when the queue is full. Inlined
+ * into http_message, its only caller.
  * @set: the settings (may be NULL), looked up once for the request's stages.
  */
 static __always_inline int timing_request(struct flow_timing *t, struct http_scratch *s,
-                                          __u32 avail, __u64 now, const struct settings *set)
+                                          __u32 avail, __u64 now, const struct settings *set,
+                                          __u32 replay)
 {
     if (!t || !s)
         return 0;
+    t->req_dir = s->meta.dir + 1;
     if (t->req_tail - t->req_head >= HTTP_PIPELINE) {
         t->req_head++;
         t->deep = 1;
@@ -162,6 +163,7 @@ static __always_inline int timing_request(struct flow_timing *t, struct http_scr
                      HTTP_REQUEST_HEAD_LEN);
     r->head_len = avail < HTTP_REQUEST_HEAD_LEN ? avail : HTTP_REQUEST_HEAD_LEN;
     r->ts_ns = timing_group_on(set, TIMING_HTTP) ? now : 0;
+    r->replay = replay;
     t->req_tail++;
     return 0;
 }
@@ -208,16 +210,19 @@ static __always_inline void request_head_copy(struct http_request *out,
  * status class.
  * @t: the flow's shared entry.
  * The request answered is left in s->req (head_len 0 when none), its head's first word only;
- * @src is set to its entry, from which request_head_copy takes the rest for a trigger.
+ * @src is set to its entry, from which request_head_copy takes the rest for a trigger, and
+ * @owner to the flow timing entry holding it (@t, or the other key's across NAT).
  * @return the response time in ns (0: no timed request was pending).
  * Inlined into http_message, its only caller.
  */
 static __always_inline __u64 timing_response(struct __sk_buff *skb, struct http_scratch *s,
                                              struct flow_cache_slot *fs, struct flow_timing *t,
-                                             __u32 status, struct http_request **src)
+                                             __u32 status, struct http_request **src,
+                                             struct flow_timing **owner)
 {
     if (!skb || !s || !t)
         return 0;
+    *owner = t;
     struct pkt_meta *m = &s->meta;
     struct http_request *req = &s->req;
     /* Only these say whether the rest is valid. */
@@ -234,6 +239,7 @@ static __always_inline __u64 timing_response(struct __sk_buff *skb, struct http_
         *src = request_pop(pt, req);
         if (!*src)
             return 0;
+        *owner = pt;
     }
     if (!req->ts_ns)
         return 0;

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * This file contains what a decision to mirror does (decide.h): mark the flow (and, across NAT,
- * the connection's other key, sharing one budget), count the rule's hit, send the request kept
- * before it to the mirror (replay.h) and report the trigger on the ring buffer. Run once per
- * trigger, off the common path (a global function).
+ * This file contains what a decision to mirror does (decide.h, noresponse.h): mark the flow
+ * (and, across NAT, the connection's other key, sharing one budget), count the rule's hit,
+ * send the request behind it to the mirror (replay.h) and report the trigger on the ring
+ * buffer. Run once per trigger, off the common path.
  */
 #ifndef MIRROR_TRIGGER_H
 #define MIRROR_TRIGGER_H
@@ -13,8 +13,11 @@
 #include "nat.h"
 #include "replay.h"
 
-/* emit_trigger - one ring-buffer record for the trigger; counted when the buffer is full. */
-static __always_inline void emit_trigger(struct __sk_buff *skb, const struct pkt_meta *m,
+/*
+ * emit_trigger - one ring-buffer record for the trigger of the flow @key, by a packet of
+ * direction @dir seen on @ifindex; counted when the buffer is full.
+ */
+static __always_inline void emit_trigger(const struct flow_key *key, __u32 dir, __u32 ifindex,
                                          const struct rule_action *ra,
                                          const struct trigger_info *ti,
                                          const struct http_request *req,
@@ -27,17 +30,20 @@ static __always_inline void emit_trigger(struct __sk_buff *skb, const struct pkt
         cnt->v[STAT_RINGBUF_DROPS]++;
         return;
     }
-    ev->key = m->key;
+    ev->key = *key;
     if (peer)
         ev->nat = *peer;
     else
         __builtin_memset(&ev->nat, 0, sizeof(ev->nat));
     ev->ts_ns = bpf_ktime_get_ns();
     ev->rule_id = ra->rule_id;
-    ev->ifindex = skb->ifindex;
+    ev->ifindex = ifindex;
     ev->status = ti->status;
     ev->hook = ti->hook;
-    ev->dir = m->dir;
+    ev->dir = dir;
+    ev->kind = ti->kind;
+    ev->by = ti->by;
+    __builtin_memset(ev->_pad, 0, sizeof(ev->_pad));
     ev->request_to_response_ns = ti->took;
     ev->request_head_len = 0;
     if (req->head_len) {
@@ -59,11 +65,63 @@ static __always_inline void emit_trigger(struct __sk_buff *skb, const struct pkt
 }
 
 /*
- * mirror_trigger - a response with @status matched @ra: mark the flow (and, across NAT, the
- * connection's other key, sharing the budget), count, report. The packet itself is copied by
- * the caller, like every packet of a marked flow. A global function: verified once.
- * @t: the flow's shared entry (may be NULL); the request answered, if any, is in the HTTP
- * stage's scratch area (see timing_response).
+ * mark_flow - mark the flow of @key (and @peer, the other key of a translated connection, when
+ * not NULL: one budget, kept in @key's mark) for @ra at @now, the trigger described by @ti;
+ * count the rule's hit and the trigger. @replay_due: the request's slot + 1 to replay with the
+ * first packet after the mark (0: none, or replayed by the caller).
+ * @return 1 when this call marked the flow, 0 when it was marked already (or could not be).
+ */
+static __always_inline int mark_flow(const struct flow_key *key, const struct flow_key *peer,
+                                     const struct rule_action *ra, const struct trigger_info *ti,
+                                     __u64 now, __u32 replay_due, struct mirror_mark *init,
+                                     struct counters *cnt)
+{
+    __builtin_memset(init, 0, sizeof(*init));
+    init->rule_id = ra->rule_id;
+    init->slot = ra->slot;
+    init->trigger_ns = now;
+    init->deadline_ns = ra->max_duration_ns ? now + ra->max_duration_ns : 0;
+    init->max_packets = ra->max_packets;
+    init->max_bytes = ra->max_bytes;
+    init->status = ti->status;
+    init->kind = ti->kind;
+    init->replay_due = replay_due;
+    if (peer)
+        init->peer = *peer;
+
+    if (bpf_map_update_elem(&mirror_marks, key, init, BPF_NOEXIST)) {
+        /* Marked before (by another CPU, or an earlier trigger): nothing to do. */
+        if (!bpf_map_lookup_elem(&mirror_marks, key))
+            cnt->v[STAT_MARK_INSERT_FAILED]++;
+        return 0;
+    }
+    if (peer) {
+        init->linked = 1;
+        init->peer = *key;
+        if (bpf_map_update_elem(&mirror_marks, peer, init, BPF_NOEXIST) &&
+            !bpf_map_lookup_elem(&mirror_marks, peer))
+            cnt->v[STAT_MARK_INSERT_FAILED]++;
+    }
+    __sync_fetch_and_add(&mark_epoch, 2);
+    __u32 slot = ra->slot;
+    __u64 *hits = bpf_map_lookup_elem(&rule_hits, &slot);
+    if (hits)
+        (*hits)++;
+    cnt->v[STAT_TRIGGERS]++;
+    if (ti->kind == TRIGGER_RESET)
+        cnt->v[STAT_RESET_TRIGGERS]++;
+    else if (ti->kind == TRIGGER_NORESPONSE)
+        cnt->v[STAT_NORESPONSE_TRIGGERS]++;
+    return 1;
+}
+
+/*
+ * mirror_trigger - a packet of @m's flow (@skb) matched @ra: mark the flow (and, across NAT,
+ * the connection's other key), replay the request behind it ahead of the packet, report. The
+ * packet itself is copied by the caller, like every packet of a marked flow. A global
+ * function: verified once.
+ * @t: the flow's shared entry (may be NULL); the request behind the trigger, if any, is in
+ * the HTTP stage's scratch area (s->req, and ti->replay for its segment).
  * @return 1 when this call marked the flow, 0 when it was marked already (or could not be).
  */
 __noinline int mirror_trigger(struct __sk_buff *skb, struct pkt_meta *m, struct rule_action *ra,
@@ -75,44 +133,13 @@ __noinline int mirror_trigger(struct __sk_buff *skb, struct pkt_meta *m, struct 
 
     if (!skb || !m || !ra || !ti || !cnt || !s)
         return 0;
-    __u32 status = ti->status;
-    __u64 now = m->now;
     struct flow_key *peer = &s->peer;
     int nat = nat_peer(skb, m, t, peer, 1);
-    struct mirror_mark *init = &s->mark;
-    __builtin_memset(init, 0, sizeof(*init));
-    init->rule_id = ra->rule_id;
-    init->slot = ra->slot;
-    init->trigger_ns = now;
-    init->deadline_ns = ra->max_duration_ns ? now + ra->max_duration_ns : 0;
-    init->max_packets = ra->max_packets;
-    init->max_bytes = ra->max_bytes;
-    init->status = status;
-    if (nat)
-        init->peer = *peer;
-
-    if (bpf_map_update_elem(&mirror_marks, &m->key, init, BPF_NOEXIST)) {
-        /* Marked before (by another CPU, or an earlier response): nothing to do. */
-        if (!bpf_map_lookup_elem(&mirror_marks, &m->key))
-            cnt->v[STAT_MARK_INSERT_FAILED]++;
+    if (!mark_flow(&m->key, nat ? peer : NULL, ra, ti, m->now, 0, &s->mark, cnt))
         return 0;
-    }
-    if (nat) {
-        init->linked = 1;
-        init->peer = m->key;
-        if (bpf_map_update_elem(&mirror_marks, peer, init, BPF_NOEXIST) &&
-            !bpf_map_lookup_elem(&mirror_marks, peer))
-            cnt->v[STAT_MARK_INSERT_FAILED]++;
-    }
-    __sync_fetch_and_add(&mark_epoch, 2);
-    __u32 slot = ra->slot;
-    __u64 *hits = bpf_map_lookup_elem(&rule_hits, &slot);
-    if (hits)
-        (*hits)++;
-    cnt->v[STAT_TRIGGERS]++;
-    /* The request before the trigger goes to the mirror now, ahead of this response. */
-    struct replay_slot *r = replay_trigger(skb, s, t, &m->key, cnt);
-    emit_trigger(skb, m, ra, ti, &s->req, nat ? peer : NULL, r, cnt);
+    /* The request before the trigger goes to the mirror now, ahead of this packet. */
+    struct replay_slot *r = replay_trigger(skb, s, ti, cnt);
+    emit_trigger(&m->key, m->dir, skb->ifindex, ra, ti, &s->req, nat ? peer : NULL, r, cnt);
     return 1;
 }
 

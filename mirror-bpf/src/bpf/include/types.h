@@ -26,8 +26,14 @@ enum mirror_limits {
     HTTP_GIVE_UP = 64,
     /* Messages (or chunk-size lines) looked at in one segment. */
     HTTP_SEGMENT_MSGS = 8,
-    /* status_rules is indexed by the status code itself: 0..599. */
+    /* status_rules is indexed by the status code itself: 0..599 (below 100: enum trigger_kind). */
     HTTP_STATUS_SLOTS = 600,
+    /* Rules with request filters (method=, path=, host=) one (port, status) key may have. */
+    RULE_FILTERED_MAX = 8,
+    /* Rules with request filters the classifier holds at once (rule_filters entries). */
+    RULE_FILTERS_MAX = 1024,
+    /* Longest path= prefix and host= name of a filter. */
+    RULE_FILTER_TEXT = 64,
     /* Rule hit counters are indexed by rule slot; 0 is never used. */
     RULE_SLOTS = 16384,
     /* port_rule_bits: one bit per port, 64 per word. */
@@ -68,6 +74,24 @@ enum hist_kind {
 enum hook_kind {
     HOOK_INGRESS = 0,
     HOOK_EGRESS = 1,
+};
+
+/*
+ * What marks a flow. A rule's kind is also its pseudo-status in the rule maps: statuses are
+ * 100..599, the other kinds sit below 100, so that every kind is found by the same (port,
+ * status) lookup.
+ */
+enum trigger_kind {
+    TRIGGER_STATUS = 0,     /* a final response's status (and its response time: latency>) */
+    TRIGGER_RESET = 1,      /* a TCP RST in an established HTTP connection */
+    TRIGGER_NORESPONSE = 2, /* a request without the start of a response within a time */
+};
+
+/* Who sent the packet that triggered, as far as the requests tell. */
+enum trigger_side {
+    SIDE_UNKNOWN = 0,
+    SIDE_CLIENT = 1, /* the side that sent the requests */
+    SIDE_SERVER = 2,
 };
 
 /* How a triggered packet reaches the mirror interface. */
@@ -117,6 +141,11 @@ enum stat_idx {
     STAT_REPLAYED,             /* requests replayed to the mirror ahead of their trigger */
     STAT_REPLAY_MISSED,        /* triggers whose request was not kept (or its slot reused) */
     STAT_REPLAY_FAILED,        /* replays that could not be made (the copy could not be reshaped) */
+    STAT_RESET_TRIGGERS,       /* resets that matched a reset rule and marked their flow */
+    STAT_NORESPONSE_TRIGGERS,  /* requests unanswered too long that marked their flow */
+    STAT_FILTERED_OUT,         /* rules whose condition held but whose request filter did not */
+    STAT_NORESPONSE_ARMED,     /* no-response timers started (one per flow with requests pending) */
+    STAT_NORESPONSE_FIRED,     /* no-response timers that ran */
     STAT_MAX,
 };
 
@@ -236,7 +265,7 @@ struct rule_action {
     __u64 max_packets;     /* mirror budget per flow; 0 = unlimited */
     __u64 max_bytes;       /* 0 = unlimited */
     __u64 max_duration_ns; /* 0 = unlimited */
-    __u64 min_latency_ns;  /* only responses at least this slow; 0 = any */
+    __u64 min_latency_ns;  /* only responses at least this slow (noresponse: the wait); 0 = any */
 };
 
 /*
@@ -244,8 +273,35 @@ struct rule_action {
  * unconditional rule with the lowest id, and the slowness rule with the lowest threshold.
  */
 struct rule_entry {
+    /* Slots (rule_filters keys) of the rules with request filters covering the key, lowest id
+     * first; 0 ends the list. Tried before any and slow (filter.h). */
+    __u16 filtered[RULE_FILTERED_MAX];
     struct rule_action any;
     struct rule_action slow;
+};
+
+/* Which requests a rule applies to (rule_filters value); an empty part matches any. */
+struct rule_filter {
+    struct rule_action action; /* the rule */
+    __u32 methods;             /* bits of enum http_method (0: any) */
+    __u8 path_len;             /* bytes of path, a prefix of the target (0: any) */
+    __u8 host_len;             /* bytes of host, lower case (0: any) */
+    __u8 _pad[2];
+    __u8 path[RULE_FILTER_TEXT];
+    __u8 host[RULE_FILTER_TEXT];
+};
+
+/* Request methods, as bits of rule_filter.methods. */
+enum http_method {
+    HTTP_METHOD_GET = 1,
+    HTTP_METHOD_HEAD = 2,
+    HTTP_METHOD_POST = 4,
+    HTTP_METHOD_PUT = 8,
+    HTTP_METHOD_DELETE = 16,
+    HTTP_METHOD_PATCH = 32,
+    HTTP_METHOD_OPTIONS = 64,
+    HTTP_METHOD_CONNECT = 128,
+    HTTP_METHOD_TRACE = 256,
 };
 
 /* port_rules key: a rule scoped to a server port. */
@@ -265,11 +321,15 @@ struct mirror_mark {
     __u64 packets;     /* mirrored so far */
     __u64 bytes;
     __u32 ended;  /* a limit was reached: nothing more is mirrored (32 bits for cmpxchg) */
-    __u16 status; /* the status that triggered */
+    __u16 status; /* the status that triggered (0: another kind) */
     __u8 linked;  /* this key is the other tuple of a translated connection: the budget is
                    * the mark of `peer` */
-    __u8 _pad;
+    __u8 kind;    /* enum trigger_kind */
     struct flow_key peer; /* the other tuple of a translated connection (zero: none) */
+    /* request_replay slot + 1 of a request still to be replayed, by the first packet of the
+     * flow after the mark (a mark made without a packet: noresponse); 0: none. */
+    __u32 replay_due;
+    __u32 _pad;
 };
 
 /* Where one direction of a flow stands in its stream of HTTP/1.x messages. */
@@ -298,7 +358,8 @@ struct http_stream {
 struct http_request {
     __u64 ts_ns;    /* its first segment, packet_time() */
     __u32 head_len; /* valid bytes in head */
-    __u32 _pad;
+    __u32 replay;   /* hand-out number + 1 of the request_replay slot of its segment (0: none;
+                     * the slot is number & replay_mask: replay.h) */
     __u8 head[HTTP_REQUEST_HEAD_LEN]; /* raw "METHOD target HTTP/1.x" prefix */
 };
 
@@ -320,9 +381,8 @@ struct flow_timing {
     __u8 nat_checked; /* conntrack was asked whether this connection is translated */
     __u8 deep;        /* more requests were pending at once than req holds: every response
                        * is framed (see HTTP_ANSWERED) */
-    __u8 _pad;
-    __u32 replay; /* hand-out number + 1 of the request_replay slot holding its latest
-                       * request (0: none); the slot is number & replay_mask (replay.h) */
+    __u8 req_dir;     /* enum flow_dir of the requests + 1 (0: none seen): the client's side */
+    __u32 _pad1;
     struct http_stream stream[FLOW_DIRS];
     struct http_request req[HTTP_PIPELINE];
 };
@@ -345,9 +405,14 @@ struct http_framing {
 
 /* What a trigger reports besides the flow and rule. */
 struct trigger_info {
-    __u64 took;   /* the response time (0: unknown) */
-    __u32 status; /* the response's status */
-    __u32 hook;   /* enum hook_kind */
+    __u64 took;      /* from the request to the trigger (0: unknown) */
+    __u32 status;    /* the response's status (0: another kind) */
+    __u32 hook;      /* enum hook_kind */
+    __u32 kind;      /* enum trigger_kind */
+    __u32 by;        /* enum trigger_side */
+    __u32 replay;    /* request_replay hand-out number + 1 of the request's segment (0: none) */
+    __u32 _pad;
+    struct flow_key replay_key; /* the key it was kept under (the other one across NAT) */
 };
 
 /* What the classifier needs from one packet. */
@@ -422,7 +487,8 @@ struct replay_slot {
     struct flow_key key;          /* the flow that owns the slot */
     __u64 ts_ns;                  /* when the request passed */
     __u32 wire_len;               /* the segment's length (more than len: kept truncated) */
-    __u32 len;                    /* bytes kept in frame */
+    __u16 len;                    /* bytes kept in frame */
+    __u16 req_off;                /* where the request starts in frame */
     __u8 frame[REPLAY_FRAME_MAX]; /* from the Ethernet header on */
 };
 
@@ -468,12 +534,17 @@ struct trigger_event {
     struct flow_key
         nat; /* the connection's other tuple when conntrack translated it (zero: none) */
     __u64 ts_ns;
-    __u64 request_to_response_ns; /* 0 when no request was seen */
+    /* From the request to the trigger: its response's status line, the reset, or the mark of
+     * a request unanswered (the wait); 0 when no request was seen. */
+    __u64 request_to_response_ns;
     __u32 rule_id;
     __u32 ifindex; /* interface the trigger packet was seen on */
-    __u16 status;
-    __u8 hook; /* enum hook_kind */
-    __u8 dir;  /* enum flow_dir of the response */
+    __u16 status; /* the response's status (0: another kind) */
+    __u8 hook;    /* enum hook_kind */
+    __u8 dir;     /* enum flow_dir of the packet that triggered (noresponse: of the request) */
+    __u8 kind;    /* enum trigger_kind */
+    __u8 by;      /* enum trigger_side: who sent the packet that triggered */
+    __u8 _pad[6];
     __u32 request_head_len;
     __u8 request_head[HTTP_REQUEST_HEAD_LEN];
     __u64 replay_ts_ns;            /* when the replayed request passed (0: none kept) */
@@ -492,8 +563,10 @@ enum timing_group {
 struct settings {
     __u32 mirror_ifindex; /* 0 = no mirror interface: marked packets are counted, not copied */
     __u32 timing;         /* enum timing_group bits that are on */
-    __u32 replay_keep;    /* enum replay_keep: which flows keep their latest request */
+    __u32 replay_keep;    /* enum replay_keep: which flows keep their requests */
     __u32 replay_ifindex; /* where the replay program runs (the sink's egress; 0: no replays) */
+    __u32 kinds;          /* bit (1 << enum trigger_kind) of each kind some rule has */
+    __u32 _pad;
 };
 
 /* Which flows keep the segment of their latest request for a replay (settings.replay_keep). */
