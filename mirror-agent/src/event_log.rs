@@ -206,10 +206,13 @@ mod tests {
             nat: false,
             rule_id: 1,
             rule: "status=500".into(),
+            kind: "status".into(),
+            by: Some("server".into()),
             status,
             method: Some("GET".into()),
             target: Some("/bar".into()),
             response_ms: Some(1.5),
+            after_request_ms: None,
             request: None,
         }
     }

@@ -21,6 +21,9 @@ pub struct RuleView {
     pub id: u32,
     /// Canonical text.
     pub rule: String,
+    /// What triggers it: `status`, `reset` or `noresponse`.
+    #[serde(default = "status_kind")]
+    pub kind: String,
     /// Flows it triggered.
     pub hits: u64,
 }
@@ -60,8 +63,11 @@ pub struct FlowView {
     pub reverse: DirView,
     /// Marked for mirroring by this rule.
     pub rule_id: Option<u32>,
-    /// Status that triggered.
+    /// Status that triggered (0 for the other kinds).
     pub status: Option<u16>,
+    /// What triggered: `status`, `reset` or `noresponse`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<String>,
     /// Packets mirrored.
     pub mirrored_packets: u64,
     /// Mirroring ended (limit reached).
@@ -331,7 +337,14 @@ pub struct EventView {
     pub rule_id: u32,
     /// Its text ("" when deleted since).
     pub rule: String,
-    /// The response's status.
+    /// What triggered: `status`, `reset` or `noresponse`.
+    #[serde(default = "status_kind")]
+    pub kind: String,
+    /// Who sent the packet that triggered: `client` or `server` (a reset: who reset; none for
+    /// `noresponse`, which no packet triggers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// The response's status (0 for the other kinds).
     pub status: u16,
     /// The request's method, when it was seen.
     pub method: Option<String>,
@@ -339,6 +352,10 @@ pub struct EventView {
     pub target: Option<String>,
     /// Request (first segment) to status line, milliseconds, when the request was seen.
     pub response_ms: Option<f64>,
+    /// For `reset` and `noresponse`: from the request (the one pending, else the latest) to the
+    /// reset, or the time it waited unanswered, milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_request_ms: Option<f64>,
     /// The flow's latest request before the trigger, as the classifier kept it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<RequestView>,
@@ -371,4 +388,8 @@ pub struct EventQuery {
     /// When there are none yet, wait this many seconds (at most 30) for the next.
     #[serde(default)]
     pub wait: u64,
+}
+
+fn status_kind() -> String {
+    "status".into()
 }

@@ -17,10 +17,19 @@ const HEADER: [&str; 9] = [
     "SERVER SIDE (NAT)",
     "RULE",
     "REQUEST",
-    "STATUS",
-    "RESPONSE",
+    "TRIGGER",
+    "AFTER REQUEST",
     "COMMUNITY ID",
 ];
+
+/// What triggered: the status, "reset by client|server", or "noresponse".
+fn trigger(e: &EventView) -> String {
+    match (e.kind.as_str(), &e.by) {
+        ("status", _) => e.status.to_string(),
+        ("reset", Some(by)) => format!("reset by {by}"),
+        (kind, _) => kind.to_string(),
+    }
+}
 
 fn row(e: &EventView) -> Vec<String> {
     let c = &e.client_side;
@@ -35,8 +44,8 @@ fn row(e: &EventView) -> Vec<String> {
         if e.nat { format!("{} -> {}", e.server_side.client, e.server_side.server) } else { "-".into() },
         e.rule_id.to_string(),
         request,
-        e.status.to_string(),
-        e.response_ms.map_or("-".into(), |ms| format!("{ms:.1}ms")),
+        trigger(e),
+        e.response_ms.or(e.after_request_ms).map_or("-".into(), |ms| format!("{ms:.1}ms")),
         c.community_id.clone(),
     ]
 }

@@ -152,7 +152,7 @@ fn print_latency(hists: &[HistogramView], by_interface: bool) {
 }
 
 fn rule_rows(rules: &[RuleView]) -> Vec<Vec<String>> {
-    rules.iter().map(|r| vec![r.id.to_string(), r.hits.to_string(), r.rule.clone()]).collect()
+    rules.iter().map(|r| vec![r.id.to_string(), r.kind.clone(), r.hits.to_string(), r.rule.clone()]).collect()
 }
 
 /// Runs one mirrorctl command.
@@ -206,7 +206,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             if json {
                 print_json(&rules)?;
             } else {
-                print!("{}", table::render(&["ID", "HITS", "RULE"], &rule_rows(&rules)));
+                print!("{}", table::render(&["ID", "KIND", "HITS", "RULE"], &rule_rows(&rules)));
             }
         }
         Command::Rules { command: RulesCommand::Del { id } } => {

@@ -75,8 +75,11 @@ fn row(f: &FlowView, bps: f64) -> FlowRow {
     FlowRow {
         pods: if pods.is_empty() { "-".into() } else { pods.join(", ") },
         endpoints: format!("{} <-> {}", f.lo, f.hi),
-        rule: match (f.rule_id, f.status) {
-            (Some(r), Some(s)) => format!("rule {r} ({s}){}", if f.mirror_ended { " ended" } else { "" }),
+        rule: match (f.rule_id, f.status, f.trigger.as_deref()) {
+            (Some(r), Some(s), None | Some("status")) => {
+                format!("rule {r} ({s}){}", if f.mirror_ended { " ended" } else { "" })
+            }
+            (Some(r), _, Some(kind)) => format!("rule {r} ({kind}){}", if f.mirror_ended { " ended" } else { "" }),
             _ => "-".into(),
         },
         copied: f.mirrored_packets,

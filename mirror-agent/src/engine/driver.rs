@@ -278,7 +278,7 @@ impl Driver {
         if let Some((id, _, _)) = present.iter().find(|(_, _, r)| *r == rule) {
             let hits = self.dp.rules()?.into_iter().find(|r| r.id == *id).map_or(0, |r| r.hits);
             return Ok(AddedRule {
-                view: RuleView { id: *id, rule: rule.to_string(), hits },
+                view: rule_view(*id, &rule, hits),
                 created: false,
             });
         }
@@ -290,14 +290,14 @@ impl Driver {
         )?;
         let id = self.dp.add_rule(rule.clone())?;
         self.save_rules()?;
-        Ok(AddedRule { view: RuleView { id, rule: rule.to_string(), hits: 0 }, created: true })
+        Ok(AddedRule { view: rule_view(id, &rule, 0), created: true })
     }
 
     pub(super) fn del_rule(&mut self, id: u32) -> anyhow::Result<RuleView> {
         let hits = self.dp.rules()?.into_iter().find(|r| r.id == id).map_or(0, |r| r.hits);
         let rule = self.dp.remove_rule(id)?;
         self.save_rules()?;
-        Ok(RuleView { id, rule: rule.to_string(), hits })
+        Ok(rule_view(id, &rule, hits))
     }
 
     pub(super) fn rules(&self) -> anyhow::Result<Vec<RuleView>> {
@@ -305,7 +305,7 @@ impl Driver {
             .dp
             .rules()?
             .into_iter()
-            .map(|r| RuleView { id: r.id, rule: r.rule.to_string(), hits: r.hits })
+            .map(|r| rule_view(r.id, &r.rule, r.hits))
             .collect())
     }
 
@@ -394,4 +394,9 @@ impl Driver {
         tracing::info!(interfaces = n, "detached everywhere, pins removed");
         first_err.map_or(Ok(()), |e| Err(e.into()))
     }
+}
+
+/// A rule as the API shows it.
+fn rule_view(id: u32, rule: &mirror_bpf::Rule, hits: u64) -> RuleView {
+    RuleView { id, rule: rule.to_string(), kind: rule.kind().name().into(), hits }
 }

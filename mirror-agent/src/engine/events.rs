@@ -9,7 +9,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, SystemTime};
 
 use mirror_bpf::flow::monotonic_ns;
-use mirror_bpf::{Datapath, EventRing, TriggerEvent};
+use mirror_bpf::{Datapath, EventRing, Side, TriggerEvent, TriggerKind};
 
 use super::attached::AttachedLinks;
 use crate::community_id;
@@ -42,12 +42,15 @@ impl Events {
             let ev = complete(&e, dp, attached);
             tracing::info!(
                 rule = e.rule_id,
+                kind = %e.kind,
+                by = e.by.map_or("-", |b| b.name()),
                 status = e.status,
                 server = %ev.server_side.server,
                 client = %ev.client_side.client,
                 method = e.method.as_deref().unwrap_or("-"),
                 target = e.target.as_deref().unwrap_or("-"),
                 response_ms = ev.response_ms,
+                after_request_ms = ev.after_request_ms,
                 interface = %ev.interface,
                 nat = ev.nat.then(|| format!("{} -> {}", ev.client_side.server, ev.server_side.server)),
                 community_id = %ev.client_side.community_id,
@@ -74,8 +77,11 @@ fn ms(d: Duration) -> f64 {
 /// The event as the API shows it (`seq` is set by the log).
 fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &AttachedLinks) -> EventView {
     let proto = e.key.proto;
-    // The response's sender is the server of the tuple it was seen under.
-    let seen = if e.reverse { (e.key.lo, e.key.hi) } else { (e.key.hi, e.key.lo) };
+    // (sender, receiver) of the packet that triggered (of the request, for noresponse), then
+    // (client, server) of the tuple it was seen under: the server sends a response.
+    let sent = if e.reverse { (e.key.hi, e.key.lo) } else { (e.key.lo, e.key.hi) };
+    let by_client = e.kind == TriggerKind::NoResponse || e.by == Some(Side::Client);
+    let seen = if by_client { sent } else { (sent.1, sent.0) };
     let nat = match e.nat {
         Some(_) => dp.nat_tuples(&e.key).unwrap_or_else(|err| {
             tracing::debug!(error = %err, "reading the NAT tuples of a trigger");
@@ -108,10 +114,13 @@ fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &AttachedLinks) -> Ev
             .find(|(id, _, _)| *id == e.rule_id)
             .map(|(_, _, r)| r.to_string())
             .unwrap_or_default(),
+        kind: e.kind.name().into(),
+        by: e.by.map(|b| b.name().into()),
         status: e.status,
         method: e.method.clone(),
         target: e.target.clone(),
-        response_ms: e.request_to_response.map(ms),
+        response_ms: if e.kind == TriggerKind::Status { e.request_to_response.map(ms) } else { None },
+        after_request_ms: if e.kind == TriggerKind::Status { None } else { e.request_to_response.map(ms) },
         request: e.request.as_ref().and_then(|r| {
             let payload = r.payload()?;
             let headers = r.frame.len() - payload.len();

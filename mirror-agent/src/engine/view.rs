@@ -29,6 +29,7 @@ pub(super) fn flows(dp: &Datapath<'_>) -> anyhow::Result<Vec<FlowView>> {
             reverse: dir(&f.reverse),
             rule_id: f.mark.map(|m| m.rule_id),
             status: f.mark.map(|m| m.status),
+            trigger: f.mark.map(|m| m.kind.name().to_string()),
             mirrored_packets: f.mark.map_or(0, |m| m.packets),
             mirror_ended: f.mark.is_some_and(|m| m.ended),
             idle_ms: f.idle(now).as_millis() as u64,
