@@ -33,6 +33,12 @@ pub enum Rules {
     Pass(u32),
     /// One rule that mirrors every flow answered 500, without limits.
     Mirror,
+    /// The one rule of `Pass(1)` and one of each other kind, none of which the load meets: a
+    /// reset rule (the load closes with FINs), a noresponse rule (every request is answered
+    /// within it: each connection's timer runs, and fires once per its time), and a status rule
+    /// with request filters (no response has its status). What the triggers of another kind
+    /// cost the common path.
+    Triggers,
 }
 
 /// The agent of one configuration.
@@ -82,6 +88,9 @@ impl Rules {
     pub fn texts(self) -> Vec<String> {
         match self {
             Rules::Mirror => vec![MIRROR_RULE.into()],
+            Rules::Triggers => ["status=599", "reset", "noresponse>2s", "status=598 method=POST path=/api/ host=shop.example"]
+                .map(String::from)
+                .to_vec(),
             Rules::Pass(n) => std::iter::once("status=599".to_string())
                 .chain((1..n).map(|i| format!("port={} status=500", FIRST_RULE_PORT + i)))
                 .collect(),

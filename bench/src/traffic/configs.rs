@@ -52,6 +52,14 @@ const fn timed(
 
 impl Config {
     /// The same agent with `mirror.replay_requests: 0` (other setups unchanged).
+    /// The same agent with `rules`.
+    pub fn with_rules(&self, rules: Rules) -> Config {
+        match self.setup {
+            Setup::Agent(spec) => Config { setup: Setup::Agent(AgentSpec { rules, ..spec }), ..*self },
+            _ => *self,
+        }
+    }
+
     pub fn without_replays(&self) -> Config {
         match self.setup {
             Setup::Agent(spec) => {
@@ -171,7 +179,7 @@ pub fn run(cfg: &Config, ctx: &Ctx<'_>, load: Load, secs: u32) -> Result<(Sample
             let get = |k: &str| c.get(k).copied().unwrap_or(0);
             ensure!(get("packets") > 0, "the classifier saw no packet: {c:?}");
             match spec.rules {
-                Rules::Pass(_) => {
+                Rules::Pass(_) | Rules::Triggers => {
                     ensure!(get("triggers") == 0, "a rule that matches nothing triggered: {c:?}")
                 }
                 Rules::Mirror if matches!(load, Load::Http { errors_pct } if errors_pct > 0) => {

@@ -172,6 +172,9 @@ pub enum Rung {
     NoReplay,
     /// The classifier as configured (replays on, the default).
     Classifier,
+    /// The classifier with rules of the other kinds of trigger too (reset, noresponse, request
+    /// filters), none met: what they cost the common path.
+    Triggers,
     /// The classifier of another build (`MIRROR_BENCH_BEFORE_AGENT`), as configured: a change
     /// measured against the build before it, in the same rounds.
     Before,
@@ -179,8 +182,8 @@ pub enum Rung {
 
 impl Rung {
     /// In the order they run in a round (and are reported).
-    pub const ALL: [Rung; 6] =
-        [Rung::Empty, Rung::Parse, Rung::Floor, Rung::Cached, Rung::NoReplay, Rung::Classifier];
+    pub const ALL: [Rung; 7] =
+        [Rung::Empty, Rung::Parse, Rung::Floor, Rung::Cached, Rung::NoReplay, Rung::Classifier, Rung::Triggers];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -190,6 +193,7 @@ impl Rung {
             Rung::Cached => "floor with the flow cache",
             Rung::NoReplay => "classifier, replays off",
             Rung::Classifier => "classifier (replays on, the default)",
+            Rung::Triggers => "classifier, + reset, noresponse>2s and filtered rules",
             Rung::Before => "classifier of the build before (MIRROR_BENCH_BEFORE_AGENT)",
         }
     }
@@ -494,7 +498,7 @@ fn ratio_round(
             Rung::Parse => Some(bpfstats::Baseline::Parse),
             Rung::Floor => Some(bpfstats::Baseline::Floor),
             Rung::Cached => Some(bpfstats::Baseline::Cached),
-            Rung::NoReplay | Rung::Classifier | Rung::Before => None,
+            Rung::NoReplay | Rung::Classifier | Rung::Triggers | Rung::Before => None,
         };
         let runs = match baseline {
             Some(which) => {
@@ -505,7 +509,11 @@ fn ratio_round(
                 bpfstats::delta(&before, &attached.programs()?)
             }
             None => {
-                let cfg = if rung == Rung::NoReplay { cfg.without_replays() } else { *cfg };
+                let cfg = match rung {
+                    Rung::NoReplay => cfg.without_replays(),
+                    Rung::Triggers => cfg.with_rules(agent::Rules::Triggers),
+                    _ => *cfg,
+                };
                 let agents = if rung == Rung::Before { before.unwrap_or(ctx) } else { ctx };
                 profile(agents, load, &cfg, secs)?.0
             }

@@ -541,7 +541,9 @@ fn ratio_table(s: &mut String, r: &Results) {
          empty program, the parser alone, the floor of a flow monitor (parse, the packet's time, \
          one lookup in a per-CPU LRU flow table keyed as the classifier's), the same floor with \
          the classifier's flow cache in front of the table, the agent ({}) {} with replays off \
-         (`mirror.replay_requests: 0`), and as configured (replays on). The baselines are attached \
+         (`mirror.replay_requests: 0`), as configured (replays on), and with a rule of each \
+         other kind of trigger besides, none of which the load meets (`reset`, \
+         `noresponse>2s`, a status rule with method, path and host filters). The baselines are attached \
          by TCX at both hooks, at egress counting only what no ingress saw. The kernel's BPF \
          run-time accounting on in all (it adds two clock reads per run to each). Both hooks: ns \
          per run over all the runs, ingress and egress; its ratio to the empty program is paired \
