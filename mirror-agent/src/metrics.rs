@@ -35,7 +35,11 @@ const EXPORTED: &[(&str, &str, &str)] = &[
         "Requests unanswered for a noresponse rule's time that marked their flow",
     ),
     ("filtered_out", "filtered_out", "Triggers a rule's request filter (method, path, host) turned down"),
-    ("noresponse_timers_started", "noresponse_timers_started", "No-response timers started (one per flow with requests pending)"),
+    (
+        "noresponse_timers_started",
+        "noresponse_timers_started",
+        "No-response timers started (one per flow with requests pending)",
+    ),
     ("noresponse_timers_fired", "noresponse_timers_fired", "No-response timers that ran"),
     ("mirrored_packets", "mirrored_packets", "Packets copied to the mirror interface"),
     ("mirrored_bytes", "mirrored_bytes", "Bytes copied to the mirror interface"),

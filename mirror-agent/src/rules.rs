@@ -25,7 +25,8 @@ pub fn parse(text: &str) -> Result<Rule, RuleError> {
         ));
     }
     if rule.threshold().is_some_and(|l| l > MAX_LATENCY) {
-        let token = if rule.kind() == mirror_bpf::TriggerKind::NoResponse { "noresponse>" } else { "latency>" };
+        let token =
+            if rule.kind() == mirror_bpf::TriggerKind::NoResponse { "noresponse>" } else { "latency>" };
         return Err(token_error(text, token, "longer than 1h, the highest time a rule may wait for"));
     }
     Ok(rule)

@@ -149,7 +149,8 @@ impl From<&types::mirror_mark> for MirrorMark {
     fn from(m: &types::mirror_mark) -> Self {
         MirrorMark {
             rule_id: m.rule_id,
-            kind: crate::rule::TriggerKind::from_raw(u32::from(m.kind)).unwrap_or(crate::rule::TriggerKind::Status),
+            kind: crate::rule::TriggerKind::from_raw(u32::from(m.kind))
+                .unwrap_or(crate::rule::TriggerKind::Status),
             status: m.status,
             trigger_ns: m.trigger_ns,
             packets: m.packets,

@@ -156,12 +156,13 @@ impl RequestFilter {
     /// Whether a request with `method`, `target` and `host` (if known) passes (as the data
     /// path decides: for tests and tools).
     pub fn matches(&self, method: &str, target: &str, host: Option<&str>) -> bool {
-        let method_ok = self.methods == 0
-            || METHODS.iter().any(|(n, bit)| *n == method && self.methods & bit.0 != 0);
+        let method_ok =
+            self.methods == 0 || METHODS.iter().any(|(n, bit)| *n == method && self.methods & bit.0 != 0);
         let path_ok = self.path.as_deref().is_none_or(|p| target.starts_with(p));
-        let host_ok = self.host.as_deref().is_none_or(|h| {
-            host.is_some_and(|v| v.split(':').next().unwrap_or("").eq_ignore_ascii_case(h))
-        });
+        let host_ok = self
+            .host
+            .as_deref()
+            .is_none_or(|h| host.is_some_and(|v| v.split(':').next().unwrap_or("").eq_ignore_ascii_case(h)));
         method_ok && path_ok && host_ok
     }
 }
@@ -433,7 +434,9 @@ fn parse_host(v: &str) -> Result<String, String> {
     if v.len() > FILTER_TEXT_MAX {
         return Err(format!("host is {} bytes, more than the {FILTER_TEXT_MAX} a filter holds", v.len()));
     }
-    if let Some(c) = v.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']'))) {
+    if let Some(c) =
+        v.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']')))
+    {
         let hint = if c == ':' { " (give the name without its port)" } else { "" };
         return Err(format!("host has {c:?}, not a character of a host name{hint}"));
     }

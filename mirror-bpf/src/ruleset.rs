@@ -130,9 +130,8 @@ impl RuleSet {
             if self.filtered_count() >= FILTERS_MAX {
                 return Err(AddError::Filters);
             }
-            if let Some((port, status)) = keys
-                .iter()
-                .find(|k| self.covering.get(k).is_some_and(|c| c.filtered.len() >= FILTERED_MAX))
+            if let Some((port, status)) =
+                keys.iter().find(|k| self.covering.get(k).is_some_and(|c| c.filtered.len() >= FILTERED_MAX))
             {
                 return Err(AddError::FilteredPerKey { port: *port, status: *status });
             }

@@ -88,9 +88,14 @@ impl Rules {
     pub fn texts(self) -> Vec<String> {
         match self {
             Rules::Mirror => vec![MIRROR_RULE.into()],
-            Rules::Triggers => ["status=599", "reset", "noresponse>2s", "status=598 method=POST path=/api/ host=shop.example"]
-                .map(String::from)
-                .to_vec(),
+            Rules::Triggers => [
+                "status=599",
+                "reset",
+                "noresponse>2s",
+                "status=598 method=POST path=/api/ host=shop.example",
+            ]
+            .map(String::from)
+            .to_vec(),
             Rules::Pass(n) => std::iter::once("status=599".to_string())
                 .chain((1..n).map(|i| format!("port={} status=500", FIRST_RULE_PORT + i)))
                 .collect(),

@@ -182,8 +182,15 @@ pub enum Rung {
 
 impl Rung {
     /// In the order they run in a round (and are reported).
-    pub const ALL: [Rung; 7] =
-        [Rung::Empty, Rung::Parse, Rung::Floor, Rung::Cached, Rung::NoReplay, Rung::Classifier, Rung::Triggers];
+    pub const ALL: [Rung; 7] = [
+        Rung::Empty,
+        Rung::Parse,
+        Rung::Floor,
+        Rung::Cached,
+        Rung::NoReplay,
+        Rung::Classifier,
+        Rung::Triggers,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {

@@ -79,7 +79,9 @@ fn row(f: &FlowView, bps: f64) -> FlowRow {
             (Some(r), Some(s), None | Some("status")) => {
                 format!("rule {r} ({s}){}", if f.mirror_ended { " ended" } else { "" })
             }
-            (Some(r), _, Some(kind)) => format!("rule {r} ({kind}){}", if f.mirror_ended { " ended" } else { "" }),
+            (Some(r), _, Some(kind)) => {
+                format!("rule {r} ({kind}){}", if f.mirror_ended { " ended" } else { "" })
+            }
             _ => "-".into(),
         },
         copied: f.mirrored_packets,

@@ -277,10 +277,7 @@ impl Driver {
         let present = self.dp.rule_slots();
         if let Some((id, _, _)) = present.iter().find(|(_, _, r)| *r == rule) {
             let hits = self.dp.rules()?.into_iter().find(|r| r.id == *id).map_or(0, |r| r.hits);
-            return Ok(AddedRule {
-                view: rule_view(*id, &rule, hits),
-                created: false,
-            });
+            return Ok(AddedRule { view: rule_view(*id, &rule, hits), created: false });
         }
         // Checked before anything is written: a map that fills halfway would leave the rule
         // partly installed.
@@ -301,12 +298,7 @@ impl Driver {
     }
 
     pub(super) fn rules(&self) -> anyhow::Result<Vec<RuleView>> {
-        Ok(self
-            .dp
-            .rules()?
-            .into_iter()
-            .map(|r| rule_view(r.id, &r.rule, r.hits))
-            .collect())
+        Ok(self.dp.rules()?.into_iter().map(|r| rule_view(r.id, &r.rule, r.hits)).collect())
     }
 
     fn set_group(&mut self, group: Group, on: bool) -> anyhow::Result<()> {

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * This file contains the constants the data path needs that vmlinux.h does not carry:
- * uapi #defines (tc verdicts, ethertypes, TCP flag bits) are not part of kernel BTF.
+ * uapi #defines (tc verdicts, ethertypes) are not part of kernel BTF.
  */
 #ifndef MIRROR_COMPAT_H
 #define MIRROR_COMPAT_H

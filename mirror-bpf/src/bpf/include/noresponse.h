@@ -88,8 +88,7 @@ static __always_inline void noresponse_mark(struct flow_timing *t, struct pendin
     if (n)
         s->peer = n->peer;
     struct replay_slot *r = replay_slot_of(req->replay, &t->key);
-    if (!mark_flow(&t->key, n ? &s->peer : NULL, ra, ti, now, r ? req->replay : 0, &s->mark,
-                   cnt))
+    if (!mark_flow(&t->key, n ? &s->peer : NULL, ra, ti, now, r ? req->replay : 0, &s->mark, cnt))
         return;
     s->req.ts_ns = req->ts_ns;
     s->req.head_len = req->head_len;

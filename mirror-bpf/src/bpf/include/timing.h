@@ -15,7 +15,6 @@
 #include "hist.h"
 #include "nat.h"
 
-
 /* timing_group_on - whether @set (may be NULL) switches the timing @group on (enum timing_group). */
 static __always_inline int timing_group_on(const struct settings *set, __u32 group)
 {

@@ -320,11 +320,11 @@ struct mirror_mark {
     __u64 max_bytes;   /* 0 = unlimited */
     __u64 packets;     /* mirrored so far */
     __u64 bytes;
-    __u32 ended;  /* a limit was reached: nothing more is mirrored (32 bits for cmpxchg) */
-    __u16 status; /* the status that triggered (0: another kind) */
-    __u8 linked;  /* this key is the other tuple of a translated connection: the budget is
+    __u32 ended;          /* a limit was reached: nothing more is mirrored (32 bits for cmpxchg) */
+    __u16 status;         /* the status that triggered (0: another kind) */
+    __u8 linked;          /* this key is the other tuple of a translated connection: the budget is
                    * the mark of `peer` */
-    __u8 kind;    /* enum trigger_kind */
+    __u8 kind;            /* enum trigger_kind */
     struct flow_key peer; /* the other tuple of a translated connection (zero: none) */
     /* request_replay slot + 1 of a request still to be replayed, by the first packet of the
      * flow after the mark (a mark made without a packet: noresponse); 0: none. */
@@ -405,12 +405,12 @@ struct http_framing {
 
 /* What a trigger reports besides the flow and rule. */
 struct trigger_info {
-    __u64 took;      /* from the request to the trigger (0: unknown) */
-    __u32 status;    /* the response's status (0: another kind) */
-    __u32 hook;      /* enum hook_kind */
-    __u32 kind;      /* enum trigger_kind */
-    __u32 by;        /* enum trigger_side */
-    __u32 replay;    /* request_replay hand-out number + 1 of the request's segment (0: none) */
+    __u64 took;   /* from the request to the trigger (0: unknown) */
+    __u32 status; /* the response's status (0: another kind) */
+    __u32 hook;   /* enum hook_kind */
+    __u32 kind;   /* enum trigger_kind */
+    __u32 by;     /* enum trigger_side */
+    __u32 replay; /* request_replay hand-out number + 1 of the request's segment (0: none) */
     __u32 _pad;
     struct flow_key replay_key; /* the key it was kept under (the other one across NAT) */
 };
@@ -539,11 +539,11 @@ struct trigger_event {
     __u64 request_to_response_ns;
     __u32 rule_id;
     __u32 ifindex; /* interface the trigger packet was seen on */
-    __u16 status; /* the response's status (0: another kind) */
-    __u8 hook;    /* enum hook_kind */
-    __u8 dir;     /* enum flow_dir of the packet that triggered (noresponse: of the request) */
-    __u8 kind;    /* enum trigger_kind */
-    __u8 by;      /* enum trigger_side: who sent the packet that triggered */
+    __u16 status;  /* the response's status (0: another kind) */
+    __u8 hook;     /* enum hook_kind */
+    __u8 dir;      /* enum flow_dir of the packet that triggered (noresponse: of the request) */
+    __u8 kind;     /* enum trigger_kind */
+    __u8 by;       /* enum trigger_side: who sent the packet that triggered */
     __u8 _pad[6];
     __u32 request_head_len;
     __u8 request_head[HTTP_REQUEST_HEAD_LEN];
