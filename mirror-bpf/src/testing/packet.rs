@@ -10,6 +10,8 @@ pub mod tcp_flags {
     pub const FIN: u8 = 0x01;
     /// SYN.
     pub const SYN: u8 = 0x02;
+    /// RST.
+    pub const RST: u8 = 0x04;
     /// PSH.
     pub const PSH: u8 = 0x08;
     /// ACK.

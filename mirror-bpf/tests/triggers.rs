@@ -1,0 +1,251 @@
+//! The kinds of trigger besides a status, and the request behind each, with BPF_PROG_TEST_RUN:
+//! a reset of an established HTTP connection (and who sent it), a request left unanswered (a
+//! timer marks the flow, without a packet, when the rule's time has passed), request filters
+//! (method, path prefix, Host), and under pipelining the request each trigger concerns.
+
+use std::sync::{Arc, Mutex};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use mirror_bpf::testing::{self, consts::*, fixtures, packet::*, SkbContext, VERDICT_CONTINUE};
+use mirror_bpf::types::stat_idx as S;
+use mirror_bpf::{Counters, Datapath, DatapathOptions, EventRing, FlowKey, Side, TriggerEvent, TriggerKind};
+
+type Dp = Datapath<'static>;
+
+fn ingress(dp: &Dp, frame: &[u8]) -> Counters {
+    let before = dp.counters().unwrap();
+    let (ret, out) = testing::run(&dp.skel().progs.tc_ingress_mirror, frame, SkbContext::default());
+    assert_eq!(ret, VERDICT_CONTINUE, "verdict must always be 'continue'");
+    assert_eq!(out, frame, "the frame must pass untouched");
+    dp.counters().unwrap().since(&before)
+}
+
+fn v4_flow(cport: u16) -> FlowKey {
+    FlowKey::new(
+        std::net::SocketAddr::new(V4_CLIENT.into(), cport),
+        std::net::SocketAddr::new(V4_SERVER.into(), PORT_HTTP),
+        6,
+    )
+}
+
+/// A RST|ACK from the server (`from_server`) or the client of connection `cport`.
+fn rst(cport: u16, from_server: bool) -> Vec<u8> {
+    let flags = tcp_flags::RST | tcp_flags::ACK;
+    if from_server {
+        PacketBuilder::ipv4(V4_SERVER, V4_CLIENT).tcp(PORT_HTTP, cport, flags).build()
+    } else {
+        PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).tcp(cport, PORT_HTTP, flags).build()
+    }
+}
+
+/// The classifier with `rules`, and its events as they come.
+struct Bed {
+    dp: Dp,
+    ring: EventRing<'static>,
+    events: Arc<Mutex<Vec<TriggerEvent>>>,
+}
+
+impl Bed {
+    fn new(rules: &[&str]) -> Option<Bed> {
+        if !testing::require_root() {
+            return None;
+        }
+        let mut dp = testing::load(&DatapathOptions::default());
+        for r in rules {
+            dp.add_rule(r.parse().unwrap()).unwrap();
+        }
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink = events.clone();
+        let ring = dp.events(move |e| sink.lock().unwrap().push(e)).unwrap();
+        Some(Bed { dp, ring, events })
+    }
+
+    fn take(&self) -> Vec<TriggerEvent> {
+        Datapath::poll_events(&self.ring, Duration::from_millis(50)).unwrap();
+        std::mem::take(&mut *self.events.lock().unwrap())
+    }
+}
+
+#[test]
+fn a_reset_marks_an_established_http_connection_and_says_who_reset() {
+    let Some(bed) = Bed::new(&["reset"]) else { return };
+    let dp = &bed.dp;
+    // The server resets while a request is pending.
+    ingress(dp, &fixtures::v4_request(45000, PORT_HTTP, b"POST /api/pay HTTP/1.1\r\nHost: x\r\n\r\n"));
+    sleep(Duration::from_millis(2));
+    let d = ingress(dp, &rst(45000, true));
+    assert_eq!((d.get(S::STAT_TRIGGERS), d.get(S::STAT_RESET_TRIGGERS)), (1, 1), "{d:?}");
+    assert_eq!(d.get(S::STAT_MIRROR_NO_TARGET), 1, "the RST itself is a packet of the marked flow");
+    // The client resets after its answer: the request behind it is the latest.
+    ingress(dp, &fixtures::v4_request(45001, PORT_HTTP, REQ_GET_BAR));
+    ingress(dp, &fixtures::v4_response(PORT_HTTP, 45001, RESP_200));
+    let d = ingress(dp, &rst(45001, false));
+    assert_eq!(d.get(S::STAT_RESET_TRIGGERS), 1, "{d:?}");
+    // A RST with no request before it (a refused SYN, a port scan) is not an HTTP failure.
+    let syn = PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).tcp(45002, PORT_HTTP, tcp_flags::SYN).build();
+    ingress(dp, &syn);
+    let d = ingress(dp, &rst(45002, true));
+    assert_eq!(d.get(S::STAT_TRIGGERS), 0, "{d:?}");
+
+    let events = bed.take();
+    assert_eq!(events.len(), 2, "{events:?}");
+    let (server, client) = (&events[0], &events[1]);
+    assert_eq!(
+        (server.kind, server.by, server.status, server.key),
+        (TriggerKind::Reset, Some(Side::Server), 0, v4_flow(45000))
+    );
+    assert_eq!((server.method.as_deref(), server.target.as_deref()), (Some("POST"), Some("/api/pay")));
+    let after = server.request_to_response.expect("the time since the request");
+    assert!(after >= Duration::from_millis(2) && after < Duration::from_secs(5), "{after:?}");
+    assert_eq!(
+        (client.kind, client.by, client.key),
+        (TriggerKind::Reset, Some(Side::Client), v4_flow(45001))
+    );
+    assert_eq!(client.target.as_deref(), Some("/bar"));
+    let flows = dp.flows().unwrap();
+    let mark = flows.iter().find(|f| f.key == v4_flow(45000)).and_then(|f| f.mark).expect("marked");
+    assert_eq!((mark.kind, mark.status), (TriggerKind::Reset, 0));
+}
+
+#[test]
+fn without_a_reset_rule_a_reset_costs_nothing_and_marks_nothing() {
+    let Some(bed) = Bed::new(&["status=500"]) else { return };
+    ingress(&bed.dp, &fixtures::v4_request(45100, PORT_HTTP, REQ_GET_BAR));
+    let d = ingress(&bed.dp, &rst(45100, true));
+    assert_eq!((d.get(S::STAT_TRIGGERS), d.get(S::STAT_CT_LOOKUPS)), (0, 0), "{d:?}");
+    assert!(bed.take().is_empty());
+}
+
+/// A request unanswered for the rule's time marks its flow when the time passes, with no packet;
+/// a request answered in time does not; a request that came after an answered one is timed from
+/// its own start.
+#[test]
+fn a_request_left_unanswered_marks_its_flow_when_the_time_passes() {
+    let Some(bed) = Bed::new(&["noresponse>300ms"]) else { return };
+    let dp = &bed.dp;
+    let started = Instant::now();
+    // Unanswered.
+    let d = ingress(dp, &fixtures::v4_request(45200, PORT_HTTP, b"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n"));
+    assert_eq!(d.get(S::STAT_NORESPONSE_ARMED), 1, "its flow's timer starts: {d:?}");
+    // Answered in time.
+    ingress(dp, &fixtures::v4_request(45201, PORT_HTTP, REQ_GET_BAR));
+    ingress(dp, &fixtures::v4_response(PORT_HTTP, 45201, RESP_200));
+    // Answered, then a second request 200 ms later that is not.
+    ingress(dp, &fixtures::v4_request(45202, PORT_HTTP, REQ_GET_BAR));
+    ingress(dp, &fixtures::v4_response(PORT_HTTP, 45202, RESP_200));
+    sleep(Duration::from_millis(200));
+    let second = Instant::now();
+    // Where the stream goes on (the first request's bytes before it): a new request, not a
+    // retransmission of the first.
+    let next = PacketBuilder::ipv4(V4_CLIENT, V4_SERVER)
+        .tcp(45202, PORT_HTTP, tcp_flags::ACK | tcp_flags::PSH)
+        .seq(1000 + REQ_GET_BAR.len() as u32)
+        .payload(b"GET /second HTTP/1.1\r\nHost: x\r\n\r\n")
+        .build();
+    let d = ingress(dp, &next);
+    assert_eq!(d.get(S::STAT_NORESPONSE_ARMED), 0, "its timer still runs: {d:?}");
+
+    let mut events = Vec::new();
+    while started.elapsed() < Duration::from_millis(900) {
+        events.extend(bed.take());
+    }
+    assert_eq!(events.len(), 2, "{events:?}");
+    let (hang, late) = (&events[0], &events[1]);
+    assert_eq!((hang.kind, hang.by, hang.key), (TriggerKind::NoResponse, None, v4_flow(45200)));
+    assert_eq!(hang.target.as_deref(), Some("/hang"));
+    let waited = hang.request_to_response.expect("the wait");
+    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_millis(400), "{waited:?}");
+    assert!(!hang.reverse, "the request's direction: from the client (lo)");
+    assert_eq!((late.key, late.target.as_deref()), (v4_flow(45202), Some("/second")));
+    let waited = late.request_to_response.expect("the wait");
+    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_millis(400), "{waited:?}");
+    assert!(second.elapsed() >= Duration::from_millis(300));
+    let c = dp.counters().unwrap();
+    assert_eq!(c.get(S::STAT_NORESPONSE_TRIGGERS), 2, "{c:?}");
+    let marked: Vec<FlowKey> =
+        dp.flows().unwrap().iter().filter(|f| f.mark.is_some()).map(|f| f.key).collect();
+    assert_eq!(marked.len(), 2, "{marked:?}");
+    // The late response is a packet of a marked flow: copied (no sink here: counted as such).
+    let d = ingress(dp, &fixtures::v4_response(PORT_HTTP, 45200, RESP_200));
+    assert_eq!(d.get(S::STAT_MIRROR_NO_TARGET), 1, "{d:?}");
+}
+
+/// Pipelined requests: the trigger's request is the one its response answered (each pending
+/// request keeps its own segment), and a no-response mark concerns the oldest.
+#[test]
+fn under_pipelining_each_trigger_carries_the_request_it_concerns() {
+    let Some(bed) = Bed::new(&["status=500", "noresponse>200ms port=8080"]) else { return };
+    let dp = &bed.dp;
+    let seg = |cport: u16, dport: u16, seq: u32, text: &[u8]| {
+        PacketBuilder::ipv4(V4_CLIENT, V4_SERVER)
+            .tcp(cport, dport, tcp_flags::ACK | tcp_flags::PSH)
+            .seq(seq)
+            .payload(text)
+            .build()
+    };
+    let reqs: [&[u8]; 3] =
+        [b"GET /a HTTP/1.1\r\n\r\n", b"GET /b HTTP/1.1\r\n\r\n", b"GET /c HTTP/1.1\r\n\r\n"];
+    let mut seq = 1000;
+    for r in reqs {
+        let d = ingress(dp, &seg(45300, PORT_HTTP, seq, r));
+        assert_eq!(d.get(S::STAT_REPLAY_KEPT), 1, "{d:?}");
+        seq += r.len() as u32;
+    }
+    let resp = |seq: u32, text: &[u8]| {
+        PacketBuilder::ipv4(V4_SERVER, V4_CLIENT)
+            .tcp(PORT_HTTP, 45300, tcp_flags::ACK | tcp_flags::PSH)
+            .seq(seq)
+            .payload(text)
+            .build()
+    };
+    ingress(dp, &resp(5000, RESP_200));
+    let d = ingress(dp, &resp(5000 + RESP_200.len() as u32, RESP_500));
+    assert_eq!(d.get(S::STAT_TRIGGERS), 1, "{d:?}");
+    let events = bed.take();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].target.as_deref(), Some("/b"), "the 500 answered /b");
+    let kept = events[0].request.as_ref().and_then(|r| r.payload().map(<[u8]>::to_vec));
+    assert_eq!(kept.as_deref(), Some(reqs[1]), "the replay is /b's segment, not the latest (/c)");
+
+    // Three requests in one segment, the first never answered: the mark concerns the first.
+    let all: Vec<u8> = reqs.concat();
+    ingress(dp, &seg(45301, 8080, 1000, &all));
+    sleep(Duration::from_millis(350));
+    let events = bed.take();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!((events[0].kind, events[0].target.as_deref()), (TriggerKind::NoResponse, Some("/a")));
+}
+
+/// Filters: only the triggers whose request passes; the turned-down ones counted.
+#[test]
+fn request_filters_pick_the_requests_a_rule_applies_to() {
+    let Some(bed) = Bed::new(&["status=500 path=/api/", "status=500 method=POST host=shop.example"]) else {
+        return;
+    };
+    let dp = &bed.dp;
+    let cases: [(u16, &[u8], Option<u32>); 5] = [
+        (45400, b"GET /api/cart HTTP/1.1\r\nHost: other\r\n\r\n", Some(1)),
+        (45401, b"GET /web/cart HTTP/1.1\r\nHost: other\r\n\r\n", None),
+        (45402, b"POST /web/cart HTTP/1.1\r\nUser-Agent: t\r\nHost: Shop.Example:8080\r\n\r\n", Some(2)),
+        (45403, b"POST /web/cart HTTP/1.1\r\nHost: shop.example.org\r\n\r\n", None),
+        (45404, b"PUT /web/cart HTTP/1.1\r\nHost: shop.example\r\n\r\n", None),
+    ];
+    for (port, request, rule) in cases {
+        ingress(dp, &fixtures::v4_request(port, PORT_HTTP, request));
+        let d = ingress(dp, &fixtures::v4_response(PORT_HTTP, port, RESP_500));
+        assert_eq!(d.get(S::STAT_TRIGGERS), u64::from(rule.is_some()), "{port}: {d:?}");
+        // Each 500 tries both rules until one passes.
+        let tried = if rule == Some(1) {
+            0
+        } else if rule == Some(2) {
+            1
+        } else {
+            2
+        };
+        assert_eq!(d.get(S::STAT_FILTERED_OUT), tried, "{port}: {d:?}");
+    }
+    let events = bed.take();
+    let got: Vec<(u16, u32)> = events.iter().map(|e| (e.key.lo.port(), e.rule_id)).collect();
+    assert_eq!(got, [(45400, 1), (45402, 2)]);
+}
