@@ -4,6 +4,7 @@
 
 pub mod loads;
 mod measure;
+pub mod timers;
 
 use anyhow::{Context, Result};
 use mirror_bpf::testing::rig::{FIRST_RULE_PORT, RULE};

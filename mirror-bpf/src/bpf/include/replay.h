@@ -122,7 +122,8 @@ static __always_inline __u32 replay_from_scratch(struct __sk_buff *skb, struct r
  * headers and the first HTTP_SCAN_MAX bytes of the payload) for a replay. Each request pending
  * at once has a slot of its own, so that a trigger replays the very request it concerns
  * (pipelining); a request sent when none is pending takes over the slot of the flow's latest
- * (one slot per flow, as long as its requests come one at a time). Inlined into http_message,
+ * (one slot per flow, as long as its requests come one at a time); the requests of one segment
+ * share its slot (the segment is kept once). Inlined into http_message,
  * its only caller (verified once with it).
  * @s: the scratch area, the request's first @loaded bytes in s->buf.
  * @set: the settings (may be NULL).
@@ -135,6 +136,9 @@ static __always_inline __u32 replay_keep(struct __sk_buff *skb, struct http_scra
     if (!skb || !s || !t || !set || !cnt)
         return 0;
     struct pkt_meta *m = &s->meta;
+    /* A request after another in the same segment: the segment is kept already. */
+    if (s->pos.replay && replay_held(s->pos.replay))
+        return s->pos.replay;
     if (!replay_wanted(set, m))
         return 0;
     __u32 latest = t->req_tail ? t->req[(t->req_tail - 1) % HTTP_PIPELINE].replay : 0;
@@ -164,6 +168,7 @@ static __always_inline __u32 replay_keep(struct __sk_buff *skb, struct http_scra
     r->wire_len = skb->len;
     r->ts_ns = m->now;
     cnt->v[STAT_REPLAY_KEPT]++;
+    s->pos.replay = number + 1;
     return number + 1;
 }
 

@@ -442,6 +442,9 @@ struct http_pos {
     __u8 created;   /* the flow's shared entry was created here */
     __u8 seen;      /* a request or status line was found */
     __u8 answered;  /* the response at off answered the only request pending */
+    __u32 replay;   /* the request_replay slot number + 1 this segment was kept in (0: none):
+                     * the other requests it carries share it */
+    __u32 _pad;
 };
 
 /* Per-CPU scratch space of a conntrack lookup (too large for the stack). */
