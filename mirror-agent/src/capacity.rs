@@ -64,7 +64,7 @@ impl MapSpec {
 /// `mirror.replay_requests` sizes (as the data path's loader sets them), the event ring
 /// (which the agent leaves at its default size) and the flow cache (its declared slots for
 /// each possible CPU); every other map keeps the size its object declares.
-const FLOW_MAPS: [&str; 5] = ["flow_table", "flow_timing", "flow_timing_index", "flow_nat", "pending_timers"];
+const FLOW_MAPS: [&str; 4] = ["flow_table", "flow_timing", "flow_timing_index", "flow_nat"];
 const MARK_MAP: &str = "mirror_marks";
 const REPLAY_MAP: &str = "request_replay";
 const EVENTS_MAP: &str = "events";
@@ -102,9 +102,7 @@ fn object() -> &'static Object {
 /// Kernel memory of the classifier's maps with the configured sizes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableMemory {
-    /// `flow_table` (per CPU), `flow_timing` (its index, its no-response timers) and
-    /// `flow_nat`, sized by `flows.max`. (A timer in use also holds a kernel hrtimer of about
-    /// 100 bytes, not counted: only flows with requests pending under a noresponse rule have one.)
+    /// `flow_table` (per CPU), `flow_timing` (and its index) and `flow_nat`, sized by `flows.max`.
     pub flows: u64,
     /// `mirror_marks`, sized by `flows.marks_max`.
     pub marks: u64,
@@ -301,10 +299,10 @@ mod tests {
     #[test]
     fn table_memory_counts_every_map() {
         // 65536 flows on 2 CPUs: flow_table 2^16 x (16 + 96 + 2 x 112), flow_timing (an
-        // array) 2^16 x 544, its index 2^16 x (16 + 96), flow_nat 2^16 x (16 + 208), the
-        // timers (an array) 2^16 x 72; 16384 marks x (16 + 200).
+        // array) 2^16 x 544, its index 2^16 x (16 + 96), flow_nat 2^16 x (16 + 208); 16384
+        // marks x (16 + 200).
         let m = TableMemory::of(65_536, 16_384, 4096, 2);
-        assert_eq!(m.flows, 65_536 * (336 + 544 + 112 + 224 + 72));
+        assert_eq!(m.flows, 65_536 * (336 + 544 + 112 + 224));
         assert_eq!(m.marks, 16_384 * 216);
         // Buckets are a power of two.
         assert_eq!(TableMemory::of(0, 65_537, 1, 1).marks, 131_072 * 16 + 65_537 * 200);

@@ -36,11 +36,11 @@ const EXPORTED: &[(&str, &str, &str)] = &[
     ),
     ("filtered_out", "filtered_out", "Triggers a rule's request filter (method, path, host) turned down"),
     (
-        "noresponse_timers_started",
-        "noresponse_timers_started",
-        "No-response timers started (one per flow with requests pending)",
+        "noresponse_ticks",
+        "noresponse_ticks",
+        "Runs of the no-response tick (every 10 ms while noresponse rules exist)",
     ),
-    ("noresponse_timers_fired", "noresponse_timers_fired", "No-response timers that ran"),
+    ("noresponse_tick_failed", "noresponse_tick_failed", "Times the no-response tick could not be started"),
     ("mirrored_packets", "mirrored_packets", "Packets copied to the mirror interface"),
     ("mirrored_bytes", "mirrored_bytes", "Bytes copied to the mirror interface"),
     ("mirror_errors", "copy_errors", "Copies that failed"),
@@ -196,7 +196,7 @@ async fn render(engine: &Engine, pods: &Pods, rule_text: bool) -> anyhow::Result
     }
     let hits = Family::<Vec<(String, String)>, prometheus_client::metrics::counter::Counter>::default();
     for r in &rules {
-        let mut labels = vec![("rule_id".into(), r.id.to_string())];
+        let mut labels = vec![("rule_id".into(), r.id.to_string()), ("kind".into(), r.kind.clone())];
         if rule_text {
             labels.push(("rule".into(), r.rule.clone()));
         }

@@ -30,10 +30,16 @@ fn rule_hits_without_the_rules_text() {
         let text = scrape();
         let hits: Vec<&str> = text.lines().filter(|l| l.starts_with("mirror_rule_hits_total")).collect();
         if rule_text {
-            let want = format!("mirror_rule_hits_total{{rule_id=\"{id}\",rule=\"port=8080 status=503 ");
+            let want = format!(
+                "mirror_rule_hits_total{{rule_id=\"{id}\",kind=\"status\",rule=\"port=8080 status=503 "
+            );
             assert!(hits.len() == 1 && hits[0].starts_with(&want), "{hits:?}");
         } else {
-            assert_eq!(hits, [format!("mirror_rule_hits_total{{rule_id=\"{id}\"}} 0")], "{text}");
+            assert_eq!(
+                hits,
+                [format!("mirror_rule_hits_total{{rule_id=\"{id}\",kind=\"status\"}} 0")],
+                "{text}"
+            );
             assert!(!text.contains("status=503"), "{text}");
         }
         agent.terminate();

@@ -131,6 +131,9 @@ fn route_libbpf_logs() {
     });
 }
 
+/// Maps never pinned nor adopted: the no-response tick's timer and bitmap (include/noresponse.h).
+const THIS_LOAD_ONLY: [&str; 2] = ["noresponse_timer", "pending_flows"];
+
 impl<'obj> Datapath<'obj> {
     /// Opens and loads the classifier with the given map sizes. `storage` holds libbpf's object.
     pub fn load(storage: &'obj mut MaybeUninit<OpenObject>, opts: &DatapathOptions) -> Result<Self> {
@@ -161,7 +164,9 @@ impl<'obj> Datapath<'obj> {
             .set_max_entries(opts.flows_max)
             .context(|| "sizing flow_timing_index".into())?;
         maps.flow_nat.set_max_entries(opts.flows_max).context(|| "sizing flow_nat".into())?;
-        maps.pending_timers.set_max_entries(opts.flows_max).context(|| "sizing pending_timers".into())?;
+        maps.pending_flows
+            .set_max_entries(opts.flows_max.div_ceil(64).max(1))
+            .context(|| "sizing pending_flows".into())?;
         maps.mirror_marks.set_max_entries(opts.marks_max).context(|| "sizing mirror_marks".into())?;
         maps.events.set_max_entries(opts.ringbuf_bytes).context(|| "sizing events".into())?;
         maps.request_replay
@@ -219,9 +224,10 @@ impl<'obj> Datapath<'obj> {
             for mut map in skel.object_mut().maps_mut() {
                 let path = dir.join(map.name());
                 // Internal maps (.bss and the like, named "<obj>.<section>") are not shared state,
-                // nor are timers, which call back into the programs of this load.
+                // nor is the no-response tick (its timer calls back into the programs of this
+                // load) with its bitmap.
                 let name = map.name().to_string_lossy();
-                if !path.exists() && !name.contains('.') && name != "pending_timers" {
+                if !path.exists() && !name.contains('.') && !THIS_LOAD_ONLY.contains(&name.as_ref()) {
                     map.pin(&path).context(|| format!("pinning {}", path.display()))?;
                 }
             }

@@ -37,8 +37,8 @@ pub const COUNTER_NAMES: &[(stat_idx, &str)] = &[
     (stat_idx::STAT_RESET_TRIGGERS, "reset_triggers"),
     (stat_idx::STAT_NORESPONSE_TRIGGERS, "noresponse_triggers"),
     (stat_idx::STAT_FILTERED_OUT, "filtered_out"),
-    (stat_idx::STAT_NORESPONSE_ARMED, "noresponse_timers_started"),
-    (stat_idx::STAT_NORESPONSE_FIRED, "noresponse_timers_fired"),
+    (stat_idx::STAT_NORESPONSE_TICKS, "noresponse_ticks"),
+    (stat_idx::STAT_NORESPONSE_FAILED, "noresponse_tick_failed"),
 ];
 
 /// Counters summed over every CPU.

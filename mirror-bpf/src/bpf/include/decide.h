@@ -54,16 +54,6 @@ static __always_inline int decide_response(struct __sk_buff *skb, struct http_sc
     return mirror_trigger(skb, m, ra, t, ti);
 }
 
-/* server_port - the port the requests of @t went to (the lower port when none was seen). */
-static __always_inline __u16 server_port(const struct flow_timing *t)
-{
-    if (t->req_dir == FLOW_DIR_FORWARD + 1)
-        return t->key.port_hi;
-    if (t->req_dir == FLOW_DIR_REVERSE + 1)
-        return t->key.port_lo;
-    return t->key.port_lo < t->key.port_hi ? t->key.port_lo : t->key.port_hi;
-}
-
 /*
  * reset_side - who sent @m (a RST): the requests' side or the other. Under the flow's own key
  * (@owner is the flow's), from the requests' direction; across NAT (the requests were seen

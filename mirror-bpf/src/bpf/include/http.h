@@ -441,8 +441,9 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
             /* Kept before it is queued: the queue says whether it shares the flow's slot. */
             __u32 kept = replay_keep(skb, s, pos->off, loaded, t, set, cnt);
             timing_request(t, s, avail, m->now, set, kept);
+            t->req_ifindex = skb->ifindex;
             if (set && (set->kinds & (1 << TRIGGER_NORESPONSE)))
-                noresponse_arm(fs, t, m, skb->ifindex);
+                noresponse_arm(fs, &m->key);
         }
     } else {
         cnt->v[STAT_HTTP_RESPONSES]++;

@@ -2,7 +2,8 @@
 /*
  * This file contains every map of the classifier but the knobs (config.h), and the counters the
  * programs advance beside the maps they serve. Key/Value and the reason for each type are given
- * per map. User space sizes flow_table, flow_timing, flow_timing_index, flow_nat, pending_timers (flows_max),
+ * per map. User space sizes flow_table, flow_timing, flow_timing_index, flow_nat (flows_max),
+ * pending_flows (flows_max / 64),
  * mirror_marks (flows.marks_max), request_replay (replay_requests) and events before load:
  * their sizes here are placeholders, never used.
  */
@@ -216,27 +217,32 @@ struct {
 volatile __u32 replay_next SEC(".data") = 0;
 
 /*
- * Key: flow_timing slot. Value: struct pending_timer, the no-response timer of the flow owning
- * the slot (noresponse.h). Beside flow_timing, not in it: a timer is never copied or zeroed with
- * the rest of a slot. Sized as flow_timing; not pinned: a timer calls back into the programs
- * of the load that armed it.
+ * Key: flow_timing slot / 64. Value: bit (slot % 64) set while the flow of the slot may have a
+ * request pending, for the no-response tick (noresponse.h). Sized from flows_max (one word per
+ * 64 slots); not pinned: a hint the tick rebuilds from the requests that come.
  */
-struct pending_timer {
-    struct bpf_timer timer;
-    struct flow_key key; /* the flow it was armed for */
-    __u32 ifindex;       /* where that flow's requests are seen (for the event) */
-    __u32 armed;         /* 1 while the timer runs or is about to (32 bits for cmpxchg) */
-    __u32 ready;         /* the timer was initialised */
-    __u16 port;          /* the requests' server port */
-    __u8 _pad[2];
-};
-
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
-    __uint(max_entries, 65536);
+    __uint(max_entries, 1024);
     __type(key, __u32);
-    __type(value, struct pending_timer);
-} pending_timers SEC(".maps");
+    __type(value, __u64);
+} pending_flows SEC(".maps");
+
+/* The no-response tick: one timer for the node. */
+struct noresponse_timer {
+    struct bpf_timer timer;
+    __u32 running; /* started and not stopped (32 bits for cmpxchg) */
+    __u32 cursor;  /* the pending_flows word the next tick starts from */
+};
+
+/* Key: 0. Value: struct noresponse_timer. Not pinned: a timer calls back into the programs of
+ * the load that started it. */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct noresponse_timer);
+} noresponse_timer SEC(".maps");
 
 /* Key: 0. Value: struct budget_state. Per CPU: each CPU spends its own share, no shared writes. */
 struct {

@@ -1,72 +1,44 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * This file contains the third kind of trigger: a request whose response has not begun within
- * a noresponse rule's time. No packet may ever come to tell, so a timer decides: one BPF timer
- * per flow with requests pending (pending_timers, beside the flow's flow_timing slot), armed
- * when the flow's first request is queued and running while any is. When it fires it looks at
- * the oldest request pending: waited long enough for a rule, the flow is marked then (the mark
- * carries the request's kept segment, replayed with the first packet after the mark: replay.h
- * replay_due); else the timer is set again for the next time a rule could match that request
- * (a request answered meanwhile is simply no longer the oldest). A flow costs one timer start
- * per rule time while it has requests pending, never one per request; a request costs one
- * load of the timer's state while the timer runs.
+ * a noresponse rule's time. No packet may ever come to tell, so a timer decides. A flow whose
+ * request is queued sets its flow_timing slot's bit in pending_flows (one load per request when
+ * the bit is set already); one BPF timer, the tick, runs every NORESPONSE_TICK_NS while some
+ * rule is a noresponse rule and looks at the flows whose bits are set, at most
+ * NORESPONSE_TICK_FLOWS per tick (a pass over many pending flows spans several ticks): a flow
+ * with nothing pending loses its bit; one whose oldest pending request waited long enough for a
+ * rule (filters included) is marked, without a packet, its event sent. The mark carries the
+ * request's kept segment, replayed with the first packet of the flow after it (replay.h
+ * replay_due): a replay is a clone of a packet, and a timer has none.
  *
- * The time is the request's as the HTTP stage took it (packet_time: its sender's departure
- * stamp, else the clock at the hook), against the monotonic clock the timer runs on.
+ * One timer, not one per flow: a timer's kernel memory is allocated when it is first set up,
+ * from where BPF may not wait for memory, and on this kernel a few hundred such allocations
+ * succeed, not tens of thousands (the benchmark measures what each way costs).
+ *
+ * The request's time is the HTTP stage's (packet_time: its sender's departure stamp, else the
+ * clock at the hook), against the monotonic clock the timer runs on.
  */
 #ifndef MIRROR_NORESPONSE_H
 #define MIRROR_NORESPONSE_H
 
 #include "maps.h"
 #include "rule.h"
+#include "timing.h"
 #include "trigger.h"
 
-#define NORESPONSE_CLOCK 1 /* CLOCK_MONOTONIC */
-
-/* entry_next - the lowest noresponse time of @e above @waited (0: none). */
-static __always_inline __u64 entry_next(const struct rule_entry *e, __u64 waited)
-{
-    __u64 best = 0;
-
-    if (!e)
-        return 0;
-    if (e->slow.rule_id && e->slow.min_latency_ns > waited)
-        best = e->slow.min_latency_ns;
-    for (int i = 0; i < RULE_FILTERED_MAX; i++) {
-        __u32 slot = e->filtered[i];
-        if (!slot)
-            break;
-        struct rule_filter *f = bpf_map_lookup_elem(&rule_filters, &slot);
-        if (!f)
-            continue;
-        __u64 d = f->action.min_latency_ns;
-        if (d > waited && (!best || d < best))
-            best = d;
-    }
-    return best;
-}
-
-/*
- * noresponse_next - the next time after @waited ns at which a noresponse rule of server port
- * @port could match (0: none will). A global function: verified once.
- */
-__noinline __u64 noresponse_next(__u16 port, __u64 waited)
-{
-    struct rule_entry *scoped;
-    struct rule_entry *global = rule_entries(port, TRIGGER_NORESPONSE, &scoped);
-    __u64 a = entry_next(scoped, waited), b = entry_next(global, waited);
-
-    return a && (!b || a < b) ? a : b;
-}
+#define NORESPONSE_CLOCK 1                  /* CLOCK_MONOTONIC */
+#define NORESPONSE_TICK_NS (10 * 1000000ULL) /* 10 ms */
+#define NORESPONSE_TICK_FLOWS 4096
+#define NORESPONSE_EBUSY 16
 
 /*
  * noresponse_mark - the oldest request @req of @t waited @waited ns, matching @ra: mark the
  * flow (and the other key of a translated connection), its request to be replayed with the
  * next packet, and report.
  */
-static __always_inline void noresponse_mark(struct flow_timing *t, struct pending_timer *pt,
-                                            const struct http_request *req,
-                                            const struct rule_action *ra, __u64 waited, __u64 now)
+static __always_inline void noresponse_mark(struct flow_timing *t, const struct http_request *req,
+                                            const struct rule_action *ra, __u64 waited,
+                                            __u64 now)
 {
     __u32 zero = 0;
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
@@ -88,119 +60,153 @@ static __always_inline void noresponse_mark(struct flow_timing *t, struct pendin
     if (n)
         s->peer = n->peer;
     struct replay_slot *r = replay_slot_of(req->replay, &t->key);
-    if (!mark_flow(&t->key, n ? &s->peer : NULL, ra, ti, now, r ? req->replay : 0, &s->mark, cnt))
+    __u32 due = r ? req->replay : 0;
+    if (!mark_flow(&t->key, n ? &s->peer : NULL, ra, ti, now, due, &s->mark, cnt))
         return;
     s->req.ts_ns = req->ts_ns;
     s->req.head_len = req->head_len;
     __builtin_memcpy(s->req.head, req->head, HTTP_REQUEST_HEAD_LEN);
     __u32 dir = t->req_dir ? t->req_dir - 1 : FLOW_DIR_FORWARD;
-    emit_trigger(&t->key, dir, pt->ifindex, ra, ti, &s->req, n ? &s->peer : NULL, r, cnt);
+    emit_trigger(&t->key, dir, t->req_ifindex, ra, ti, &s->req, n ? &s->peer : NULL, r, cnt);
 }
 
 /*
- * noresponse_fire - the timer of flow_timing slot *@key: mark its flow if its oldest request
- * pending waited long enough for a rule, else set the timer for the next time one could.
+ * noresponse_check - the flow of flow_timing slot @slot, whose pending bit is set: its oldest
+ * pending request marks it when it waited long enough for a rule.
+ * A global function: verified once.
+ * @return 1 when the bit is to be cleared (nothing pending, or the flow marked now or before).
  */
-static int noresponse_fire(void *map, __u32 *key, struct pending_timer *pt)
+__noinline int noresponse_check(__u32 slot, __u64 now)
 {
-    __u32 zero = 0, slot = *key;
-    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
     struct flow_timing *t = bpf_map_lookup_elem(&flow_timing, &slot);
 
-    if (cnt)
-        cnt->v[STAT_NORESPONSE_FIRED]++;
-    /* The slot went to another flow: this timer is done. */
-    if (!t || !flow_key_eq(&t->key, &pt->key)) {
-        pt->armed = 0;
-        return 0;
-    }
-    if (t->req_head == t->req_tail) {
-        /* Nothing pending: stop, unless a request came while stopping (its sender saw the
-         * timer running and left it to us). */
-        pt->armed = 0;
-        if (t->req_head == t->req_tail || __sync_val_compare_and_swap(&pt->armed, 0, 1))
-            return 0;
-    }
+    if (!t || t->req_head == t->req_tail)
+        return 1;
+    if (bpf_map_lookup_elem(&mirror_marks, &t->key))
+        return 1; /* marked: its requests need no timer */
     struct http_request *req = &t->req[t->req_head % HTTP_PIPELINE];
-    __u64 now = bpf_ktime_get_ns(), ts = req->ts_ns;
-    if (!ts) {
-        pt->armed = 0; /* not timed (latency.http off) */
+    __u64 ts = req->ts_ns;
+    if (!ts || ts > now)
+        return !ts; /* not timed (latency.http off) */
+    __u64 waited = now - ts;
+    struct rule_action *ra =
+        rule_lookup(server_port(t), TRIGGER_NORESPONSE, waited, req, &t->key);
+    if (!ra)
+        return 0;
+    noresponse_mark(t, req, ra, waited, now);
+    return 1;
+}
+
+/* Where a tick stands in the bitmap: the word it goes on from, the flows it may still look at. */
+struct tick_walk {
+    __u64 now;
+    __u32 word;
+    __u32 budget;
+};
+
+/* tick_word - one word of pending_flows (a bpf_loop step of the tick). */
+static long tick_word(__u32 i, struct tick_walk *w)
+{
+    __u32 idx = w->word;
+    __u64 *bits = bpf_map_lookup_elem(&pending_flows, &idx);
+
+    if (!bits)
+        return 1; /* past the last word */
+    w->word++;
+    __u64 v = *bits;
+    if (!v)
+        return 0;
+#pragma nounroll
+    for (__u32 n = 0; n < 64; n++) {
+        __u64 bit = 1ULL << n;
+        if (!(v & bit))
+            continue;
+        if (!w->budget)
+            break;
+        w->budget--;
+        __u32 slot = idx * 64 + n;
+        if (noresponse_check(slot, w->now)) {
+            __sync_fetch_and_and(bits, ~bit);
+            /* A request queued meanwhile (its sender saw the bit still set): set it again. */
+            struct flow_timing *t = bpf_map_lookup_elem(&flow_timing, &slot);
+            if (t && t->req_head != t->req_tail && !bpf_map_lookup_elem(&mirror_marks, &t->key))
+                __sync_fetch_and_or(bits, bit);
+        }
+    }
+    return w->budget ? 0 : 1;
+}
+
+/*
+ * noresponse_tick - the timer: look at the flows with requests pending from where the last tick
+ * stopped, then run again in NORESPONSE_TICK_NS while some rule is a noresponse rule.
+ */
+static int noresponse_tick(void *map, __u32 *key, struct noresponse_timer *nt)
+{
+    __u32 zero = 0;
+    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
+    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+
+    if (cnt)
+        cnt->v[STAT_NORESPONSE_TICKS]++;
+    if (!set || !(set->kinds & (1 << TRIGGER_NORESPONSE))) {
+        nt->running = 0;
         return 0;
     }
-    __u64 waited = now > ts ? now - ts : 0;
-    struct rule_action *ra = rule_lookup(pt->port, TRIGGER_NORESPONSE, waited, req, &t->key);
-    if (ra) {
-        noresponse_mark(t, pt, req, ra, waited, now);
-        pt->armed = 0; /* the flow is marked: its requests need no timer */
-        return 0;
-    }
-    __u64 next = noresponse_next(pt->port, waited);
-    if (!next) {
-        pt->armed = 0;
-        return 0;
-    }
-    bpf_timer_start(&pt->timer, next - waited, 0);
+    struct tick_walk w = {.now = bpf_ktime_get_ns(), .word = nt->cursor, .budget = NORESPONSE_TICK_FLOWS};
+    __u32 words = (flows_max + 63) / 64;
+    bpf_loop(words, tick_word, &w, 0);
+    /* The whole bitmap looked at: the next tick starts over. */
+    nt->cursor = w.word >= words ? 0 : w.word;
+    bpf_timer_start(&nt->timer, NORESPONSE_TICK_NS, 0);
     return 0;
 }
 
 /*
- * noresponse_start - start the timer of flow_timing slot @slot for @m's flow (its request just
- * queued), unless it runs already. A global function: verified once, run when a flow's requests
- * become pending while no timer runs for it.
+ * noresponse_start - start the tick (the first request while a noresponse rule exists).
+ * A global function: verified once, run when the tick does not run.
  */
-__noinline int noresponse_start(__u32 slot, struct pkt_meta *m, __u32 ifindex)
+__noinline int noresponse_start(void)
 {
     __u32 zero = 0;
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
-    struct pending_timer *pt = bpf_map_lookup_elem(&pending_timers, &slot);
+    struct noresponse_timer *nt = bpf_map_lookup_elem(&noresponse_timer, &zero);
 
-    if (!m || !cnt || !pt)
+    if (!cnt || !nt || __sync_val_compare_and_swap(&nt->running, 0, 1))
         return 0;
-    if (!pt->ready) {
-        /* -EBUSY when another CPU initialised it meanwhile: fine either way. */
-        bpf_timer_init(&pt->timer, &pending_timers, NORESPONSE_CLOCK);
-        bpf_timer_set_callback(&pt->timer, noresponse_fire);
-        pt->ready = 1;
-    }
-    int mine = flow_key_eq(&pt->key, &m->key);
-    if (__sync_val_compare_and_swap(&pt->armed, 0, 1) && mine)
-        return 0;
-    /* Running for the slot's former owner, or not at all: ours now. */
-    pt->key = m->key;
-    pt->ifindex = ifindex;
-    pt->port = m->dst_port;
-    __u64 wait = noresponse_next(m->dst_port, 0);
-    if (!wait) {
-        pt->armed = 0;
+    long e = bpf_timer_init(&nt->timer, &noresponse_timer, NORESPONSE_CLOCK);
+    if ((e && e != -NORESPONSE_EBUSY) || bpf_timer_set_callback(&nt->timer, noresponse_tick) ||
+        bpf_timer_start(&nt->timer, NORESPONSE_TICK_NS, 0)) {
+        nt->running = 0;
+        cnt->v[STAT_NORESPONSE_FAILED]++;
         return 0;
     }
-    bpf_timer_start(&pt->timer, wait, 0);
-    cnt->v[STAT_NORESPONSE_ARMED]++;
     return 0;
 }
 
 /*
- * noresponse_arm - a request of @m's flow was queued in @t: make sure the flow's timer runs.
- * One load while it does. Inlined into http_message, its only caller.
+ * noresponse_arm - a request of @t's flow was queued: set its slot's pending bit (when not set
+ * already) and make sure the tick runs. Inlined into http_message, its only caller.
  * @fs: this CPU's flow entry (may be NULL), which knows the flow's slot.
  */
-static __always_inline void noresponse_arm(struct flow_cache_slot *fs, struct flow_timing *t,
-                                           struct pkt_meta *m, __u32 ifindex)
+static __always_inline void noresponse_arm(struct flow_cache_slot *fs, const struct flow_key *key)
 {
-    __u32 slot;
+    __u32 slot, zero = 0;
 
     if (fs && fs->timing_slot) {
         slot = fs->timing_slot - 1;
     } else {
-        __u32 *at = bpf_map_lookup_elem(&flow_timing_index, &m->key);
+        __u32 *at = bpf_map_lookup_elem(&flow_timing_index, key);
         if (!at)
             return;
         slot = *at;
     }
-    struct pending_timer *pt = bpf_map_lookup_elem(&pending_timers, &slot);
-    if (pt && pt->armed && flow_key_eq(&pt->key, &m->key))
-        return;
-    noresponse_start(slot, m, ifindex);
+    __u32 word = slot / 64;
+    __u64 *bits = bpf_map_lookup_elem(&pending_flows, &word), bit = 1ULL << (slot % 64);
+    if (bits && !(*bits & bit))
+        __sync_fetch_and_or(bits, bit);
+    struct noresponse_timer *nt = bpf_map_lookup_elem(&noresponse_timer, &zero);
+    if (nt && !nt->running)
+        noresponse_start();
 }
 
 #endif /* MIRROR_NORESPONSE_H */

@@ -138,6 +138,16 @@ static __always_inline struct flow_timing *timing_get(struct flow_cache_slot *fs
     return t;
 }
 
+/* server_port - the port the requests of @t went to (the lower port when none was seen). */
+static __always_inline __u16 server_port(const struct flow_timing *t)
+{
+    if (t->req_dir == FLOW_DIR_FORWARD + 1)
+        return t->key.port_hi;
+    if (t->req_dir == FLOW_DIR_REVERSE + 1)
+        return t->key.port_lo;
+    return t->key.port_lo < t->key.port_hi ? t->key.port_lo : t->key.port_hi;
+}
+
 /*
  * timing_request - an HTTP request starts (its first bytes in s->buf, @avail of them in the
  * segment): queue it behind the requests still awaiting answers (pipelining), with its first
