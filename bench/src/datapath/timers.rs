@@ -74,7 +74,8 @@ pub fn measure(pending: usize, wait: Duration) -> Result<Timers> {
 fn run(pending: usize, wait: Duration) -> Result<Timers> {
     // A ring buffer that holds a burst of `pending` events (each carries its request's 640
     // bytes): the marks are measured, not the ring.
-    let opts = DatapathOptions { ringbuf_bytes: (pending as u32 * 1024).next_power_of_two(), ..Default::default() };
+    let opts =
+        DatapathOptions { ringbuf_bytes: (pending as u32 * 1024).next_power_of_two(), ..Default::default() };
     let flows = opts.flows_max;
     let mut dp = testing::load(&opts);
     // Without the rule: new flows, then their next requests (no timer anywhere).
