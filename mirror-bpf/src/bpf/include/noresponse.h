@@ -26,7 +26,7 @@
 #include "timing.h"
 #include "trigger.h"
 
-#define NORESPONSE_CLOCK 1                  /* CLOCK_MONOTONIC */
+#define NORESPONSE_CLOCK 1                   /* CLOCK_MONOTONIC */
 #define NORESPONSE_TICK_NS (10 * 1000000ULL) /* 10 ms */
 #define NORESPONSE_TICK_FLOWS 4096
 #define NORESPONSE_EBUSY 16
@@ -37,8 +37,7 @@
  * next packet, and report.
  */
 static __always_inline void noresponse_mark(struct flow_timing *t, const struct http_request *req,
-                                            const struct rule_action *ra, __u64 waited,
-                                            __u64 now)
+                                            const struct rule_action *ra, __u64 waited, __u64 now)
 {
     __u32 zero = 0;
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
@@ -89,8 +88,7 @@ __noinline int noresponse_check(__u32 slot, __u64 now)
     if (!ts || ts > now)
         return !ts; /* not timed (latency.http off) */
     __u64 waited = now - ts;
-    struct rule_action *ra =
-        rule_lookup(server_port(t), TRIGGER_NORESPONSE, waited, req, &t->key);
+    struct rule_action *ra = rule_lookup(server_port(t), TRIGGER_NORESPONSE, waited, req, &t->key);
     if (!ra)
         return 0;
     noresponse_mark(t, req, ra, waited, now);
@@ -152,7 +150,8 @@ static int noresponse_tick(void *map, __u32 *key, struct noresponse_timer *nt)
         nt->running = 0;
         return 0;
     }
-    struct tick_walk w = {.now = bpf_ktime_get_ns(), .word = nt->cursor, .budget = NORESPONSE_TICK_FLOWS};
+    struct tick_walk w = {
+        .now = bpf_ktime_get_ns(), .word = nt->cursor, .budget = NORESPONSE_TICK_FLOWS};
     __u32 words = (flows_max + 63) / 64;
     bpf_loop(words, tick_word, &w, 0);
     /* The whole bitmap looked at: the next tick starts over. */

@@ -144,8 +144,8 @@ enum stat_idx {
     STAT_RESET_TRIGGERS,       /* resets that matched a reset rule and marked their flow */
     STAT_NORESPONSE_TRIGGERS,  /* requests unanswered too long that marked their flow */
     STAT_FILTERED_OUT,         /* rules whose condition held but whose request filter did not */
-    STAT_NORESPONSE_TICKS,     /* runs of the no-response tick (every 10 ms while such rules exist) */
-    STAT_NORESPONSE_FAILED,    /* the no-response tick could not be started */
+    STAT_NORESPONSE_TICKS,  /* runs of the no-response tick (every 10 ms while such rules exist) */
+    STAT_NORESPONSE_FAILED, /* the no-response tick could not be started */
     STAT_MAX,
 };
 
@@ -376,12 +376,12 @@ struct flow_timing {
     __u64 synack_ns; /* SYN/ACK */
     __u32
         req_head; /* requests popped (answered) so far; the oldest pending is req_head % HTTP_PIPELINE */
-    __u32 req_tail;   /* requests pushed so far */
-    __u8 syn_dir;     /* enum flow_dir of the SYN */
-    __u8 nat_checked; /* conntrack was asked whether this connection is translated */
-    __u8 deep;        /* more requests were pending at once than req holds: every response
+    __u32 req_tail;    /* requests pushed so far */
+    __u8 syn_dir;      /* enum flow_dir of the SYN */
+    __u8 nat_checked;  /* conntrack was asked whether this connection is translated */
+    __u8 deep;         /* more requests were pending at once than req holds: every response
                        * is framed (see HTTP_ANSWERED) */
-    __u8 req_dir;     /* enum flow_dir of the requests + 1 (0: none seen): the client's side */
+    __u8 req_dir;      /* enum flow_dir of the requests + 1 (0: none seen): the client's side */
     __u32 req_ifindex; /* where the latest request was seen (for a no-response event) */
     struct http_stream stream[FLOW_DIRS];
     struct http_request req[HTTP_PIPELINE];
