@@ -92,8 +92,7 @@ fn run_datapath(quick: bool, out: Option<&Path>) -> Result<()> {
     let cpu = host.cores.saturating_sub(1);
     let rows = datapath::run(plan, cpu)?;
     let loads = datapath::loads::measure(if quick { 1 } else { 5 })?;
-    let timers =
-        datapath::timers::measure(if quick { 2_000 } else { 10_000 }, std::time::Duration::from_secs(1))?;
+    let timers = datapath::timers::measure(10_000, std::time::Duration::from_secs(1))?;
     let checks = report::checks(&rows);
     let command = command_line();
     let header = report::Header {
