@@ -32,7 +32,7 @@ use mirror_bpf::testing::in_ci;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::netns::{Netns, Pod};
+use crate::netns::{Netns, Pod, Topology};
 use crate::podman::{self, run_ok, BASE_IMAGE};
 use crate::proc::{wait_until, Proc};
 
@@ -73,6 +73,9 @@ pub fn available() -> bool {
             missing.push(format!("{CNI_BIN}/{plugin}"));
         }
     }
+    if let Err(why) = bridge_netfilter() {
+        missing.push(why);
+    }
     if missing.is_empty() {
         return true;
     }
@@ -83,6 +86,30 @@ pub fn available() -> bool {
     );
     eprintln!("NOT RUN ({here}): a real node needs {missing:?} (scripts/install-deps.sh)");
     false
+}
+
+/// Makes sure bridged packets can be made to pass the node's iptables (the node sets
+/// `bridge-nf-call-iptables`, which a Service in front of pods on the bridge needs):
+/// br_netfilter, built into the kernel or loaded with `modprobe br_netfilter`. Its switches are
+/// then in every network namespace, the node's too. Why not, otherwise.
+fn bridge_netfilter() -> Result<(), String> {
+    let switch = Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables");
+    if switch.exists() {
+        return Ok(());
+    }
+    let loaded = match Command::new("modprobe").arg("br_netfilter").output() {
+        Ok(out) if out.status.success() => String::new(),
+        Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        Err(e) => format!("running modprobe: {e}"),
+    };
+    if switch.exists() {
+        return Ok(());
+    }
+    Err(format!(
+        "br_netfilter (no {} after modprobe br_netfilter: {loaded:?}; the kernel needs \
+         CONFIG_BRIDGE_NETFILTER)",
+        switch.display()
+    ))
 }
 
 /// The pause image as an OCI archive, made once per machine (under the base image's cache,
@@ -398,6 +425,20 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             pod: Pod::new(&spec.name, ns, &veth, v4, v6, GATEWAY4, GATEWAY6),
             pause_pid,
         }
+    }
+
+    /// The node and `pods`, each under a role, as a test's topology with a mirror sink of its
+    /// own ([`crate::testbed::Testbed::builder_on`]: the classifier loaded by the test, attached
+    /// to the CNI's veths). The namespaces stay this node's: the topology deletes none.
+    pub fn topology(&self, pods: &[(&str, &CriPod)]) -> Topology {
+        let pods = pods
+            .iter()
+            .map(|(role, p)| {
+                let Pod { ns, veth, v4, v6, gw4, gw6, .. } = &p.pod;
+                Pod::new(role, Netns::existing(ns.name()), veth, *v4, *v6, *gw4, *gw6)
+            })
+            .collect();
+        Topology::adopt(Netns::existing(self.node.name()), pods)
     }
 
     /// The node-side end of the veth whose other end is the pod's `eth0`.

@@ -21,6 +21,11 @@
 //! request and the arrival of its response (the response's ACK, immediate or piggybacked on
 //! the next request, comes after it), so every client-to-server packet is at least a round
 //! trip through the client away from the trigger. The recording reports that gap.
+//!
+//! The request a trigger answered ([`NatExpected::request_behind`]) is where the classifier
+//! saw it: at the client-to-server point, under that point's tuple. Responses answer requests
+//! in order, so it is the request whose rank among the connection's requests is the triggering
+//! response's among its final responses.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -77,7 +82,8 @@ pub struct NatRecording {
     pub to_server: Trace,
     /// At `points.to_client` (the same trace when both points are one).
     pub to_client: Trace,
-    /// On the mirror sink.
+    /// On the mirror sink: the copies in `packets`, the requests replayed ahead of triggers
+    /// apart, in `replayed`.
     pub mirror: Trace,
 }
 
@@ -279,6 +285,35 @@ impl NatExpected {
             }
         }
         e
+    }
+
+    /// The request `t`'s trigger answered: the segment that carried its first byte at the
+    /// client-to-server point, and the start of its line (`GET /bar `).
+    pub fn request_behind(&self, rec: &NatRecording, t: &Triggered) -> Result<(Packet, String), String> {
+        let conn = &self.connections[t.conn];
+        let one = |trace: &Trace, key: FlowKey| {
+            let mut found = http_stream::conversations(trace).into_iter().filter(|c| c.flow == key);
+            match (found.next(), found.next()) {
+                (Some(c), None) => Ok(c),
+                (None, _) => Err(format!("{key} is not in the capture at its copy point")),
+                (Some(_), Some(_)) => Err(format!("{key} carried two connections")),
+            }
+        };
+        let (to_server, to_client) =
+            (one(&rec.to_server, conn.to_server)?, one(&rec.to_client, conn.to_client)?);
+        let finals: Vec<u16> = to_client.responses.iter().map(|r| r.status).filter(|s| *s >= 200).collect();
+        let rank = finals
+            .iter()
+            .position(|s| *s == t.status)
+            .ok_or_else(|| format!("{conn}: no {} among its responses {finals:?}", t.status))?;
+        let q = to_server.requests.get(rank).ok_or_else(|| {
+            format!(
+                "{conn}: the {} is response {rank} of {finals:?}, {} requests seen",
+                t.status,
+                to_server.requests.len()
+            )
+        })?;
+        Ok((rec.to_server.packets[q.packet].clone(), format!("{} {} ", q.method, q.target)))
     }
 
     /// Connections that must not be mirrored at all.

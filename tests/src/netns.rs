@@ -221,13 +221,25 @@ impl Topology {
     /// is `.1`/`::1`.
     pub fn new(roles: &[&str]) -> Topology {
         let topo = Topology::without_sink(roles);
+        topo.add_sink();
+        topo
+    }
+
+    /// A node and pods that something else set up (a container runtime and its CNI plugin),
+    /// with a mirror sink added to the node.
+    pub fn adopt(node: Netns, pods: Vec<Pod>) -> Topology {
+        let topo = Topology { pods, node };
+        topo.add_sink();
+        topo
+    }
+
+    fn add_sink(&self) {
         // The sink carries nothing of its own: no IPv6, so no neighbour discovery on it.
-        topo.node.sh(&format!(
+        self.node.sh(&format!(
             "ip link add {MIRROR_DEV} type veth peer name {MIRROR_SINK} \
              && sysctl -qw net.ipv6.conf.{MIRROR_DEV}.disable_ipv6=1 net.ipv6.conf.{MIRROR_SINK}.disable_ipv6=1 \
              && ip link set {MIRROR_DEV} up && ip link set {MIRROR_SINK} up"
         ));
-        topo
     }
 
     /// Like [`Topology::new`] without the mirror sink (for an agent that makes its own).

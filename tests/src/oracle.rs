@@ -4,13 +4,17 @@
 //! of any other connection. Responses are found by reading each connection as HTTP/1.x with
 //! its framing ([`crate::http_stream`]): wherever one begins in a segment, across segments,
 //! and never in a body.
+//!
+//! Ahead of a triggered flow's copies, the mirror carries the request the trigger answered
+//! (a replay, [`check_replay`]): the segment that carried its first byte, in the form the
+//! classifier saw it in.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use mirror_bpf::FlowKey;
 
 use crate::http_stream;
-use crate::pcap::{PacketId, Trace};
+use crate::pcap::{Packet, PacketId, Replayed, Trace};
 
 /// A connection that must be mirrored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,4 +127,62 @@ impl Expected {
             self.packets.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"),
         ))
     }
+}
+
+/// The request a flow's trigger answered, as the mirror must replay it ahead of the flow's
+/// copies.
+#[derive(Debug, Clone, Copy)]
+pub struct WantedReplay<'a> {
+    /// The flow's tuples on the mirror (both sides of a translated connection).
+    pub keys: &'a [FlowKey],
+    /// The segment that carried the request's first byte, captured where the classifier saw it.
+    pub segment: &'a Packet,
+    /// The start of the request's line: method and target, e.g. `GET /bar `.
+    pub line: &'a str,
+}
+
+/// The replay of `want` on `mirror`: the flow's only one, the request's segment (its addresses,
+/// ports, sequence and acknowledgment numbers and flags; its payload the segment's, up to what
+/// was kept, holding the request's line; its IP length what it carries), ahead of every copy
+/// of the flow. Why not, otherwise.
+pub fn check_replay<'m>(mirror: &'m Trace, want: &WantedReplay) -> Result<&'m Replayed, String> {
+    let of_flow = |p: &Packet| want.keys.contains(&p.flow());
+    let replays: Vec<&Replayed> = mirror.replayed.iter().filter(|r| of_flow(&r.packet)).collect();
+    let [r] = replays.as_slice() else {
+        let ids: Vec<String> = replays.iter().map(|r| format!("  {}", r.packet.id())).collect();
+        return Err(format!(
+            "{} replays of {:?}, one expected:\n{}",
+            replays.len(),
+            want.keys,
+            ids.join("\n")
+        ));
+    };
+    let (p, s) = (&r.packet, want.segment);
+    let mut wrong = Vec::new();
+    if (p.src, p.dst, p.seq, p.ack, p.flags) != (s.src, s.dst, s.seq, s.ack, s.flags) {
+        wrong.push(format!("it is {}, the request's segment {}", p.id(), s.id()));
+    }
+    if !s.payload.starts_with(&p.payload) {
+        wrong.push("its payload is not the start of the segment's".to_string());
+    }
+    if !p.payload.windows(want.line.len()).any(|w| w == want.line.as_bytes()) {
+        wrong.push(format!("it does not hold {:?}", want.line));
+    }
+    if p.len as usize != p.payload.len() {
+        wrong.push(format!("its IP header says {} bytes, it carries {}", p.len, p.payload.len()));
+    }
+    let before = mirror.packets[..r.after_copies].iter().filter(|c| of_flow(c)).count();
+    if before != 0 {
+        wrong.push(format!("{before} copies of the flow came before it"));
+    }
+    if wrong.is_empty() {
+        return Ok(r);
+    }
+    Err(format!(
+        "replay of {:?} ({:?}): {}; it carried {:?}",
+        want.keys,
+        want.line,
+        wrong.join("; "),
+        String::from_utf8_lossy(&p.payload)
+    ))
 }

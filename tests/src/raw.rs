@@ -60,6 +60,13 @@ pub fn exchange(ns: &Netns, server: SocketAddr, rounds: &[Vec<u8>]) -> Exchange 
 /// reads the responses to its requests before the next round; then closes. Panics on a
 /// connection error, a timeout or a response that does not parse.
 pub fn exchange_here(server: SocketAddr, rounds: &[Vec<u8>]) -> Exchange {
+    let rounds: Vec<Vec<Vec<u8>>> = rounds.iter().map(|r| vec![r.clone()]).collect();
+    exchange_writes_here(server, &rounds)
+}
+
+/// Like [`exchange_here`], each round made of several writes sent one after another (each its
+/// own segment, unless TCP joins them) before the round's responses are read.
+pub fn exchange_writes_here(server: SocketAddr, rounds: &[Vec<Vec<u8>>]) -> Exchange {
     let mut conn = TcpStream::connect_timeout(&server, TIMEOUT)
         .unwrap_or_else(|e| panic!("connecting to {server}: {e}"));
     conn.set_nodelay(true).expect("TCP_NODELAY");
@@ -69,8 +76,10 @@ pub fn exchange_here(server: SocketAddr, rounds: &[Vec<u8>]) -> Exchange {
     let (mut pos, mut eof) = (0, false);
     let mut responses = Vec::new();
     for round in rounds {
-        let methods = methods(round);
-        conn.write_all(round).unwrap_or_else(|e| panic!("{local} -> {server}: writing: {e}"));
+        let methods: Vec<String> = round.iter().flat_map(|w| methods(w)).collect();
+        for write in round {
+            conn.write_all(write).unwrap_or_else(|e| panic!("{local} -> {server}: writing: {e}"));
+        }
         for method in &methods {
             loop {
                 match http_stream::response(&buf[pos..], Some(method), eof) {

@@ -56,20 +56,22 @@ impl Testbed {
     /// The set-up most tests start from, over a topology with one pod per role (see
     /// [`TestbedBuilder`]).
     pub fn builder<'a>(roles: &'a [&'a str]) -> TestbedBuilder<'a> {
-        TestbedBuilder {
-            roles,
-            servers: Vec::new(),
-            mirror: Some(MirrorDelivery::Egress),
-            rules: Vec::new(),
-            attach: Some((AttachMode::Auto, MirrorMethod::Clone)),
-            attach_only: None,
-        }
+        TestbedBuilder::over(Nodes::Roles(roles))
+    }
+
+    /// Like [`Testbed::builder`] over a topology made elsewhere ([`Topology::adopt`]).
+    pub fn builder_on<'a>(topo: Topology) -> TestbedBuilder<'a> {
+        TestbedBuilder::over(Nodes::Made(topo))
     }
 
     /// A topology with one pod per role, the calling thread in its node, the classifier loaded.
     pub fn new(roles: &[&str]) -> Testbed {
+        Testbed::on(Topology::new(roles))
+    }
+
+    /// `topo` (with its mirror sink), the calling thread in its node, the classifier loaded.
+    pub fn on(topo: Topology) -> Testbed {
         let dir = tempfile::Builder::new().prefix("mirror-e2e").tempdir().expect("creating a temp dir");
-        let topo = Topology::new(roles);
         let inside = topo.node.enter();
         let dp = testing::load(&DatapathOptions::default());
         Testbed {
@@ -295,7 +297,7 @@ type StartServer<'a> = Box<dyn FnOnce(&mut Testbed) + 'a>;
 /// steps in that order.
 #[must_use = "a set-up does nothing until built"]
 pub struct TestbedBuilder<'a> {
-    roles: &'a [&'a str],
+    nodes: Nodes<'a>,
     servers: Vec<StartServer<'a>>,
     mirror: Option<MirrorDelivery>,
     rules: Vec<String>,
@@ -303,7 +305,26 @@ pub struct TestbedBuilder<'a> {
     attach_only: Option<&'a [&'a str]>,
 }
 
+/// What a [`TestbedBuilder`] starts from.
+enum Nodes<'a> {
+    /// A topology of its own, one pod per role.
+    Roles(&'a [&'a str]),
+    /// A topology made elsewhere.
+    Made(Topology),
+}
+
 impl<'a> TestbedBuilder<'a> {
+    fn over(nodes: Nodes<'a>) -> Self {
+        TestbedBuilder {
+            nodes,
+            servers: Vec::new(),
+            mirror: Some(MirrorDelivery::Egress),
+            rules: Vec::new(),
+            attach: Some((AttachMode::Auto, MirrorMethod::Clone)),
+            attach_only: None,
+        }
+    }
+
     /// Starts nginx in a pod.
     pub fn nginx(mut self, role: &'a str, port: u16) -> Self {
         self.servers.push(Box::new(move |bed| bed.nginx(role, port)));
@@ -367,7 +388,10 @@ impl<'a> TestbedBuilder<'a> {
     /// The testbed, set up.
     #[track_caller]
     pub fn build(self) -> Testbed {
-        let mut bed = Testbed::new(self.roles);
+        let mut bed = match self.nodes {
+            Nodes::Roles(roles) => Testbed::new(roles),
+            Nodes::Made(topo) => Testbed::on(topo),
+        };
         for start in self.servers {
             start(&mut bed);
         }

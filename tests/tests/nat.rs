@@ -7,7 +7,14 @@
 //! packet of both directions from the 500 on is mirrored exactly once, in the form it has where
 //! it is copied, nothing before it and nothing of the other connection; one trigger event
 //! with the request (GET /bar) and its response time; the flow table lists the connection once
-//! with both of its tuples; the response-time histogram counted the 500.
+//! with both of its tuples; the response-time histogram counted the 500. The request behind the
+//! trigger, GET /bar, is replayed to the mirror once, ahead of every copy, in the form the
+//! classifier saw it in (the tuple of the client-to-server copy point), and the event carries
+//! the same segment.
+//!
+//! The same along a bridge CNI: containerd's pods on the node's bridge (their veths its ports),
+//! the ClusterIP's iptables rules passed by bridged packets (br_netfilter,
+//! `bridge-nf-call-iptables`).
 //!
 //! Where each direction is copied (the first attached hook on its path; the outside
 //! namespace's link to the node is not attached):
@@ -18,9 +25,10 @@
 //! | node -> ClusterIP | server veth egress, `node:natport -> pod:80` | server veth ingress |
 //! | outside -> NodePort | server veth egress, `node:natport -> pod:80` | server veth ingress |
 //! | server pod -> its own ClusterIP | server veth ingress, `pod:port -> VIP:80` | server veth ingress, `pod:80 -> node:natport` |
+//! | bridged pod -> ClusterIP | client veth ingress, `client:port -> VIP:80` | server veth ingress, `pod:80 -> client:port` |
 //!
-//! In the first and last, the data path sees the connection under two tuples; in the middle
-//! two only the server's veth is on the path and it sees one.
+//! In the first and the last two, the data path sees the connection under two tuples; in the
+//! middle two only the server's veth is on the path and it sees one.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -29,11 +37,13 @@ use mirror_bpf::testing::require_root;
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{FlowKey, HistKind};
 use mirror_e2e::client::{self, url};
+use mirror_e2e::containerd::{self, CriNode, SandboxSpec};
 use mirror_e2e::kubeproxy::{Flavour, KubeProxy, Translation, SERVICE_PORT};
 use mirror_e2e::nat_oracle::{self, Connection, CopyPoints, NatExpected, Point};
 use mirror_e2e::netns::MIRROR_SINK;
+use mirror_e2e::oracle::{self, WantedReplay};
 use mirror_e2e::scenario::{HTTP, PODS};
-use mirror_e2e::testbed::Testbed;
+use mirror_e2e::testbed::{Testbed, TestbedBuilder};
 
 /// Who reaches the Service, and how.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,13 +56,16 @@ enum Path {
     NodePortFromOutside,
     /// The server pod, at its own Service's ClusterIP (DNAT and masquerade, back out its veth).
     Hairpin,
+    /// The client pod, at the ClusterIP, both pods on the CNI bridge: the request is routed
+    /// (to the bridge's address, the pods' gateway), the reply bridged.
+    Bridged,
 }
 
 impl Path {
     /// Whether the client's packets cross an attached veth before NAT, so that the data path
     /// sees the connection under both of its tuples.
     fn two_tuples(self) -> bool {
-        matches!(self, Path::PodToClusterIp | Path::Hairpin)
+        matches!(self, Path::PodToClusterIp | Path::Hairpin | Path::Bridged)
     }
 }
 
@@ -103,11 +116,17 @@ fn check(failures: &mut Vec<String>, ok: bool, msg: impl FnOnce() -> String) {
     }
 }
 
-/// The scenario of this file (see the top) along `path`, with `flavour` rules, in one family;
-/// every check runs and the test fails with all that differ.
+/// The scenario of this file (see the top) along `path`, with `flavour` rules, in one family.
 fn run(path: Path, flavour: Flavour, v6: bool) {
+    run_on(Testbed::builder(&PODS), path, flavour, v6);
+}
+
+/// The scenario over a testbed with a "client" and a "server" pod, from `builder`: every check
+/// runs and the test fails with all that differ.
+fn run_on(builder: TestbedBuilder, path: Path, flavour: Flavour, v6: bool) {
     // Both pods' veths attached; the uplink to the outside namespace is not a pod's and stays bare.
-    let bed = Testbed::builder(&PODS).nginx("server", HTTP).rule("status=500").build();
+    let mut bed = builder.nginx("server", HTTP).rule("status=500").build();
+    bed.replay_to_sink();
     let rule = bed.rule_ids()[0];
     let kp = KubeProxy::install(bed.node(), flavour, v6, bed.pod("server").addr(v6));
     let events = bed.events();
@@ -115,7 +134,7 @@ fn run(path: Path, flavour: Flavour, v6: bool) {
     let (client_veth, server_veth) = (bed.pod("client").veth.as_str(), bed.pod("server").veth.as_str());
     let vip = SocketAddr::new(kp.vip(), SERVICE_PORT);
     let (client_ns, target, points) = match path {
-        Path::PodToClusterIp => (
+        Path::PodToClusterIp | Path::Bridged => (
             &bed.pod("client").ns,
             vip,
             CopyPoints { to_server: Point::ingress(client_veth), to_client: Point::ingress(server_veth) },
@@ -175,10 +194,41 @@ fn run(path: Path, flavour: Flavour, v6: bool) {
     let hits: u64 = bed.dp.rules().expect("reading rules").iter().map(|r| r.hits).sum();
     check(&mut failures, hits == 1, || format!("rule hits {hits}"));
 
-    // (ii) One trigger event, with the request seen under the other tuple and its response time.
+    // (ii) The request behind the trigger, replayed once ahead of every copy, as it was where
+    // the classifier saw it (the client-to-server copy point).
+    let (segment, line) = expected.request_behind(&rec, &t).unwrap_or_else(|e| panic!("the oracle: {e}"));
+    assert_eq!(line, "GET /bar ", "the oracle's request behind the 500");
+    let conn = expected.connections[t.conn];
+    let want = WantedReplay { keys: &[conn.to_server, conn.to_client], segment: &segment, line: &line };
+    let replay = oracle::check_replay(&rec.mirror, &want).map_err(|e| failures.push(e)).ok();
+    check(&mut failures, rec.mirror.replayed.len() == 1, || {
+        let all: Vec<String> = rec.mirror.replayed.iter().map(|r| format!("\n  {}", r.packet.id())).collect();
+        format!("{} replays on the sink, one expected:{}", all.len(), all.concat())
+    });
+    check(&mut failures, rec.mirror.replayed.iter().all(|r| r.after_copies == 0), || {
+        let after: Vec<usize> = rec.mirror.replayed.iter().map(|r| r.after_copies).collect();
+        format!("a replay came after copies: {after:?} copies before each")
+    });
+    let replays = (
+        c.get(stat_idx::STAT_REPLAYED),
+        c.get(stat_idx::STAT_REPLAY_MISSED),
+        c.get(stat_idx::STAT_REPLAY_FAILED),
+    );
+    check(&mut failures, replays == (1, 0, 0), || {
+        format!("replayed, missed, failed counted {replays:?}, (1, 0, 0) expected")
+    });
+
+    // (iii) One trigger event, with the request seen under the other tuple, its response time
+    // and the segment replayed.
     let ev = events.take();
     match ev.as_slice() {
         [e] => {
+            let carried = e.request.as_ref().and_then(|r| r.payload());
+            let replayed = replay.map(|r| &r.packet.payload[..]);
+            check(&mut failures, carried.is_some() && carried == replayed, || {
+                let show = |p: Option<&[u8]>| p.map(|p| String::from_utf8_lossy(p).into_owned());
+                format!("the event carries {:?}, the sink got {:?}", show(carried), show(replayed))
+            });
             check(&mut failures, (e.rule_id, e.status) == (rule, 500), || format!("event: {e:?}"));
             check(
                 &mut failures,
@@ -193,11 +243,11 @@ fn run(path: Path, flavour: Flavour, v6: bool) {
         _ => failures.push(format!("{} trigger events, one expected: {ev:?}", ev.len())),
     }
 
-    // (iii) The flow table: the connection once, with both tuples, marked.
+    // (iv) The flow table: the connection once, with both tuples, marked.
     let flows = bed.dp.flows().expect("reading flows");
     failures.extend(nat_api::check_flows(&flows, &conns, t.conn, t.packets, path.two_tuples()));
 
-    // (iv) The 500's response time was measured.
+    // (v) The 500's response time was measured.
     let counted = bed.histogram(HistKind::HttpResponse, Some(5)).map_or(0, |h| h.count);
     check(&mut failures, counted == 1, || format!("5xx response times counted: {counted}, 1 expected"));
 
@@ -358,4 +408,32 @@ fn hairpin_nftables_ipv4_is_one_flow_mirrored_from_the_500_on() {
         return;
     }
     run(Path::Hairpin, Flavour::Nftables, false);
+}
+
+/// Pods of containerd on the CNI bridge (`mirror_e2e::containerd`), a ClusterIP's iptables
+/// rules in front of the server pod, bridged packets through them: one flow, its 500's request
+/// replayed first and once.
+#[test]
+fn bridged_pod_to_cluster_ip_iptables_ipv4_is_one_flow_mirrored_from_the_500_on() {
+    if !require_root() || !containerd::available() {
+        return;
+    }
+    let node = CriNode::start();
+    let server = node.run_pod(&SandboxSpec::new("web-0", "shop", 1, &[("app", "web")]));
+    let client = node.run_pod(&SandboxSpec::new("curl-0", "tools", 2, &[("app", "curl")]));
+    let bridged = node.node.sh(&format!("ip -o link show master {}", containerd::BRIDGE));
+    for p in [&server, &client] {
+        assert!(
+            bridged.contains(&format!(" {}@", p.pod.veth)),
+            "{} is not a port of the bridge: {bridged}",
+            p.pod.veth
+        );
+    }
+    assert_eq!(
+        node.node.sh("sysctl -n net.bridge.bridge-nf-call-iptables").trim(),
+        "1",
+        "bridged packets skip iptables"
+    );
+    let topo = node.topology(&[("client", &client), ("server", &server)]);
+    run_on(Testbed::builder_on(topo), Path::Bridged, Flavour::Iptables, false);
 }
