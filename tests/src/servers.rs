@@ -73,33 +73,27 @@ http {{
 
     /// python3's http.server on `port` in `ns` (both families), its script written in `dir`.
     pub fn python(ns: &Netns, port: u16, dir: &Path) -> Server {
-        let script = dir.join("http_server.py");
-        std::fs::write(&script, PYTHON_SERVER).expect("writing the python server");
-        let mut cmd = ns.command("python3");
-        cmd.arg(&script).arg(port.to_string());
-        let server = Server { proc: Proc::spawn(&format!("python http.server in {}", ns.name()), &mut cmd) };
-        server.ready(ns, port, String::new)
+        Self::python_script(ns, port, dir.join("http_server.py"), PYTHON_SERVER, "python http.server")
     }
 
     /// The raw HTTP server ([`RAW_SERVER`]) on `port` in `ns` (both families), its script
     /// written in `dir`.
     pub fn raw(ns: &Netns, port: u16, dir: &Path) -> Server {
-        let script = dir.join("raw_http_server.py");
-        std::fs::write(&script, RAW_SERVER).expect("writing the raw server");
-        let mut cmd = ns.command("python3");
-        cmd.arg(&script).arg(port.to_string());
-        let server = Server { proc: Proc::spawn(&format!("raw http server in {}", ns.name()), &mut cmd) };
-        server.ready(ns, port, String::new)
+        Self::python_script(ns, port, dir.join("raw_http_server.py"), RAW_SERVER, "raw http server")
     }
 
     /// The asyncio server ([`ASYNC_SERVER`]) on `port` in `ns` (both families), its script
     /// written in `dir`.
     pub fn asyncio(ns: &Netns, port: u16, dir: &Path) -> Server {
-        let script = dir.join("async_http_server.py");
-        std::fs::write(&script, ASYNC_SERVER).expect("writing the asyncio server");
+        Self::python_script(ns, port, dir.join("async_http_server.py"), ASYNC_SERVER, "asyncio http server")
+    }
+
+    /// python3 running `script`, written to `path`, with the port as its argument, in `ns`.
+    fn python_script(ns: &Netns, port: u16, path: PathBuf, script: &str, what: &str) -> Server {
+        std::fs::write(&path, script).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
         let mut cmd = ns.command("python3");
-        cmd.arg(&script).arg(port.to_string());
-        let server = Server { proc: Proc::spawn(&format!("asyncio http server in {}", ns.name()), &mut cmd) };
+        cmd.arg(&path).arg(port.to_string());
+        let server = Server { proc: Proc::spawn(&format!("{what} in {}", ns.name()), &mut cmd) };
         server.ready(ns, port, String::new)
     }
 
