@@ -61,6 +61,26 @@ impl InstalledRules {
                 Error::RuleDoesNotFit(format!("at most {FILTERS_MAX} rules may have method=, path= or host="))
             }
         })?;
+        // Not installed in full: the rule is taken out again, so that the set says what the
+        // maps hold.
+        let installed = self.install(maps, id, &writes, reset_hits);
+        if installed.is_err() {
+            if let Some((_, undo)) = self.set.remove(id) {
+                let _ = self.apply(maps, &undo);
+            }
+        }
+        installed
+    }
+
+    /// Writes what adding rule `id` changed: its filter, its zeroed hit counter (`reset_hits`),
+    /// the entries of the keys it covers.
+    fn install(
+        &self,
+        maps: &ClassifierMaps<'_>,
+        id: RuleId,
+        writes: &[KeyWrite],
+        reset_hits: bool,
+    ) -> Result<()> {
         // Its filter first: the entries that list the rule come after.
         if let Some(e) = self.set.get(id) {
             if !e.rule.filter.is_empty() {
@@ -79,7 +99,7 @@ impl InstalledRules {
                 .update_percpu(&slot.to_ne_bytes(), &zeros, MapFlags::ANY)
                 .context(|| format!("resetting hits of rule {id}"))?;
         }
-        self.apply(maps, &writes)
+        self.apply(maps, writes)
     }
 
     /// Removes rule `id`.
@@ -129,7 +149,7 @@ impl InstalledRules {
                 maps.status_rules.update(&key, bytes_of(&action), MapFlags::ANY)
             } else {
                 let key = types::port_status_key { port: *port, status: *status };
-                if action.any.rule_id == 0 && action.slow.rule_id == 0 {
+                if action.any.rule_id == 0 && action.slow.rule_id == 0 && action.filtered[0] == 0 {
                     maps.port_rules.delete(bytes_of(&key))
                 } else {
                     maps.port_rules.update(bytes_of(&key), bytes_of(&action), MapFlags::ANY)

@@ -280,3 +280,21 @@ fn many_requests_pending_at_once_are_each_marked() {
     ports.dedup();
     assert_eq!(ports.len() as u64 + c.get(S::STAT_RINGBUF_DROPS), u64::from(FLOWS), "{summary}");
 }
+
+/// A rule with a filter alone on its port and status: installed (its key's entry lists only
+/// filtered rules), matched, and removed.
+#[test]
+fn a_port_scoped_rule_with_a_filter_alone_on_its_key() {
+    let Some(mut bed) = Bed::new(&[]) else { return };
+    let id = bed.dp.add_rule("port=80 status=500 method=GET".parse().unwrap()).unwrap();
+    ingress(&bed.dp, &fixtures::v4_request(45500, PORT_HTTP, REQ_GET_BAR));
+    let d = ingress(&bed.dp, &fixtures::v4_response(PORT_HTTP, 45500, RESP_500));
+    assert_eq!(d.get(S::STAT_TRIGGERS), 1, "{d:?}");
+    let e = bed.take();
+    assert_eq!(e.iter().map(|e| e.rule_id).collect::<Vec<_>>(), [id]);
+    bed.dp.remove_rule(id).unwrap();
+    ingress(&bed.dp, &fixtures::v4_request(45501, PORT_HTTP, REQ_GET_BAR));
+    let d = ingress(&bed.dp, &fixtures::v4_response(PORT_HTTP, 45501, RESP_500));
+    assert_eq!(d.get(S::STAT_TRIGGERS), 0, "{d:?}");
+    assert!(bed.dp.rules().unwrap().is_empty());
+}

@@ -386,6 +386,8 @@ pub struct RequestSeen {
     pub method: String,
     /// Target.
     pub target: String,
+    /// Its Host header, when it has one.
+    pub host: Option<String>,
     /// Index in the trace of the packet that carried its first byte.
     pub packet: usize,
 }
@@ -509,6 +511,7 @@ fn read(mut c: Connection) -> Conversation {
         match request(&to_server.data[off..]) {
             Parsed::Done(r, n) => {
                 conv.requests.push(RequestSeen {
+                    host: r.head.values("host").next().map(str::to_string),
                     method: r.method,
                     target: r.target,
                     packet: to_server.packet_at(off),

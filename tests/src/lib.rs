@@ -12,6 +12,7 @@ pub mod agent;
 pub mod capture;
 pub mod client;
 pub mod containerd;
+pub mod crowd;
 pub mod flood;
 pub mod footprint;
 pub mod http_stream;

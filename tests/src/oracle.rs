@@ -1,9 +1,10 @@
 //! What the mirror must carry, derived from a reference capture taken at an endpoint: for each
 //! connection whose server sent a triggering response, the packet that completed its status
-//! code and every later packet of the connection, both directions, each exactly once; nothing
-//! of any other connection. Responses are found by reading each connection as HTTP/1.x with
-//! its framing ([`crate::http_stream`]): wherever one begins in a segment, across segments,
-//! and never in a body.
+//! code and every later packet of the connection, both directions, each exactly once (for a
+//! trigger that is not a response, a reset or a request left unanswered, from the packet the
+//! caller names); nothing of any other connection. Responses are found by reading each
+//! connection as HTTP/1.x with its framing ([`crate::http_stream`]): wherever one begins in a
+//! segment, across segments, and never in a body.
 //!
 //! Ahead of a triggered flow's copies, the mirror carries the request the trigger answered
 //! (a replay, [`check_replay`]): the segment that carried its first byte, in the form the
@@ -13,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use mirror_bpf::FlowKey;
 
-use crate::http_stream;
+use crate::http_stream::{self, Conversation, ResponseSeen};
 use crate::pcap::{Packet, PacketId, Replayed, Trace};
 
 /// A connection that must be mirrored.
@@ -45,10 +46,20 @@ pub struct Expected {
 impl Expected {
     /// Computes it; `trigger(status, server_port)` says whether a response triggers.
     pub fn from_reference(reference: &Trace, trigger: impl Fn(u16, u16) -> bool) -> Expected {
+        Expected::from_responses(reference, |c, r| trigger(r.status, c.server.port()))
+    }
+
+    /// Computes it when what triggers is a response and the request it answers:
+    /// `trigger(conversation, response)` says whether it does (`c.request_of(r)` is the
+    /// request; filters on it, latency from its packet's time).
+    pub fn from_responses(
+        reference: &Trace,
+        trigger: impl Fn(&Conversation, &ResponseSeen) -> bool,
+    ) -> Expected {
         // Per flow, the first triggering response: the index of the packet completing its code.
         let mut first: BTreeMap<FlowKey, (usize, TriggeredFlow)> = BTreeMap::new();
         for c in http_stream::conversations(reference) {
-            for r in c.responses.iter().filter(|r| trigger(r.status, c.server.port())) {
+            for r in c.responses.iter().filter(|r| trigger(&c, r)) {
                 if first.get(&c.flow).is_some_and(|(at, _)| *at <= r.packet) {
                     continue;
                 }
@@ -63,8 +74,42 @@ impl Expected {
                 first.insert(c.flow, (r.packet, t));
             }
         }
+        Expected::from_first(reference, first)
+    }
+
+    /// Computes it when what triggers is not a response (a reset, a request left unanswered):
+    /// `first(conversation, packets)`, given the indices in the trace of the connection's
+    /// packets, gives the index of the first one the mirror must carry (`None`: the
+    /// connection must not be mirrored). Its status is 0, its request the one `first` names
+    /// (an index in `c.requests`), if any.
+    pub fn from_packets(
+        reference: &Trace,
+        first: impl Fn(&Conversation, &[usize]) -> Option<(usize, Option<usize>)>,
+    ) -> Expected {
+        let mut packets: BTreeMap<FlowKey, Vec<usize>> = BTreeMap::new();
+        for (i, p) in reference.packets.iter().enumerate() {
+            packets.entry(p.flow()).or_default().push(i);
+        }
+        let mut at = BTreeMap::new();
+        for c in http_stream::conversations(reference) {
+            let Some((i, request)) = first(&c, &packets[&c.flow]) else { continue };
+            let request = request.map(|q| &c.requests[q]);
+            let t = TriggeredFlow {
+                flow: c.flow,
+                status: 0,
+                packets: 0,
+                method: request.map(|q| q.method.clone()),
+                target: request.map(|q| q.target.clone()),
+            };
+            at.insert(c.flow, (i, t));
+        }
+        Expected::from_first(reference, at)
+    }
+
+    /// The expected mirror given, per triggered flow, the index of its first packet to mirror.
+    fn from_first(reference: &Trace, first: BTreeMap<FlowKey, (usize, TriggeredFlow)>) -> Expected {
         let mut e = Expected::default();
-        let mut order: Vec<(usize, TriggeredFlow)> = first.values().cloned().collect();
+        let mut order: Vec<(usize, TriggeredFlow)> = first.into_values().collect();
         order.sort_by_key(|(at, _)| *at);
         let index: BTreeMap<FlowKey, (usize, usize)> =
             order.iter().enumerate().map(|(i, (at, t))| (t.flow, (*at, i))).collect();

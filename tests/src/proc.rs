@@ -118,13 +118,22 @@ impl Proc {
         }
         // SAFETY: kill only sends a signal, to a child we have not reaped yet (so not a reused pid).
         unsafe { libc::kill(self.pid() as i32, signal) };
+        let status = self.wait(timeout);
+        if status.is_none() {
+            eprintln!("{} ignored signal {signal} for {timeout:?}: killed it", self.what);
+        }
+        status
+    }
+
+    /// Waits up to `timeout` for it to exit, then kills it: its exit status, `None` when it
+    /// had to be killed.
+    pub fn wait(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let mut status = None;
         wait_until(timeout, || {
             status = self.child.try_wait().ok().flatten();
             status.is_some()
         });
         if status.is_none() {
-            eprintln!("{} ignored signal {signal} for {timeout:?}: killing it", self.what);
             let _ = self.child.kill();
             let _ = self.child.wait();
         }

@@ -1,7 +1,8 @@
 //! Real HTTP servers: nginx (`/foo` and `/ok` 200, `/bar` and `/fail` 500) on a pod's
 //! addresses, python3's http.server (`/ok` 200, `/fail` 500, `/status/N` N, `?bytes=M` for an
-//! M-byte body) and a raw server writing scripted byte layouts ([`RAW_SERVER`]) on every address
-//! of their namespace. All keep connections alive and listen when started.
+//! M-byte body), a raw server writing scripted byte layouts ([`RAW_SERVER`]) and an asyncio
+//! server for many connections at once that delays and resets on request ([`ASYNC_SERVER`]) on
+//! every address of their namespace. All keep connections alive and listen when started.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -72,22 +73,27 @@ http {{
 
     /// python3's http.server on `port` in `ns` (both families), its script written in `dir`.
     pub fn python(ns: &Netns, port: u16, dir: &Path) -> Server {
-        let script = dir.join("http_server.py");
-        std::fs::write(&script, PYTHON_SERVER).expect("writing the python server");
-        let mut cmd = ns.command("python3");
-        cmd.arg(&script).arg(port.to_string());
-        let server = Server { proc: Proc::spawn(&format!("python http.server in {}", ns.name()), &mut cmd) };
-        server.ready(ns, port, String::new)
+        Self::python_script(ns, port, dir.join("http_server.py"), PYTHON_SERVER, "python http.server")
     }
 
     /// The raw HTTP server ([`RAW_SERVER`]) on `port` in `ns` (both families), its script
     /// written in `dir`.
     pub fn raw(ns: &Netns, port: u16, dir: &Path) -> Server {
-        let script = dir.join("raw_http_server.py");
-        std::fs::write(&script, RAW_SERVER).expect("writing the raw server");
+        Self::python_script(ns, port, dir.join("raw_http_server.py"), RAW_SERVER, "raw http server")
+    }
+
+    /// The asyncio server ([`ASYNC_SERVER`]) on `port` in `ns` (both families), its script
+    /// written in `dir`.
+    pub fn asyncio(ns: &Netns, port: u16, dir: &Path) -> Server {
+        Self::python_script(ns, port, dir.join("async_http_server.py"), ASYNC_SERVER, "asyncio http server")
+    }
+
+    /// python3 running `script`, written to `path`, with the port as its argument, in `ns`.
+    fn python_script(ns: &Netns, port: u16, path: PathBuf, script: &str, what: &str) -> Server {
+        std::fs::write(&path, script).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
         let mut cmd = ns.command("python3");
-        cmd.arg(&script).arg(port.to_string());
-        let server = Server { proc: Proc::spawn(&format!("raw http server in {}", ns.name()), &mut cmd) };
+        cmd.arg(&path).arg(port.to_string());
+        let server = Server { proc: Proc::spawn(&format!("{what} in {}", ns.name()), &mut cmd) };
         server.ready(ns, port, String::new)
     }
 
@@ -358,6 +364,82 @@ listener.listen(128)
 while True:
     conn, _ = listener.accept()
     threading.Thread(target=serve, args=(conn,), daemon=True).start()
+"#;
+
+/// An asyncio HTTP/1.1 server for many connections at once (tens of thousands: it raises its
+/// open-file limit, listens with a deep backlog) that answers each connection's requests in
+/// order, pipelined ones included, each response in a write of its own:
+///
+/// - `?delay_ms=N` on any target: the answer comes N ms after the request was read (the
+///   connection's later requests wait behind it, as HTTP/1.1 orders them)
+/// - `/abort`: no answer; the connection is reset (SO_LINGER 0, then close: a RST)
+/// - a path under `/api/` or `/web/`: 500; any other: 200 (a 4-byte body, `200\n`)
+///
+/// A request's body (Content-Length) is read and ignored; a client that resets or goes away is
+/// let go quietly.
+pub const ASYNC_SERVER: &str = r#"import asyncio
+import resource
+import socket
+import struct
+import sys
+
+REASONS = {200: b"OK", 500: b"Internal Server Error"}
+LINGER_0 = struct.pack("ii", 1, 0)
+BACKLOG = 65535
+
+
+def status_of(path):
+    return 500 if path.startswith(("/api/", "/web/")) else 200
+
+
+async def read_request(reader):
+    """(method, target) of the next request, its body read; None at the end."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, _ = lines[0].split(" ", 2)
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length" and int(value):
+            await reader.readexactly(int(value))
+    return method, target
+
+
+async def serve(reader, writer):
+    try:
+        while (request := await read_request(reader)) is not None:
+            path, _, query = request[1].partition("?")
+            params = dict(p.partition("=")[::2] for p in query.split("&") if p)
+            if "delay_ms" in params:
+                await asyncio.sleep(int(params["delay_ms"]) / 1000)
+            if path == "/abort":
+                writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_0)
+                writer.transport.abort()
+                return
+            status = status_of(path)
+            body = b"%d\n" % status
+            writer.write(b"HTTP/1.1 %d %s\r\nContent-Length: %d\r\n\r\n" % (status, REASONS[status], len(body)) + body)
+            await writer.drain()
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.close()
+
+
+async def main(port):
+    listener = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    listener.bind(("::", port))
+    server = await asyncio.start_server(serve, sock=listener, backlog=BACKLOG)
+    async with server:
+        await server.serve_forever()
+
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+asyncio.run(main(int(sys.argv[1])))
 "#;
 
 /// Go's net/http: `/fail` 500, anything else 200; the port as its argument, both families.

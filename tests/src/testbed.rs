@@ -24,13 +24,19 @@ use crate::servers::Server;
 /// Trigger events, collected as they are polled.
 pub struct Events {
     ring: RingBuffer<'static>,
-    seen: Rc<RefCell<Vec<TriggerEvent>>>,
+    seen: Rc<RefCell<Vec<(u64, TriggerEvent)>>>,
 }
 
 impl Events {
     /// The events received so far.
     pub fn take(&self) -> Vec<TriggerEvent> {
-        Datapath::poll_events(&self.ring, Duration::from_millis(100)).expect("polling events");
+        self.poll(Duration::from_millis(100)).into_iter().map(|(_, ev)| ev).collect()
+    }
+
+    /// Waits up to `timeout` for events (returns at the first), then hands over those received
+    /// so far, each with the time user space received it (monotonic ns, the classifier's clock).
+    pub fn poll(&self, timeout: Duration) -> Vec<(u64, TriggerEvent)> {
+        Datapath::poll_events(&self.ring, timeout).expect("polling events");
         self.seen.take()
     }
 }
@@ -124,10 +130,22 @@ impl Testbed {
     /// Adds a rule.
     #[track_caller]
     pub fn add_rule(&mut self, rule: &str) -> RuleId {
-        let rule = rule.parse().unwrap_or_else(|e| panic!("{rule}: {e}"));
-        let id = self.dp.add_rule(rule).expect("adding a rule");
+        self.try_add_rule(rule).unwrap_or_else(|e| panic!("{rule}: {e}"))
+    }
+
+    /// Adds a rule given as text, as an operator gives it: the error when it does not parse or
+    /// does not fit.
+    pub fn try_add_rule(&mut self, rule: &str) -> mirror_bpf::Result<RuleId> {
+        let id = self.dp.add_rule(rule.parse()?)?;
         self.rules.push(id);
-        id
+        Ok(id)
+    }
+
+    /// Removes a rule [`Testbed::add_rule`] added (flows it marked stay marked).
+    #[track_caller]
+    pub fn remove_rule(&mut self, id: RuleId) {
+        self.dp.remove_rule(id).unwrap_or_else(|e| panic!("removing rule {id}: {e}"));
+        self.rules.retain(|r| *r != id);
     }
 
     /// The ids of the rules [`Testbed::add_rule`] added, in order.
@@ -150,6 +168,12 @@ impl Testbed {
     /// Starts the raw HTTP server (scripted byte layouts) in a pod.
     pub fn raw_server(&mut self, role: &str, port: u16) {
         let server = Server::raw(&self.topo.pod(role).ns, port, self.dir.path());
+        self.servers.push(server);
+    }
+
+    /// Starts the asyncio HTTP server (many connections, delays and resets on request) in a pod.
+    pub fn asyncio_server(&mut self, role: &str, port: u16) {
+        let server = Server::asyncio(&self.topo.pod(role).ns, port, self.dir.path());
         self.servers.push(server);
     }
 
@@ -200,7 +224,10 @@ impl Testbed {
     pub fn events(&self) -> Events {
         let seen = Rc::new(RefCell::new(Vec::new()));
         let sink = Rc::clone(&seen);
-        let ring = self.dp.events(move |ev| sink.borrow_mut().push(ev)).expect("opening the events");
+        let ring = self
+            .dp
+            .events(move |ev| sink.borrow_mut().push((mirror_bpf::flow::monotonic_ns(), ev)))
+            .expect("opening the events");
         Events { ring, seen }
     }
 
@@ -249,18 +276,31 @@ impl Testbed {
     /// server_port)` is what the rules match.
     #[track_caller]
     pub fn check(&self, rec: &Recording, trigger: impl Fn(u16, u16) -> bool) -> Expected {
-        let expected = Expected::from_reference(&rec.reference, trigger);
+        self.check_since(rec, Expected::from_reference(&rec.reference, trigger), &Snapshot::default())
+    }
+
+    /// Like [`Testbed::check`] with what the mirror must carry computed by the caller, and
+    /// counters and rule hits counted from `since` (the recording's traffic alone, on a testbed
+    /// that carried other traffic before; the rules installed then still are).
+    #[track_caller]
+    pub fn check_since(&self, rec: &Recording, expected: Expected, since: &Snapshot) -> Expected {
         expected.assert_mirror(&rec.mirror);
         self.assert_marks(&expected);
-        let c = self.counters();
+        let now = self.snapshot();
+        let c = now.counters.since(&since.counters);
         let n_triggered = expected.triggered.len() as u64;
         assert_eq!(c.get(stat_idx::STAT_TRIGGERS), n_triggered, "{c:?}");
         assert_eq!(c.get(stat_idx::STAT_MIRRORED_PACKETS), rec.mirror.packets.len() as u64, "{c:?}");
         assert_eq!(c.get(stat_idx::STAT_MIRROR_ERRORS), 0, "{c:?}");
         assert_eq!(c.get(stat_idx::STAT_MIRROR_NO_TARGET), 0, "{c:?}");
-        let hits: u64 = self.dp.rules().expect("reading rules").iter().map(|r| r.hits).sum();
-        assert_eq!(hits, n_triggered, "rule hits");
+        assert_eq!(now.hits - since.hits, n_triggered, "rule hits");
         expected
+    }
+
+    /// The counters and the rules' hits now, for [`Testbed::check_since`].
+    pub fn snapshot(&self) -> Snapshot {
+        let hits = self.dp.rules().expect("reading rules").iter().map(|r| r.hits).sum();
+        Snapshot { counters: self.counters(), hits }
     }
 
     /// Asserts that the flow table lists every connection of the reference, the triggered
@@ -284,6 +324,15 @@ impl Testbed {
             assert_eq!(find(*f).mark, None, "{f} never triggered but is marked");
         }
     }
+}
+
+/// Counters and rule hits at a moment (the default: all zero, the testbed's start).
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// The counters.
+    pub counters: Counters,
+    /// Hits of the rules then installed, summed.
+    pub hits: u64,
 }
 
 /// A server the builder starts.
@@ -346,6 +395,12 @@ impl<'a> TestbedBuilder<'a> {
     /// Starts the raw HTTP server (scripted byte layouts) in a pod.
     pub fn raw_server(mut self, role: &'a str, port: u16) -> Self {
         self.servers.push(Box::new(move |bed| bed.raw_server(role, port)));
+        self
+    }
+
+    /// Starts the asyncio HTTP server (many connections, delays and resets on request) in a pod.
+    pub fn asyncio_server(mut self, role: &'a str, port: u16) -> Self {
+        self.servers.push(Box::new(move |bed| bed.asyncio_server(role, port)));
         self
     }
 

@@ -5,7 +5,8 @@
  * request is queued sets its flow_timing slot's bit in pending_flows (one load per request when
  * the bit is set already); one BPF timer, the tick, runs every NORESPONSE_TICK_NS while some
  * rule is a noresponse rule and looks at the flows whose bits are set, at most
- * NORESPONSE_TICK_FLOWS per tick (a pass over many pending flows spans several ticks): a flow
+ * NORESPONSE_TICK_FLOWS per tick (a pass over many pending flows spans several ticks, and a tick
+ * whose events would overflow the ring buffer stops there and goes on 1 ms later): a flow
  * with nothing pending loses its bit; one whose oldest pending request waited long enough for a
  * rule (filters included) is marked, without a packet, its event sent. The mark carries the
  * request's kept segment, replayed with the first packet of the flow after it (replay.h
@@ -29,6 +30,7 @@
 #define NORESPONSE_CLOCK 1                   /* CLOCK_MONOTONIC */
 #define NORESPONSE_TICK_NS (10 * 1000000ULL) /* 10 ms */
 #define NORESPONSE_TICK_FLOWS 4096
+#define NORESPONSE_WAIT_NS (1000000ULL) /* 1 ms: the tick waiting for room in the ring buffer */
 #define NORESPONSE_EBUSY 16
 
 /*
@@ -95,12 +97,24 @@ __noinline int noresponse_check(__u32 slot, __u64 now)
     return 1;
 }
 
-/* Where a tick stands in the bitmap: the word it goes on from, the flows it may still look at. */
+/* Where a tick stands in the bitmap: the word it goes on from, the flows it may still look at,
+ * whether it stopped for room in the ring buffer. */
 struct tick_walk {
     __u64 now;
     __u32 word;
     __u32 budget;
+    __u32 full;
 };
+
+/* ring_room - is there room for a few more events? (A tick that marks thousands of flows at
+ * once waits for the reader rather than lose their events.) */
+static __always_inline int ring_room(void)
+{
+    __u64 size = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
+    __u64 used = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+
+    return size > used && size - used >= 4 * sizeof(struct trigger_event);
+}
 
 /* tick_word - one word of pending_flows (a bpf_loop step of the tick). */
 static long tick_word(__u32 i, struct tick_walk *w)
@@ -110,17 +124,22 @@ static long tick_word(__u32 i, struct tick_walk *w)
 
     if (!bits)
         return 1; /* past the last word */
-    w->word++;
     __u64 v = *bits;
-    if (!v)
+    if (!v) {
+        w->word++;
         return 0;
+    }
 #pragma nounroll
     for (__u32 n = 0; n < 64; n++) {
         __u64 bit = 1ULL << n;
         if (!(v & bit))
             continue;
         if (!w->budget)
-            break;
+            return 1; /* this word again at the next tick */
+        if (!ring_room()) {
+            w->full = 1;
+            return 1;
+        }
         w->budget--;
         __u32 slot = idx * 64 + n;
         if (noresponse_check(slot, w->now)) {
@@ -131,6 +150,7 @@ static long tick_word(__u32 i, struct tick_walk *w)
                 __sync_fetch_and_or(bits, bit);
         }
     }
+    w->word++;
     return w->budget ? 0 : 1;
 }
 
@@ -156,7 +176,8 @@ static int noresponse_tick(void *map, __u32 *key, struct noresponse_timer *nt)
     bpf_loop(words, tick_word, &w, 0);
     /* The whole bitmap looked at: the next tick starts over. */
     nt->cursor = w.word >= words ? 0 : w.word;
-    bpf_timer_start(&nt->timer, NORESPONSE_TICK_NS, 0);
+    /* Stopped for room in the ring buffer: again as soon as the reader can have read. */
+    bpf_timer_start(&nt->timer, w.full ? NORESPONSE_WAIT_NS : NORESPONSE_TICK_NS, 0);
     return 0;
 }
 
