@@ -249,6 +249,21 @@ fn request_filters_pick_the_requests_a_rule_applies_to() {
     let events = bed.take();
     let got: Vec<(u16, u32)> = events.iter().map(|e| (e.key.lo.port(), e.rule_id)).collect();
     assert_eq!(got, [(45400, 1), (45402, 2)]);
+    // Another 500 on a flow marked already: no filter is looked at again, none counted.
+    let request = cases[0].1;
+    let again = PacketBuilder::ipv4(V4_CLIENT, V4_SERVER)
+        .tcp(45400, PORT_HTTP, tcp_flags::ACK | tcp_flags::PSH)
+        .seq(1000 + request.len() as u32)
+        .payload(b"GET /web/x HTTP/1.1\r\nHost: other\r\n\r\n")
+        .build();
+    ingress(dp, &again);
+    let answer = PacketBuilder::ipv4(V4_SERVER, V4_CLIENT)
+        .tcp(PORT_HTTP, 45400, tcp_flags::ACK | tcp_flags::PSH)
+        .seq(1000 + RESP_500.len() as u32)
+        .payload(RESP_500)
+        .build();
+    let d = ingress(dp, &answer);
+    assert_eq!((d.get(S::STAT_HTTP_RESPONSES), d.get(S::STAT_FILTERED_OUT)), (1, 0), "{d:?}");
 }
 
 /// Many requests pending at once: each flow's timer fires and marks it, once.

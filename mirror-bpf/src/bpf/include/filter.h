@@ -159,6 +159,10 @@ __noinline __u32 filter_pick(const struct rule_entry *e, __u64 took, const struc
 
     if (!e || !req || !key || !cnt)
         return 0;
+    /* A flow marked already: nothing more to decide (a later trigger would not mark it again),
+     * and nothing to count as turned down. */
+    if (bpf_map_lookup_elem(&mirror_marks, key))
+        return 0;
     for (int i = 0; i < RULE_FILTERED_MAX; i++) {
         __u32 slot = e->filtered[i];
         if (!slot)
