@@ -29,6 +29,24 @@ fn v4_flow(cport: u16) -> FlowKey {
     )
 }
 
+/// A client -> server segment of `text` at `seq`, from client port `cport` to `dport`.
+fn to_server(cport: u16, dport: u16, seq: u32, text: &[u8]) -> Vec<u8> {
+    PacketBuilder::ipv4(V4_CLIENT, V4_SERVER)
+        .tcp(cport, dport, tcp_flags::ACK | tcp_flags::PSH)
+        .seq(seq)
+        .payload(text)
+        .build()
+}
+
+/// A server -> client segment of `text` at `seq`, from the HTTP port to client port `cport`.
+fn to_client(cport: u16, seq: u32, text: &[u8]) -> Vec<u8> {
+    PacketBuilder::ipv4(V4_SERVER, V4_CLIENT)
+        .tcp(PORT_HTTP, cport, tcp_flags::ACK | tcp_flags::PSH)
+        .seq(seq)
+        .payload(text)
+        .build()
+}
+
 /// A RST|ACK from the server (`from_server`) or the client of connection `cport`.
 fn rst(cport: u16, from_server: bool) -> Vec<u8> {
     let flags = tcp_flags::RST | tcp_flags::ACK;
@@ -137,11 +155,7 @@ fn a_request_left_unanswered_marks_its_flow_when_the_time_passes() {
     let second = Instant::now();
     // Where the stream goes on (the first request's bytes before it): a new request, not a
     // retransmission of the first.
-    let next = PacketBuilder::ipv4(V4_CLIENT, V4_SERVER)
-        .tcp(45202, PORT_HTTP, tcp_flags::ACK | tcp_flags::PSH)
-        .seq(1000 + REQ_GET_BAR.len() as u32)
-        .payload(b"GET /second HTTP/1.1\r\nHost: x\r\n\r\n")
-        .build();
+    let next = to_server(45202, PORT_HTTP, 1000 + REQ_GET_BAR.len() as u32, b"GET /second HTTP/1.1\r\n\r\n");
     ingress(dp, &next);
 
     let mut events = Vec::new();
@@ -178,30 +192,16 @@ fn a_request_left_unanswered_marks_its_flow_when_the_time_passes() {
 fn under_pipelining_each_trigger_carries_the_request_it_concerns() {
     let Some(bed) = Bed::new(&["status=500", "noresponse>200ms port=8080"]) else { return };
     let dp = &bed.dp;
-    let seg = |cport: u16, dport: u16, seq: u32, text: &[u8]| {
-        PacketBuilder::ipv4(V4_CLIENT, V4_SERVER)
-            .tcp(cport, dport, tcp_flags::ACK | tcp_flags::PSH)
-            .seq(seq)
-            .payload(text)
-            .build()
-    };
     let reqs: [&[u8]; 3] =
         [b"GET /a HTTP/1.1\r\n\r\n", b"GET /b HTTP/1.1\r\n\r\n", b"GET /c HTTP/1.1\r\n\r\n"];
     let mut seq = 1000;
     for r in reqs {
-        let d = ingress(dp, &seg(45300, PORT_HTTP, seq, r));
+        let d = ingress(dp, &to_server(45300, PORT_HTTP, seq, r));
         assert_eq!(d.get(S::STAT_REPLAY_KEPT), 1, "{d:?}");
         seq += r.len() as u32;
     }
-    let resp = |seq: u32, text: &[u8]| {
-        PacketBuilder::ipv4(V4_SERVER, V4_CLIENT)
-            .tcp(PORT_HTTP, 45300, tcp_flags::ACK | tcp_flags::PSH)
-            .seq(seq)
-            .payload(text)
-            .build()
-    };
-    ingress(dp, &resp(5000, RESP_200));
-    let d = ingress(dp, &resp(5000 + RESP_200.len() as u32, RESP_500));
+    ingress(dp, &to_client(45300, 5000, RESP_200));
+    let d = ingress(dp, &to_client(45300, 5000 + RESP_200.len() as u32, RESP_500));
     assert_eq!(d.get(S::STAT_TRIGGERS), 1, "{d:?}");
     let events = bed.take();
     assert_eq!(events.len(), 1, "{events:?}");
@@ -211,7 +211,7 @@ fn under_pipelining_each_trigger_carries_the_request_it_concerns() {
 
     // Three requests in one segment, the first never answered: the mark concerns the first.
     let all: Vec<u8> = reqs.concat();
-    ingress(dp, &seg(45301, 8080, 1000, &all));
+    ingress(dp, &to_server(45301, 8080, 1000, &all));
     sleep(Duration::from_millis(350));
     let events = bed.take();
     assert_eq!(events.len(), 1, "{events:?}");
@@ -251,18 +251,8 @@ fn request_filters_pick_the_requests_a_rule_applies_to() {
     assert_eq!(got, [(45400, 1), (45402, 2)]);
     // Another 500 on a flow marked already: no filter is looked at again, none counted.
     let request = cases[0].1;
-    let again = PacketBuilder::ipv4(V4_CLIENT, V4_SERVER)
-        .tcp(45400, PORT_HTTP, tcp_flags::ACK | tcp_flags::PSH)
-        .seq(1000 + request.len() as u32)
-        .payload(b"GET /web/x HTTP/1.1\r\nHost: other\r\n\r\n")
-        .build();
-    ingress(dp, &again);
-    let answer = PacketBuilder::ipv4(V4_SERVER, V4_CLIENT)
-        .tcp(PORT_HTTP, 45400, tcp_flags::ACK | tcp_flags::PSH)
-        .seq(1000 + RESP_500.len() as u32)
-        .payload(RESP_500)
-        .build();
-    let d = ingress(dp, &answer);
+    ingress(dp, &to_server(45400, PORT_HTTP, 1000 + request.len() as u32, b"GET /web/x HTTP/1.1\r\n\r\n"));
+    let d = ingress(dp, &to_client(45400, 1000 + RESP_500.len() as u32, RESP_500));
     assert_eq!((d.get(S::STAT_HTTP_RESPONSES), d.get(S::STAT_FILTERED_OUT)), (1, 0), "{d:?}");
 }
 
