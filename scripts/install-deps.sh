@@ -20,6 +20,7 @@ PACKAGES=(
     curl nginx-light python3 iperf3 wrk sockperf                   # servers, clients, load
     python3-pip python3-prometheus-client                          # checks: Community IDs, /metrics parsed
     procps psmisc util-linux coreutils git                         # sysctl, taskset, nsenter, timeout
+    kmod                                                           # modprobe br_netfilter, where it is a module
     podman runc debootstrap binutils                               # the image: base, build, run (tests/tests/image.rs)
     python3-venv                                                   # kubernetes-validate (tests/tests/manifests.rs)
     containerd containernetworking-plugins                         # the real node (tests/tests/real_node.rs)

@@ -143,16 +143,15 @@ impl InstalledRules {
 
     fn apply(&self, maps: &ClassifierMaps<'_>, writes: &[KeyWrite]) -> Result<()> {
         for ((port, status), action) in writes {
-            let action = action.unwrap_or_default();
+            // `None`: no rule covers the key any more (the set says so, whatever kind they were).
             if *port == ANY_PORT {
                 let key = u32::from(*status).to_ne_bytes();
-                maps.status_rules.update(&key, bytes_of(&action), MapFlags::ANY)
+                maps.status_rules.update(&key, bytes_of(&action.unwrap_or_default()), MapFlags::ANY)
             } else {
                 let key = types::port_status_key { port: *port, status: *status };
-                if action.any.rule_id == 0 && action.slow.rule_id == 0 && action.filtered[0] == 0 {
-                    maps.port_rules.delete(bytes_of(&key))
-                } else {
-                    maps.port_rules.update(bytes_of(&key), bytes_of(&action), MapFlags::ANY)
+                match action {
+                    None => maps.port_rules.delete(bytes_of(&key)),
+                    Some(a) => maps.port_rules.update(bytes_of(&key), bytes_of(a), MapFlags::ANY),
                 }
             }
             .context(|| format!("writing the rule entry for port {port} status {status}"))?;

@@ -110,23 +110,13 @@ fn run(pending: usize, wait: Duration) -> Result<Timers> {
     late.sort_by(f64::total_cmp);
     let pick = |q: f64| late.get(((late.len() as f64 - 1.0) * q) as usize).copied().unwrap_or(f64::NAN);
     // The alternative: a scan of every flow's pending requests from user space.
-    let mut scans: Vec<f64> = (0..5)
-        .map(|_| {
-            let t = Instant::now();
-            let n = dp
-                .skel()
-                .maps
-                .flow_timing
-                .lookup_batch(4096, MapFlags::ANY, MapFlags::ANY)
-                .map(|b| b.count())
-                .unwrap_or(0);
-            (t.elapsed().as_secs_f64() * 1e3, n)
-        })
-        .map(|(ms, n)| {
-            debug_assert_eq!(n as u32, flows);
-            ms
-        })
-        .collect();
+    let mut scans = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let read = dp.skel().maps.flow_timing.lookup_batch(4096, MapFlags::ANY, MapFlags::ANY)?.count();
+        scans.push(t.elapsed().as_secs_f64() * 1e3);
+        ensure!(read as u32 == flows, "a scan read {read} of {flows} flow_timing slots");
+    }
     scans.sort_by(f64::total_cmp);
     Ok(Timers {
         pending,

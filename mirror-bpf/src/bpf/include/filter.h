@@ -13,52 +13,11 @@
 
 #include "maps.h"
 #include "replay.h"
+#include "method.h"
 
 /* Hides @x's value from the compiler, so that it checks the bound of the very register it
  * indexes with (instead of a pointer it derived before the check). */
 #define FILTER_OPAQUE(x) asm volatile("" : "+r"(x))
-
-/* Little-endian words of ASCII (as in http.h). */
-#define FILTER_WORD(a, b, c, d) ((__u32)(a) | (__u32)(b) << 8 | (__u32)(c) << 16 | (__u32)(d) << 24)
-
-/*
- * filter_method - the request method of @head (enum http_method), with the length of
- * "METHOD " in @skip; 0 when @head starts no known method.
- */
-static __always_inline __u32 filter_method(const __u8 *head, __u32 *skip)
-{
-    switch (*(const __u32 *)head) {
-    case FILTER_WORD('G', 'E', 'T', ' '):
-        *skip = 4;
-        return HTTP_METHOD_GET;
-    case FILTER_WORD('P', 'U', 'T', ' '):
-        *skip = 4;
-        return HTTP_METHOD_PUT;
-    case FILTER_WORD('P', 'O', 'S', 'T'):
-        *skip = 5;
-        return HTTP_METHOD_POST;
-    case FILTER_WORD('H', 'E', 'A', 'D'):
-        *skip = 5;
-        return HTTP_METHOD_HEAD;
-    case FILTER_WORD('P', 'A', 'T', 'C'):
-        *skip = 6;
-        return HTTP_METHOD_PATCH;
-    case FILTER_WORD('T', 'R', 'A', 'C'):
-        *skip = 6;
-        return HTTP_METHOD_TRACE;
-    case FILTER_WORD('D', 'E', 'L', 'E'):
-        *skip = 7;
-        return HTTP_METHOD_DELETE;
-    case FILTER_WORD('O', 'P', 'T', 'I'):
-        *skip = 8;
-        return HTTP_METHOD_OPTIONS;
-    case FILTER_WORD('C', 'O', 'N', 'N'):
-        *skip = 8;
-        return HTTP_METHOD_CONNECT;
-    default:
-        return 0;
-    }
-}
 
 /*
  * filter_host - where the value of the Host header of the request kept in @r begins (after
@@ -99,7 +58,7 @@ __noinline int filter_match(const struct rule_filter *f, const struct http_reque
 {
     if (!f || !req)
         return 0;
-    __u32 skip = 0, method = filter_method(req->head, &skip);
+    __u32 skip = 0, method = http_method(req->head, &skip);
 
     if (f->methods && !(f->methods & method))
         return 0;

@@ -19,6 +19,7 @@
 
 #include "maps.h"
 #include "parse.h"
+#include "method.h"
 #include "timing.h"
 #include "decide.h"
 #include "noresponse.h"
@@ -37,8 +38,6 @@ enum http_kind {
     HTTP_MAYBE, /* too short to tell, and could start a message: kept for the next segment */
 };
 
-/* Little-endian words of the ASCII prefixes we compare against. */
-#define HTTP_WORD(a, b, c, d) ((__u32)(a) | (__u32)(b) << 8 | (__u32)(c) << 16 | (__u32)(d) << 24)
 #define HTTP_WORD8(a, b, c, d, e, f, g, h) \
     ((__u64)HTTP_WORD(a, b, c, d) | (__u64)HTTP_WORD(e, f, g, h) << 32)
 /* OR-ed into a word of ASCII: letters become lower case; '-', ':' and ' ' stay what they are. */
@@ -74,26 +73,9 @@ static __always_inline __u16 http_status(const __u8 *p, __u32 len)
  */
 static __always_inline __u32 http_is_request(const __u8 *p)
 {
-    switch (*(__u32 *)p) {
-    case HTTP_WORD('G', 'E', 'T', ' '):
-    case HTTP_WORD('P', 'U', 'T', ' '):
-        return 4;
-    case HTTP_WORD('P', 'O', 'S', 'T'):
-    case HTTP_WORD('H', 'E', 'A', 'D'):
-        return p[4] == ' ' ? 5 : 0;
-    case HTTP_WORD('P', 'A', 'T', 'C'):
-        return p[4] == 'H' && p[5] == ' ' ? 6 : 0;
-    case HTTP_WORD('T', 'R', 'A', 'C'):
-        return p[4] == 'E' && p[5] == ' ' ? 6 : 0;
-    case HTTP_WORD('D', 'E', 'L', 'E'):
-        return p[4] == 'T' && p[5] == 'E' && p[6] == ' ' ? 7 : 0;
-    case HTTP_WORD('O', 'P', 'T', 'I'):
-        return p[4] == 'O' && p[5] == 'N' && p[6] == 'S' && p[7] == ' ' ? 8 : 0;
-    case HTTP_WORD('C', 'O', 'N', 'N'):
-        return p[4] == 'E' && p[5] == 'C' && p[6] == 'T' && p[7] == ' ' ? 8 : 0;
-    default:
-        return 0;
-    }
+    __u32 len = 0;
+
+    return http_method(p, &len) ? len : 0;
 }
 
 /*
