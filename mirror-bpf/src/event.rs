@@ -7,7 +7,7 @@ use libbpf_rs::{MapMut, RingBuffer, RingBufferBuilder};
 use crate::error::{Context, Result};
 use crate::flow::FlowKey;
 use crate::replay::ReplayedRequest;
-use crate::rule::TriggerKind;
+use crate::rule::{grpc_status_name, TriggerKind};
 use crate::shared::{read_plain, types};
 
 /// Who sent the packet behind a trigger.
@@ -29,8 +29,37 @@ impl Side {
     }
 }
 
-/// One trigger: a response, a reset or a request left unanswered matched a rule, and its flow
-/// is now mirrored.
+/// The HTTP version of the request behind a trigger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpProto {
+    /// HTTP/1.x.
+    Http1,
+    /// HTTP/2 (cleartext).
+    Http2,
+}
+
+impl HttpProto {
+    /// `http1` or `http2`.
+    pub fn name(self) -> &'static str {
+        match self {
+            HttpProto::Http1 => "http1",
+            HttpProto::Http2 => "http2",
+        }
+    }
+
+    /// From the data path's `enum http_proto` (`None`: not known).
+    pub fn from_raw(v: u32) -> Option<Self> {
+        use types::http_proto as p;
+        match v {
+            x if x == p::HTTP_PROTO_1.0 => Some(HttpProto::Http1),
+            x if x == p::HTTP_PROTO_2.0 => Some(HttpProto::Http2),
+            _ => None,
+        }
+    }
+}
+
+/// One trigger: a response, a reset, a request left unanswered or a gRPC call's status matched
+/// a rule, and its flow is now mirrored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TriggerEvent {
     /// What triggered.
@@ -47,7 +76,8 @@ pub struct TriggerEvent {
     pub ts_ns: u64,
     /// The rule that matched.
     pub rule_id: u32,
-    /// The response's status (0 for the other kinds).
+    /// The response's status; for [`TriggerKind::Grpc`], the `grpc-status` code (0 to 63, its
+    /// name: [`TriggerEvent::grpc_status_name`]); 0 for the other kinds.
     pub status: u16,
     /// Interface the packet that triggered was seen on (a request left unanswered: where the
     /// request was).
@@ -57,9 +87,15 @@ pub struct TriggerEvent {
     /// The packet that triggered (the request, for one left unanswered) went from `key.hi` to
     /// `key.lo` (else `lo` to `hi`).
     pub reverse: bool,
-    /// Request method, when the request was seen.
+    /// The HTTP version of the request, when known.
+    pub proto: Option<HttpProto>,
+    /// HTTP/2: the request's stream id (`None` for HTTP/1.x).
+    pub stream: Option<u32>,
+    /// HTTP/2: the request's `:authority`, lower case, without a port (at most 64 bytes).
+    pub authority: Option<String>,
+    /// Request method, when the request was seen (HTTP/2: its `:method`).
     pub method: Option<String>,
-    /// First bytes (at most 64) of the request target.
+    /// First bytes (at most 64) of the request target (HTTP/2: of its `:path`).
     pub target: Option<String>,
     /// From the request's first segment to what triggered: the status line, the reset, or
     /// (a request left unanswered) the mark, the time it waited.
@@ -81,6 +117,7 @@ impl TriggerEvent {
         let ev: types::trigger_event = read_plain(data);
         let head_len = (ev.request_head_len as usize).min(ev.request_head.len());
         let (method, target) = split_request(&ev.request_head[..head_len]);
+        let authority_len = (ev.authority_len as usize).min(ev.authority.len());
         use types::trigger_side as side;
         Some(TriggerEvent {
             kind: TriggerKind::from_raw(u32::from(ev.kind))?,
@@ -97,6 +134,10 @@ impl TriggerEvent {
             ifindex: ev.ifindex,
             egress: ev.hook == types::hook_kind::HOOK_EGRESS.0 as u8,
             reverse: ev.dir == types::flow_dir::FLOW_DIR_REVERSE.0 as u8,
+            proto: HttpProto::from_raw(u32::from(ev.proto)),
+            stream: (ev.stream != 0).then_some(ev.stream),
+            authority: (authority_len != 0)
+                .then(|| String::from_utf8_lossy(&ev.authority[..authority_len]).into_owned()),
             method,
             target,
             request_to_response: (ev.request_to_response_ns != 0)
@@ -107,6 +148,12 @@ impl TriggerEvent {
                 frame: ev.replay[..(ev.replay_len as usize).min(ev.replay.len())].to_vec(),
             }),
         })
+    }
+
+    /// For a gRPC trigger, the canonical name of its code (`INTERNAL`), for the codes gRPC
+    /// names (0 to 16).
+    pub fn grpc_status_name(&self) -> Option<&'static str> {
+        (self.kind == TriggerKind::Grpc).then(|| grpc_status_name(self.status)).flatten()
     }
 }
 
@@ -131,7 +178,8 @@ pub(crate) fn poll(rb: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
     rb.poll(timeout).context(|| "polling events".into())
 }
 
-/// "GET /path HTTP/1.1..." -> ("GET", "/path"), the target cut at a space, CR or 64 bytes.
+/// "GET /path HTTP/1.1..." -> ("GET", "/path"), the target cut at a space, CR or 64 bytes; an
+/// HTTP/2 request's "POST /pkg.Service/Method" likewise.
 fn split_request(head: &[u8]) -> (Option<String>, Option<String>) {
     let Some(sp) = head.iter().position(|b| *b == b' ') else {
         return (None, None);
@@ -158,5 +206,52 @@ mod tests {
         assert_eq!(m.as_deref(), Some("POST"));
         assert_eq!(t.unwrap().len(), TARGET_MAX);
         assert_eq!(split_request(b""), (None, None));
+    }
+
+    /// A ring-buffer record as the classifier writes it.
+    fn record(kind: types::trigger_kind, status: u16, head: &[u8]) -> types::trigger_event {
+        let mut ev = types::trigger_event { kind: kind.0 as u8, status, rule_id: 7, ..Default::default() };
+        ev.key.family = 4;
+        ev.key.proto = 6;
+        ev.request_head[..head.len()].copy_from_slice(head);
+        ev.request_head_len = head.len() as u32;
+        ev
+    }
+
+    #[test]
+    fn http2_and_grpc_fields_are_read() {
+        let mut raw = record(types::trigger_kind::TRIGGER_GRPC, 13, b"POST /helloworld.Greeter/SayHello");
+        raw.proto = types::http_proto::HTTP_PROTO_2.0 as u8;
+        raw.by = types::trigger_side::SIDE_SERVER.0 as u8;
+        raw.stream = 5;
+        raw.authority[..15].copy_from_slice(b"greeter.example");
+        raw.authority_len = 15;
+        raw.request_to_response_ns = 2_000_000;
+        let ev = TriggerEvent::parse(crate::shared::bytes_of(&raw)).unwrap();
+        assert_eq!((ev.kind, ev.status, ev.grpc_status_name()), (TriggerKind::Grpc, 13, Some("INTERNAL")));
+        assert_eq!((ev.proto, ev.stream, ev.by), (Some(HttpProto::Http2), Some(5), Some(Side::Server)));
+        assert_eq!(ev.authority.as_deref(), Some("greeter.example"));
+        assert_eq!(ev.method.as_deref(), Some("POST"));
+        assert_eq!(ev.target.as_deref(), Some("/helloworld.Greeter/SayHello"));
+        assert_eq!(ev.request_to_response, Some(Duration::from_millis(2)));
+        // A code gRPC does not name.
+        raw.status = 40;
+        assert_eq!(TriggerEvent::parse(crate::shared::bytes_of(&raw)).unwrap().grpc_status_name(), None);
+    }
+
+    #[test]
+    fn http1_events_have_no_stream() {
+        let mut raw = record(types::trigger_kind::TRIGGER_STATUS, 13, b"GET /bar HTTP/1.1\r\n");
+        raw.proto = types::http_proto::HTTP_PROTO_1.0 as u8;
+        let ev = TriggerEvent::parse(crate::shared::bytes_of(&raw)).unwrap();
+        assert_eq!(
+            (ev.kind, ev.proto, ev.stream, ev.authority.as_deref()),
+            (TriggerKind::Status, Some(HttpProto::Http1), None, None)
+        );
+        assert_eq!(ev.grpc_status_name(), None, "status 13 is no gRPC code here");
+        assert_eq!(ev.target.as_deref(), Some("/bar"));
+        raw.proto = types::http_proto::HTTP_PROTO_UNKNOWN.0 as u8;
+        assert_eq!(TriggerEvent::parse(crate::shared::bytes_of(&raw)).unwrap().proto, None);
+        assert_eq!(TriggerEvent::parse(&crate::shared::bytes_of(&raw)[1..]), None, "a short record");
     }
 }

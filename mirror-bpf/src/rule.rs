@@ -1,13 +1,16 @@
 //! Trigger rules. What marks a flow: a final response's status `status=500`, `status=5xx`,
 //! `status=500-504`, with or without a slowness condition `latency>200ms` (request to status
 //! line); a TCP reset of an established HTTP connection, `reset`; or a request left without the
-//! start of a response for a time, `noresponse>2s`. Optionally `port=8080` (the server's), the
-//! request filters `method=POST,PUT`, `path=/api/` (a prefix of the target) and
-//! `host=shop.example` (the Host header), and the per-flow mirror limits `packets=N`,
-//! `bytes=N`, `duration=30s`.
+//! start of a response for a time, `noresponse>2s`; or a gRPC call's `grpc-status` in its
+//! trailers, `grpc-status=13`, `grpc-status=internal,unavailable` (with or without
+//! `latency>`: request to trailers). Optionally `port=8080` (the server's), the request filters
+//! `method=POST,PUT`, `path=/api/` (a prefix of the target, or of an HTTP/2 `:path`) and
+//! `host=shop.example` (the Host header, or an HTTP/2 `:authority`), and the per-flow mirror
+//! limits `packets=N`, `bytes=N`, `duration=30s`.
 //!
 //! A rule compiles to one map entry per (port, status) it covers, the other kinds under their
-//! pseudo-status, so the classifier's cost does not depend on how many rules exist.
+//! pseudo-status (a gRPC code `c` under `GRPC_STATUS_BASE + c`), so the classifier's cost does
+//! not depend on how many rules exist.
 
 use std::fmt;
 use std::str::FromStr;
@@ -60,6 +63,92 @@ pub enum Trigger {
     Reset,
     /// A request whose response has not begun this long after it.
     NoResponse(Duration),
+    /// A gRPC call whose trailers carry one of these `grpc-status` codes, at least `latency`
+    /// after its request when set.
+    Grpc {
+        /// Codes that trigger.
+        codes: GrpcCodes,
+        /// Only calls whose trailers came at least this long after their request, when set.
+        latency: Option<Duration>,
+    },
+}
+
+/// The first pseudo-status of gRPC codes in the rule maps: code `c` is `GRPC_STATUS_BASE + c`.
+pub const GRPC_STATUS_BASE: u16 = types::mirror_limits::GRPC_STATUS_BASE.0 as u16;
+/// gRPC status codes a rule may name: 0 to `GRPC_STATUS_CODES - 1`.
+pub const GRPC_STATUS_CODES: u8 = types::mirror_limits::GRPC_STATUS_CODES.0 as u8;
+const _: () = assert!(GRPC_STATUS_CODES as u32 == u64::BITS, "GrpcCodes holds one bit per code");
+const _: () = assert!(GRPC_STATUS_BASE + GRPC_STATUS_CODES as u16 <= STATUS_MIN, "below the statuses");
+
+/// The canonical names of the gRPC status codes 0 to 16, by code.
+pub const GRPC_STATUS_NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+/// The canonical name of gRPC status `code` (`13`: `INTERNAL`), for the codes gRPC names.
+pub fn grpc_status_name(code: u16) -> Option<&'static str> {
+    GRPC_STATUS_NAMES.get(usize::from(code)).copied()
+}
+
+/// gRPC status codes a rule matches, one bit per code (bit `c`: code `c`, 0 to 63).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct GrpcCodes(pub u64);
+
+impl GrpcCodes {
+    /// Whether it holds `code`.
+    pub fn contains(self, code: u8) -> bool {
+        code < GRPC_STATUS_CODES && self.0 & 1 << code != 0
+    }
+
+    /// The codes it holds, lowest first.
+    pub fn iter(self) -> impl Iterator<Item = u8> {
+        (0..GRPC_STATUS_CODES).filter(move |c| self.contains(*c))
+    }
+
+    /// Whether it holds no code.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl FromIterator<u8> for GrpcCodes {
+    /// The set of these codes (those of 64 and above are left out).
+    fn from_iter<I: IntoIterator<Item = u8>>(codes: I) -> Self {
+        let bits = codes.into_iter().filter(|c| *c < GRPC_STATUS_CODES).fold(0, |acc, c| acc | 1 << c);
+        GrpcCodes(bits)
+    }
+}
+
+/// Its codes, lowest first, by name where gRPC names them: `INTERNAL,UNAVAILABLE,42`.
+impl fmt::Display for GrpcCodes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, c) in self.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            match grpc_status_name(c.into()) {
+                Some(name) => f.write_str(name)?,
+                None => write!(f, "{c}")?,
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The kinds of trigger, as events, metrics and `rules list` name them.
@@ -71,15 +160,18 @@ pub enum TriggerKind {
     Reset,
     /// `noresponse>`.
     NoResponse,
+    /// `grpc-status=`.
+    Grpc,
 }
 
 impl TriggerKind {
-    /// Its name: `status`, `reset`, `noresponse`.
+    /// Its name: `status`, `reset`, `noresponse`, `grpc-status`.
     pub fn name(self) -> &'static str {
         match self {
             TriggerKind::Status => "status",
             TriggerKind::Reset => "reset",
             TriggerKind::NoResponse => "noresponse",
+            TriggerKind::Grpc => "grpc-status",
         }
     }
 
@@ -90,18 +182,20 @@ impl TriggerKind {
             x if x == k::TRIGGER_STATUS.0 => Some(TriggerKind::Status),
             x if x == k::TRIGGER_RESET.0 => Some(TriggerKind::Reset),
             x if x == k::TRIGGER_NORESPONSE.0 => Some(TriggerKind::NoResponse),
+            x if x == k::TRIGGER_GRPC.0 => Some(TriggerKind::Grpc),
             _ => None,
         }
     }
 
-    /// Its `enum trigger_kind` value, also its pseudo-status in the rule maps (statuses are
-    /// 100-599).
+    /// Its `enum trigger_kind` value; for `reset` and `noresponse` also their pseudo-status in
+    /// the rule maps (statuses are 100-599, gRPC codes from [`GRPC_STATUS_BASE`]).
     pub fn raw(self) -> u16 {
         use types::trigger_kind as k;
         (match self {
             TriggerKind::Status => k::TRIGGER_STATUS.0,
             TriggerKind::Reset => k::TRIGGER_RESET.0,
             TriggerKind::NoResponse => k::TRIGGER_NORESPONSE.0,
+            TriggerKind::Grpc => k::TRIGGER_GRPC.0,
         }) as u16
     }
 }
@@ -187,21 +281,27 @@ impl Rule {
             Trigger::Status { .. } => TriggerKind::Status,
             Trigger::Reset => TriggerKind::Reset,
             Trigger::NoResponse(_) => TriggerKind::NoResponse,
+            Trigger::Grpc { .. } => TriggerKind::Grpc,
         }
     }
 
-    /// Every status this rule covers; the other kinds, their pseudo-status.
+    /// Every status this rule covers; `grpc-status=`, `GRPC_STATUS_BASE` + each code; the
+    /// other kinds, their pseudo-status.
     pub fn statuses(&self) -> impl Iterator<Item = u16> {
-        match self.trigger {
-            Trigger::Status { status, .. } => status.lo..=status.hi,
-            _ => self.kind().raw()..=self.kind().raw(),
-        }
+        let (range, codes) = match self.trigger {
+            Trigger::Status { status, .. } => (status.lo..=status.hi, None),
+            Trigger::Grpc { codes, .. } => {
+                (GRPC_STATUS_BASE..=GRPC_STATUS_BASE + u16::from(GRPC_STATUS_CODES) - 1, Some(codes))
+            }
+            _ => (self.kind().raw()..=self.kind().raw(), None),
+        };
+        range.filter(move |s| codes.is_none_or(|c| c.contains((s - GRPC_STATUS_BASE) as u8)))
     }
 
     /// The time a trigger must come after its request: `latency>`, `noresponse>`.
     pub fn threshold(&self) -> Option<Duration> {
         match self.trigger {
-            Trigger::Status { latency, .. } => latency,
+            Trigger::Status { latency, .. } | Trigger::Grpc { latency, .. } => latency,
             Trigger::Reset => None,
             Trigger::NoResponse(d) => Some(d),
         }
@@ -215,6 +315,7 @@ struct Parts {
     latency: Option<Duration>,
     reset: Option<(usize, String)>,
     noresponse: Option<(Duration, usize, String)>,
+    grpc: Option<(GrpcCodes, usize, String)>,
     port: Option<u16>,
     filter: RequestFilter,
     limits: Limits,
@@ -254,8 +355,8 @@ impl FromStr for Rule {
                 continue;
             }
             let (key, value) = token.split_once('=').ok_or_else(|| {
-                err("expected key=value (status, port, method, path, host, packets, bytes, duration), \
-                     reset, noresponse>DURATION or latency>DURATION"
+                err("expected key=value (status, grpc-status, port, method, path, host, packets, bytes, \
+                     duration), reset, noresponse>DURATION or latency>DURATION"
                     .into())
             })?;
             if value.is_empty() {
@@ -266,6 +367,12 @@ impl FromStr for Rule {
                 "status" => {
                     let m = parse_status(value).map_err(err)?;
                     if p.status.replace((m, offset, token.to_string())).is_some() {
+                        return Err(dup());
+                    }
+                }
+                "grpc-status" => {
+                    let codes = parse_grpc_codes(value).map_err(err)?;
+                    if p.grpc.replace((codes, offset, token.to_string())).is_some() {
                         return Err(dup());
                     }
                 }
@@ -300,7 +407,8 @@ impl FromStr for Rule {
                 "duration" => p.limits.duration = parse_duration(value).map_err(err)?,
                 _ => {
                     return Err(err(format!(
-                        "unknown key '{key}' (status, port, method, path, host, packets, bytes, duration)"
+                        "unknown key '{key}' (status, grpc-status, port, method, path, host, packets, bytes, \
+                         duration)"
                     )))
                 }
             }
@@ -313,27 +421,37 @@ impl FromStr for Rule {
 impl Parts {
     /// The one trigger the tokens give.
     fn trigger(&self, text: &str) -> Result<Trigger, RuleError> {
-        let other = |offset: usize, token: &str, what: &str| RuleError {
-            token: token.to_string(),
-            offset,
-            reason: format!("a rule has one trigger: {what} cannot go with it"),
+        // The triggers that go without status=; an error names the first of them.
+        let alone: Vec<(usize, &str, &str)> = [
+            self.reset.as_ref().map(|(o, t)| (*o, t.as_str(), "reset")),
+            self.noresponse.as_ref().map(|(_, o, t)| (*o, t.as_str(), "noresponse>")),
+            self.grpc.as_ref().map(|(_, o, t)| (*o, t.as_str(), "grpc-status=")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let Some(&(offset, token, first)) = alone.first() else {
+            return self.status_trigger(text);
         };
-        match (&self.reset, &self.noresponse) {
-            (Some((o, t)), Some(_)) => return Err(other(*o, t, "noresponse>")),
-            (Some((o, t)), None) | (None, Some((_, o, t))) => {
-                if self.status.is_some() {
-                    return Err(other(*o, t, "status="));
-                }
-                if self.latency.is_some() {
-                    return Err(other(*o, t, "latency>"));
-                }
-                return Ok(match self.noresponse {
-                    Some((d, _, _)) => Trigger::NoResponse(d),
-                    None => Trigger::Reset,
-                });
-            }
-            (None, None) => {}
+        let status = self.status.as_ref().map(|_| "status=");
+        // A gRPC call's latency> is the time to its trailers.
+        let latency = self.latency.filter(|_| first != "grpc-status=").map(|_| "latency>");
+        if let Some(what) = alone.get(1).map(|a| a.2).or(status).or(latency) {
+            return Err(RuleError {
+                token: token.to_string(),
+                offset,
+                reason: format!("a rule has one trigger: {what} cannot go with it"),
+            });
         }
+        Ok(match (&self.grpc, self.noresponse.as_ref()) {
+            (Some((codes, _, _)), _) => Trigger::Grpc { codes: *codes, latency: self.latency },
+            (None, Some((d, _, _))) => Trigger::NoResponse(*d),
+            (None, None) => Trigger::Reset,
+        })
+    }
+
+    /// The trigger of `status=` and `latency>`, alone or together.
+    fn status_trigger(&self, text: &str) -> Result<Trigger, RuleError> {
         let status = match (&self.status, self.latency) {
             (Some((s, _, _)), _) => *s,
             // A slowness rule alone covers every status.
@@ -343,8 +461,8 @@ impl Parts {
                     token: text.trim().to_string(),
                     // Where the rule's text starts, after leading blanks.
                     offset: text.len() - text.trim_start().len(),
-                    reason: "a rule needs status=N, status=Nxx, status=A-B, latency>DURATION, reset or \
-                             noresponse>DURATION"
+                    reason: "a rule needs status=N, status=Nxx, status=A-B, latency>DURATION, reset, \
+                             noresponse>DURATION or grpc-status=CODE"
                         .into(),
                 });
             }
@@ -383,6 +501,30 @@ fn parse_status(v: &str) -> Result<StatusMatch, String> {
     }
     let n = code(v)?;
     Ok(StatusMatch { lo: n, hi: n })
+}
+
+/// `13`, `internal,UNAVAILABLE`: gRPC status codes (0-63), or the names gRPC gives 0-16 in any
+/// case; a code given twice counts once.
+fn parse_grpc_codes(v: &str) -> Result<GrpcCodes, String> {
+    v.split(',').map(parse_grpc_code).collect()
+}
+
+fn parse_grpc_code(s: &str) -> Result<u8, String> {
+    let max = GRPC_STATUS_CODES - 1;
+    if s.is_empty() {
+        return Err("an empty code in the list".into());
+    }
+    if s.bytes().all(|b| b.is_ascii_digit()) {
+        return s
+            .parse::<u8>()
+            .ok()
+            .filter(|c| *c <= max)
+            .ok_or_else(|| format!("grpc-status {s} is outside 0-{max}"));
+    }
+    let upper = s.to_ascii_uppercase();
+    GRPC_STATUS_NAMES.iter().position(|n| *n == upper).map(|c| c as u8).ok_or_else(|| {
+        format!("'{s}' is not a gRPC status: a code 0-{max} or a name ({})", GRPC_STATUS_NAMES.join(", "))
+    })
 }
 
 /// `POST`, `GET,PUT`: known methods, upper or lower case.
@@ -497,6 +639,12 @@ impl fmt::Display for Rule {
             }
             Trigger::Reset => f.write_str("reset")?,
             Trigger::NoResponse(d) => write!(f, "noresponse>{}", format_duration(d))?,
+            Trigger::Grpc { codes, latency } => {
+                write!(f, "grpc-status={codes}")?;
+                if let Some(d) = latency {
+                    write!(f, " latency>{}", format_duration(d))?;
+                }
+            }
         }
         if self.filter.methods != 0 {
             write!(f, " method={}", self.filter.method_names().join(","))?;
@@ -555,9 +703,39 @@ mod tests {
         let r = rule("noresponse>2s packets=100");
         assert_eq!(r.trigger, Trigger::NoResponse(Duration::from_secs(2)));
         assert_eq!((r.kind(), r.threshold()), (TriggerKind::NoResponse, Some(Duration::from_secs(2))));
-        for k in [TriggerKind::Status, TriggerKind::Reset, TriggerKind::NoResponse] {
+        for k in [TriggerKind::Status, TriggerKind::Reset, TriggerKind::NoResponse, TriggerKind::Grpc] {
             assert_eq!(TriggerKind::from_raw(u32::from(k.raw())), Some(k));
         }
+    }
+
+    #[test]
+    fn grpc_status_rules() {
+        let codes = |s: &str| match rule(s).trigger {
+            Trigger::Grpc { codes, .. } => codes.iter().collect::<Vec<_>>(),
+            t => panic!("{s}: {t:?}"),
+        };
+        assert_eq!(codes("grpc-status=13"), [13]);
+        assert_eq!(codes("grpc-status=internal,unavailable"), [13, 14]);
+        assert_eq!(codes("grpc-status=INTERNAL"), [13]);
+        assert_eq!(codes("grpc-status=Deadline_Exceeded,63,0"), [0, 4, 63]);
+        assert_eq!(codes("grpc-status=13,13,internal"), [13], "the same code counts once");
+        let r = rule(
+            "grpc-status=internal port=50051 latency>1s method=POST path=/helloworld.Greeter/ host=g.example",
+        );
+        assert_eq!((r.kind(), r.port), (TriggerKind::Grpc, Some(50051)));
+        assert_eq!(r.threshold(), Some(Duration::from_secs(1)));
+        assert_eq!(r.filter.path.as_deref(), Some("/helloworld.Greeter/"));
+        assert_eq!(r.statuses().collect::<Vec<_>>(), [GRPC_STATUS_BASE + 13]);
+        let r = rule("grpc-status=ok,unavailable,63");
+        assert_eq!(r.statuses().collect::<Vec<_>>(), [32, 46, 95]);
+        assert_eq!((r.kind().name(), r.threshold()), ("grpc-status", None));
+        assert_eq!(
+            rule("grpc-status=14,internal,40").to_string(),
+            "grpc-status=INTERNAL,UNAVAILABLE,40 packets=10000 bytes=0 duration=60s"
+        );
+        assert_eq!((grpc_status_name(13), grpc_status_name(16)), (Some("INTERNAL"), Some("UNAUTHENTICATED")));
+        assert_eq!(grpc_status_name(17), None);
+        assert_eq!([13, 14].into_iter().collect::<GrpcCodes>(), GrpcCodes(1 << 13 | 1 << 14));
     }
 
     #[test]
@@ -592,6 +770,8 @@ mod tests {
             "reset",
             "port=80 noresponse>1500ms method=GET,POST path=/api/ host=shop.example",
             "status=5xx path=/web/?q=1",
+            "grpc-status=13",
+            "grpc-status=ok,Cancelled,63 latency>250ms port=50051 method=POST path=/pkg.Svc/ host=g.example",
         ] {
             let r = rule(s);
             assert_eq!(rule(&r.to_string()), r, "{s} -> {r}");
@@ -626,6 +806,19 @@ mod tests {
             ("reset noresponse>1s", "reset", "one trigger"),
             ("method=GET", "method=GET", "needs status"),
             ("status=500 path=/a path=/b", "path=/b", "twice"),
+            ("grpc-status=", "grpc-status=", "needs a value"),
+            ("grpc-status=64", "grpc-status=64", "outside 0-63"),
+            ("grpc-status=99999999999", "grpc-status=99999999999", "outside 0-63"),
+            ("grpc-status=bogus", "grpc-status=bogus", "'bogus' is not a gRPC status"),
+            ("grpc-status=bogus", "grpc-status=bogus", "OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT"),
+            ("grpc-status=-1", "grpc-status=-1", "not a gRPC status"),
+            ("grpc-status=13,", "grpc-status=13,", "empty code"),
+            ("grpc-status=13 status=500", "grpc-status=13", "one trigger: status="),
+            ("status=500 grpc-status=13", "grpc-status=13", "one trigger: status="),
+            ("reset grpc-status=13", "reset", "one trigger: grpc-status="),
+            ("grpc-status=13 noresponse>1s", "noresponse>1s", "one trigger: grpc-status="),
+            ("grpc-status=1 grpc-status=2", "grpc-status=2", "twice"),
+            ("grpc-status=1 colour=red", "colour=red", "grpc-status"),
         ];
         for (text, token, reason) in cases {
             let e = text.parse::<Rule>().expect_err(text);

@@ -347,4 +347,24 @@ mod tests {
         set.add(3, None, r("status=500")).unwrap();
         assert_eq!(set.kinds(), 0b111);
     }
+
+    #[test]
+    fn grpc_codes_sit_under_their_pseudo_statuses() {
+        let mut set = RuleSet::new();
+        let base = types::mirror_limits::GRPC_STATUS_BASE.0 as u16;
+        let w = set.add(1, None, r("grpc-status=internal,unavailable")).unwrap();
+        let keys: Vec<_> = w.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, [(ANY_PORT, base + 13), (ANY_PORT, base + 14)]);
+        assert!(w.iter().all(|(_, e)| e.unwrap().any.rule_id == 1));
+        let w = set.add(2, None, r("grpc-status=13 latency>1s port=50051")).unwrap();
+        let e = w[0].1.unwrap();
+        assert_eq!((w[0].0, e.slow.rule_id, e.slow.min_latency_ns), ((50051, base + 13), 2, 1_000_000_000));
+        assert_eq!(set.kinds(), 1 << types::trigger_kind::TRIGGER_GRPC.0);
+        // status= covers HTTP statuses only.
+        let w = set.add(3, None, r("status=5xx")).unwrap();
+        assert!(w.iter().all(|((_, s), _)| (500..=599).contains(s)));
+        let (_, w) = set.remove(1).unwrap();
+        assert_eq!(w.len(), 2);
+        assert!(w.iter().all(|(_, e)| e.is_none()));
+    }
 }

@@ -39,6 +39,15 @@ pub const COUNTER_NAMES: &[(stat_idx, &str)] = &[
     (stat_idx::STAT_FILTERED_OUT, "filtered_out"),
     (stat_idx::STAT_NORESPONSE_TICKS, "noresponse_ticks"),
     (stat_idx::STAT_NORESPONSE_FAILED, "noresponse_tick_failed"),
+    (stat_idx::STAT_H2_CONNECTIONS, "h2_connections"),
+    (stat_idx::STAT_H2_REQUESTS, "h2_requests"),
+    (stat_idx::STAT_H2_RESPONSES, "h2_responses"),
+    (stat_idx::STAT_H2_TRAILERS, "h2_trailers"),
+    (stat_idx::STAT_H2_UNRESOLVED, "h2_unresolved"),
+    (stat_idx::STAT_H2_LOST, "h2_lost"),
+    (stat_idx::STAT_H2_CONTINUATION, "h2_continuation"),
+    (stat_idx::STAT_H2_STREAM_MISSED, "h2_stream_missed"),
+    (stat_idx::STAT_GRPC_TRIGGERS, "grpc_triggers"),
 ];
 
 /// Counters summed over every CPU.

@@ -5,7 +5,8 @@
  * Per packet: parse to a canonical flow key (parse.h); count it in this CPU's flow cache slot
  * (flow.h); follow the HTTP stream where a message can begin (http.h), timing each answer
  * (timing.h) and deciding what it makes of the flow (decide.h: a rule matched marks the flow,
- * trigger.h), a reset too; then, when the flow is marked (mark.h), copy the packet to the
+ * trigger.h), or, on HTTP/2 connections, every frame (h2.h) and header block (hpack.h, decided in
+ * h2_decide.h), a reset too; then, when the flow is marked (mark.h), copy the packet to the
  * mirror interface (mirror.h), within its budget. A request left unanswered is decided by a
  * timer, not a packet (noresponse.h).
  *
@@ -71,6 +72,11 @@ enum trigger_kind _trigger_kind = 0;
 enum trigger_side _trigger_side = 0;
 enum http_method _http_method = 0;
 struct rule_filter _rule_filter = {};
+enum http_proto _http_proto = 0;
+enum h2_field _h2_field = 0;
+struct h2_conn _h2_conn = {};
+struct h2_stream _h2_stream = {};
+struct h2_stream_key _h2_stream_key = {};
 
 /*
  * egress_seen - did @skb, at egress, come in through an interface where our ingress runs? Then

@@ -31,7 +31,7 @@ static __always_inline int decide_response(struct __sk_buff *skb, struct http_sc
 {
     struct pkt_meta *m = &s->meta;
     const struct flow_key *kept = owner ? &owner->key : &m->key;
-    struct rule_action *ra = rule_lookup(m->src_port, status, took, src, kept);
+    struct rule_action *ra = rule_lookup(m->src_port, status, took, src, kept, NULL);
 
     if (!ra)
         return 0;
@@ -41,6 +41,8 @@ static __always_inline int decide_response(struct __sk_buff *skb, struct http_sc
     ti->hook = s->pos.hook;
     ti->kind = TRIGGER_STATUS;
     ti->by = SIDE_SERVER;
+    ti->proto = HTTP_PROTO_1;
+    ti->stream = 0;
     ti->replay = 0;
     if (src) {
         ti->replay = src->replay;
@@ -104,7 +106,7 @@ __noinline int decide_reset(struct __sk_buff *skb, struct http_scratch *s,
     __u32 at = owner->req_head != owner->req_tail ? owner->req_head : owner->req_tail - 1;
     struct http_request *req = &owner->req[at % HTTP_PIPELINE];
     __u64 took = req->ts_ns && m->now >= req->ts_ns ? m->now - req->ts_ns : 0;
-    struct rule_action *ra = rule_lookup(server_port(owner), TRIGGER_RESET, took, req, &owner->key);
+    struct rule_action *ra = rule_lookup(server_port(owner), TRIGGER_RESET, took, req, &owner->key, NULL);
     if (!ra)
         return 0;
     struct trigger_info *ti = &s->trigger;
@@ -113,6 +115,8 @@ __noinline int decide_reset(struct __sk_buff *skb, struct http_scratch *s,
     ti->hook = hook;
     ti->kind = TRIGGER_RESET;
     ti->by = reset_side(m, owner);
+    ti->proto = HTTP_PROTO_1;
+    ti->stream = 0;
     ti->replay = req->replay;
     ti->replay_key = owner->key;
     s->req.ts_ns = req->ts_ns;

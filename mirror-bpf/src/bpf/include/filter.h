@@ -5,8 +5,9 @@
  * once a key's entry has such rules and the rest of a trigger's condition may hold: never per
  * packet, and at most RULE_FILTERED_MAX filters per trigger, however many rules exist (each
  * key lists its own, rule_entry.filtered). The method and target come from the request's head
- * (struct http_request), the Host header from its kept segment (replay.h): without one kept,
- * a host= filter does not match.
+ * (struct http_request: for HTTP/2 "METHOD path" from its HEADERS), the host from the Host
+ * header of its kept segment (replay.h: without one kept, a host= filter does not match) or,
+ * for HTTP/2, its :authority.
  */
 #ifndef MIRROR_FILTER_H
 #define MIRROR_FILTER_H
@@ -20,12 +21,42 @@
 #define FILTER_OPAQUE(x) asm volatile("" : "+r"(x))
 
 /*
- * filter_host - where the value of the Host header of the request kept in @r begins (after
- * "Host:" and blanks, searched from the request's start), 0 when there is none.
- * A global function: verified once, run once per trigger with filters.
+ * filter_host_copy - the host name at @v of the request kept in @r into @out: lower case, up to
+ * a port, a blank or the line's end. A global function: verified once, whatever @v is.
  */
-__noinline int filter_host(const struct replay_slot *r)
+__noinline int filter_host_copy(const struct replay_slot *r, __u32 v, struct host_text *out)
 {
+    if (!r || !out)
+        return 0;
+    __u32 len = r->len, n = 0;
+
+    for (__u32 i = 0; i < H2_TEXT; i++) {
+        __u32 at = v + i;
+        FILTER_OPAQUE(at);
+        if (at >= len || at >= REPLAY_FRAME_MAX)
+            break;
+        __u8 c = r->frame[at];
+        if (c == '\r' || c == '\n' || c == ':' || c == ' ' || c == '\t')
+            break;
+        if (c >= 'A' && c <= 'Z')
+            c |= 0x20;
+        out->text[i] = c;
+        n = i + 1;
+    }
+    out->len = n;
+    return 0;
+}
+
+/*
+ * filter_host - the value of the Host header of the request kept in @r (searched from the
+ * request's start), lower case and without a port, into @out (len 0 when there is none).
+ * A global function: verified once, run once per trigger with a host= filter.
+ */
+__noinline int filter_host(const struct replay_slot *r, struct host_text *out)
+{
+    if (!out)
+        return 0;
+    out->len = 0;
     if (!r || !r->len)
         return 0;
     __u32 from = r->req_off, len = r->len;
@@ -44,17 +75,17 @@ __noinline int filter_host(const struct replay_slot *r)
         FILTER_OPAQUE(v);
         if (v < len && v < REPLAY_FRAME_MAX && (r->frame[v] == ' ' || r->frame[v] == '\t'))
             v++;
-        return v;
+        return filter_host_copy(r, v, out);
     }
     return 0;
 }
 
 /*
- * filter_match - does the request (head in @req, kept segment in @r, its Host value at @host)
+ * filter_match - does the request (head in @req, Host or :authority in @host, may be NULL)
  * pass @f? A global function: verified once.
  */
 __noinline int filter_match(const struct rule_filter *f, const struct http_request *req,
-                            const struct replay_slot *r, __u32 host)
+                            const struct host_text *host)
 {
     if (!f || !req)
         return 0;
@@ -75,27 +106,12 @@ __noinline int filter_match(const struct rule_filter *f, const struct http_reque
         }
     }
     if (f->host_len) {
-        if (!r || !host)
+        if (!host || host->len != f->host_len)
             return 0;
         for (__u32 i = 0; i < RULE_FILTER_TEXT; i++) {
             if (i >= f->host_len)
                 break;
-            __u32 at = host + i;
-            FILTER_OPAQUE(at);
-            if (at >= r->len || at >= REPLAY_FRAME_MAX)
-                return 0;
-            __u8 c = r->frame[at];
-            if (c >= 'A' && c <= 'Z')
-                c |= 0x20;
-            if (c != f->host[i])
-                return 0;
-        }
-        /* The name ends there (a port may follow). */
-        __u32 end = host + f->host_len;
-        FILTER_OPAQUE(end);
-        if (end < r->len && end < REPLAY_FRAME_MAX) {
-            __u8 c = r->frame[end];
-            if (c != '\r' && c != '\n' && c != ':' && c != ' ' && c != '\t')
+            if (host->text[i & (H2_TEXT - 1)] != f->host[i])
                 return 0;
         }
     }
@@ -108,15 +124,18 @@ __noinline int filter_match(const struct rule_filter *f, const struct http_reque
  * passes: its rule_filters key (its slot), 0 when none does. Counts the rules whose condition
  * held but whose filter turned the request down. A global function: verified once.
  * @req: the request's head, whole; its segment kept (if it was) under @key.
+ * @given: the request's :authority (HTTP/2), or NULL: its Host header, read from its kept
+ * segment when a filter needs it.
  */
 __noinline __u32 filter_pick(const struct rule_entry *e, __u64 took, const struct http_request *req,
-                             const struct flow_key *key)
+                             const struct flow_key *key, const struct host_text *given)
 {
-    __u32 zero = 0, host = 0, looked = 0;
+    __u32 zero = 0, looked = 0;
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
-    struct replay_slot *r = NULL;
+    struct http_scratch *s = bpf_map_lookup_elem(&http_scratch, &zero);
+    const struct host_text *host = given;
 
-    if (!e || !req || !key || !cnt)
+    if (!e || !req || !key || !cnt || !s)
         return 0;
     /* A flow marked already: nothing more to decide (a later trigger would not mark it again),
      * and nothing to count as turned down. */
@@ -131,12 +150,12 @@ __noinline __u32 filter_pick(const struct rule_entry *e, __u64 took, const struc
             continue;
         if (f->action.min_latency_ns && (!took || took < f->action.min_latency_ns))
             continue;
-        if (f->host_len && !looked) {
-            r = replay_slot_of(req->replay, key);
-            host = filter_host(r);
+        if (f->host_len && !host && !looked) {
+            filter_host(replay_slot_of(req->replay, key), &s->host);
+            host = &s->host;
             looked = 1;
         }
-        if (filter_match(f, req, r, host))
+        if (filter_match(f, req, host))
             return slot;
         cnt->v[STAT_FILTERED_OUT]++;
     }

@@ -24,6 +24,7 @@
 #include "decide.h"
 #include "noresponse.h"
 #include "replay.h"
+#include "h2.h"
 
 /* Bytes read to classify the start of a message; the shortest status line "HTTP/1.1 200" has 12. */
 #define HTTP_PEEK_LEN 16
@@ -38,8 +39,6 @@ enum http_kind {
     HTTP_MAYBE, /* too short to tell, and could start a message: kept for the next segment */
 };
 
-#define HTTP_WORD8(a, b, c, d, e, f, g, h) \
-    ((__u64)HTTP_WORD(a, b, c, d) | (__u64)HTTP_WORD(e, f, g, h) << 32)
 /* OR-ed into a word of ASCII: letters become lower case; '-', ':' and ' ' stay what they are. */
 #define HTTP_LOWER8 0x2020202020202020ULL
 
@@ -384,6 +383,24 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
         }
         return 0;
     }
+    if (kind == HTTP_NONE) {
+        /* HTTP/2: its preface or first SETTINGS where a message was due, or frames again at a
+         * segment's start where no message is known (a connection followed late, or lost). */
+        int skip = h2_begins(__builtin_assume_aligned(s->peek, 8), n);
+        if (skip < 0 && pos->state == HTTP_SCAN && !pos->off && !kept &&
+            ((fs && fs->http_kind[dir] == HTTP_DIR_UNKNOWN) || (t && t->h2 & (1 << dir))) &&
+            h2_resync(skb, s, 0))
+            skip = 0;
+        if (skip >= 0) {
+            if (!t) {
+                t = timing_get(fs, &m->key, 1, cnt);
+                pos->created = 1;
+            }
+            if (t)
+                h2_start(s, t, pos->off + skip, cnt);
+            return 0;
+        }
+    }
     if (kind != HTTP_REQUEST && kind != HTTP_RESPONSE) {
         /* Not a message where one was due: the framing was lost. */
         if (pos->state != HTTP_SCAN)
@@ -504,10 +521,11 @@ static __always_inline int http_segment(struct __sk_buff *skb, struct http_scrat
             /* Body, unless a request is pending: then a response may start the segment. */
             if (t->req_head == t->req_tail)
                 return 0;
-        } else if (was == HTTP_PARTIAL) {
+        } else if (was == HTTP_PARTIAL || was == HTTP2_PARTIAL) {
             /* The continuation starts right after the kept bytes; anything else: forget them. */
             pos->partial = delta + (__s32)st->partial_len == 0;
-            pos->state = pos->partial ? HTTP_AT : HTTP_SCAN;
+            pos->state = !pos->partial ? HTTP_SCAN : was == HTTP_PARTIAL ? HTTP_AT : HTTP2_FRAME;
+            pos->unframed = was == HTTP2_PARTIAL && !pos->partial;
         } else if (was != HTTP_SCAN) {
             if (delta < 0) {
                 /* Past the next message without having seen it: a gap. */
@@ -521,17 +539,31 @@ static __always_inline int http_segment(struct __sk_buff *skb, struct http_scrat
         }
     }
 
-    for (int i = 0; i < HTTP_SEGMENT_MSGS && !pos->stop && pos->off < len; i++)
-        http_message(skb, hs, fs, t, cnt);
-    if (pos->off >= len)
-        pos->stop = 1;
-    /* Messages left unread in this segment: the framing is lost. */
-    if (!pos->stop && pos->off < len && pos->state != HTTP_SCAN) {
-        pos->unframed = 1;
-        pos->state = HTTP_SCAN;
+    if (was >= HTTP2_FRAME && pos->state == HTTP_SCAN) {
+        /* A gap in HTTP/2 frames: looked at again from here as any stream is. */
+        h2_lost(m, cnt);
+        pos->unframed = 0;
     }
-    if (pos->unframed)
-        cnt->v[STAT_HTTP_UNFRAMED]++;
+    if (pos->state < HTTP2_FRAME)
+        for (int i = 0; i < HTTP_SEGMENT_MSGS && !pos->stop && pos->off < len; i++)
+            http_message(skb, hs, fs, t, cnt);
+    if (pos->state >= HTTP2_FRAME) {
+        /* HTTP/2, or found here to start (then the flow's entry may be new). */
+        if (pos->created)
+            t = timing_find(fs, &m->key);
+        if (t)
+            h2_segment(skb, hs, fs, t, cnt);
+    } else {
+        if (pos->off >= len)
+            pos->stop = 1;
+        /* Messages left unread in this segment: the framing is lost. */
+        if (!pos->stop && pos->off < len && pos->state != HTTP_SCAN) {
+            pos->unframed = 1;
+            pos->state = HTTP_SCAN;
+        }
+        if (pos->unframed)
+            cnt->v[STAT_HTTP_UNFRAMED]++;
+    }
     if (fs && fs->http_kind[dir] == HTTP_DIR_UNKNOWN) {
         if (pos->seen)
             fs->http_kind[dir] = HTTP_DIR_SEEN;

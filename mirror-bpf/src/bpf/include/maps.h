@@ -99,6 +99,32 @@ struct {
     __type(value, struct nat_scratch);
 } nat_scratch SEC(".maps");
 
+/*
+ * Key: struct flow_key. Value: struct h2_conn.
+ * The HPACK table state of each direction of an HTTP/2 connection (hpack.h), and a header
+ * block split across segments (h2.h). Created when a direction is found speaking HTTP/2; an
+ * LRU, so that connections that ended without a word give way.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, H2_CONNS_MAX);
+    __type(key, struct flow_key);
+    __type(value, struct h2_conn);
+} h2_conns SEC(".maps");
+
+/*
+ * Key: struct h2_stream_key. Value: struct h2_stream.
+ * The HTTP/2 requests awaiting their responses (and trailers), one per stream, under the key
+ * their request was seen with (h2_decide.h): streams of one connection are answered in any
+ * order, which the flow's HTTP/1.x queue (flow_timing) cannot say. Deleted at the stream's end.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, H2_STREAMS_MAX);
+    __type(key, struct h2_stream_key);
+    __type(value, struct h2_stream);
+} h2_streams SEC(".maps");
+
 /* Key: 0. Value: struct http_scratch, per CPU: the HTTP stage's buffers. */
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

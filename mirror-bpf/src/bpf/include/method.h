@@ -11,6 +11,8 @@
 
 /* Little-endian words of the ASCII prefixes we compare against. */
 #define HTTP_WORD(a, b, c, d) ((__u32)(a) | (__u32)(b) << 8 | (__u32)(c) << 16 | (__u32)(d) << 24)
+#define HTTP_WORD8(a, b, c, d, e, f, g, h) \
+    ((__u64)HTTP_WORD(a, b, c, d) | (__u64)HTTP_WORD(e, f, g, h) << 32)
 
 /*
  * http_method - the method @p starts with, followed by a space: its bit (enum http_method),

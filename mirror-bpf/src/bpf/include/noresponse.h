@@ -55,6 +55,8 @@ static __always_inline void noresponse_mark(struct flow_timing *t, const struct 
     ti->hook = 0;
     ti->kind = TRIGGER_NORESPONSE;
     ti->by = SIDE_UNKNOWN;
+    ti->proto = HTTP_PROTO_1;
+    ti->stream = 0;
     ti->replay = req->replay;
     ti->replay_key = t->key;
     struct flow_nat *n = bpf_map_lookup_elem(&flow_nat, &t->key);
@@ -68,7 +70,7 @@ static __always_inline void noresponse_mark(struct flow_timing *t, const struct 
     s->req.head_len = req->head_len;
     __builtin_memcpy(s->req.head, req->head, HTTP_REQUEST_HEAD_LEN);
     __u32 dir = t->req_dir ? t->req_dir - 1 : FLOW_DIR_FORWARD;
-    emit_trigger(&t->key, dir, t->req_ifindex, ra, ti, &s->req, n ? &s->peer : NULL, r, cnt);
+    emit_trigger(&t->key, dir, t->req_ifindex, ra, ti, &s->req, NULL, n ? &s->peer : NULL, r, cnt);
 }
 
 /*
@@ -90,7 +92,7 @@ __noinline int noresponse_check(__u32 slot, __u64 now)
     if (!ts || ts > now)
         return !ts; /* not timed (latency.http off) */
     __u64 waited = now - ts;
-    struct rule_action *ra = rule_lookup(server_port(t), TRIGGER_NORESPONSE, waited, req, &t->key);
+    struct rule_action *ra = rule_lookup(server_port(t), TRIGGER_NORESPONSE, waited, req, &t->key, NULL);
     if (!ra)
         return 0;
     noresponse_mark(t, req, ra, waited, now);

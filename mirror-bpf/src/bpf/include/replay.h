@@ -125,7 +125,8 @@ static __always_inline __u32 replay_from_scratch(struct __sk_buff *skb, struct r
  * (one slot per flow, as long as its requests come one at a time); the requests of one segment
  * share its slot (the segment is kept once). Inlined into http_message,
  * its only caller (verified once with it).
- * @s: the scratch area, the request's first @loaded bytes in s->buf.
+ * @s: the scratch area, the request's first @loaded bytes in s->buf (0: s->buf holds something
+ * else, the segment is read from the packet).
  * @set: the settings (may be NULL).
  * @return the slot's hand-out number + 1, for the request's entry (0: not kept).
  */
@@ -153,7 +154,7 @@ static __always_inline __u32 replay_keep(struct __sk_buff *skb, struct http_scra
         return 0;
     /* Written, never read here: the slot's lines are not loaded before they are overwritten. */
     r->key = m->key;
-    __u64 len = off ? 0 : replay_from_scratch(skb, r, s, m->payload_off, loaded);
+    __u64 len = off || !loaded ? 0 : replay_from_scratch(skb, r, s, m->payload_off, loaded);
     if (!len) {
         len = skb->len < REPLAY_FRAME_MAX ? skb->len : REPLAY_FRAME_MAX;
         /* A no-op the compiler cannot drop: it bounds the register for the verifier. */

@@ -15,16 +15,18 @@
 
 /*
  * rule_pick - the rule of @e that matches a trigger @took ns after its request (0: unknown),
- * for the request @req (may be NULL: rules with filters do not match then), kept under @key.
+ * for the request @req (may be NULL: rules with filters do not match then), kept under @key,
+ * its :authority @host (HTTP/2; NULL: its Host header, from its kept segment).
  */
 static __always_inline struct rule_action *rule_pick(struct rule_entry *e, __u64 took,
                                                      const struct http_request *req,
-                                                     const struct flow_key *key)
+                                                     const struct flow_key *key,
+                                                     const struct host_text *host)
 {
     if (!e)
         return NULL;
     if (e->filtered[0] && req) {
-        __u32 slot = filter_pick(e, took, req, key);
+        __u32 slot = filter_pick(e, took, req, key, host);
         struct rule_filter *f = slot ? bpf_map_lookup_elem(&rule_filters, &slot) : NULL;
         if (f)
             return &f->action;
@@ -54,24 +56,26 @@ static __always_inline struct rule_entry *rule_entries(__u16 port, __u16 status,
 
 /*
  * rule_lookup - the rule matching @status (or a kind's pseudo-status) from server port @port,
- * @took ns after the request @req (may be NULL) kept under @key. Port-scoped rules win
+ * @took ns after the request @req (may be NULL) kept under @key (its :authority @host for
+ * HTTP/2, else NULL). Port-scoped rules win
  * over global ones. Cost: two array lookups, a hash lookup only for ports that have port-scoped
  * rules, and the filters of the key's rules that have any.
  * @return the action, or NULL.
  */
 static __always_inline struct rule_action *rule_lookup(__u16 port, __u16 status, __u64 took,
                                                        const struct http_request *req,
-                                                       const struct flow_key *key)
+                                                       const struct flow_key *key,
+                                                       const struct host_text *host)
 {
     struct rule_entry *scoped;
     struct rule_entry *global = rule_entries(port, status, &scoped);
 
     if (scoped) {
-        struct rule_action *ra = rule_pick(scoped, took, req, key);
+        struct rule_action *ra = rule_pick(scoped, took, req, key, host);
         if (ra)
             return ra;
     }
-    return rule_pick(global, took, req, key);
+    return rule_pick(global, took, req, key, host);
 }
 
 #endif /* MIRROR_RULE_H */

@@ -21,6 +21,7 @@ static __always_inline void emit_trigger(const struct flow_key *key, __u32 dir, 
                                          const struct rule_action *ra,
                                          const struct trigger_info *ti,
                                          const struct http_request *req,
+                                         const struct host_text *authority,
                                          const struct flow_key *peer, const struct replay_slot *r,
                                          struct counters *cnt)
 {
@@ -43,7 +44,16 @@ static __always_inline void emit_trigger(const struct flow_key *key, __u32 dir, 
     ev->dir = dir;
     ev->kind = ti->kind;
     ev->by = ti->by;
+    ev->proto = ti->proto;
     __builtin_memset(ev->_pad, 0, sizeof(ev->_pad));
+    ev->stream = ti->stream;
+    ev->authority_len = 0;
+    if (authority && ti->proto == HTTP_PROTO_2) {
+        ev->authority_len = authority->len < H2_TEXT ? authority->len : H2_TEXT;
+        __builtin_memcpy(ev->authority, authority->text, H2_TEXT);
+    } else {
+        __builtin_memset(ev->authority, 0, H2_TEXT);
+    }
     ev->request_to_response_ns = ti->took;
     ev->request_head_len = 0;
     if (req->head_len) {
@@ -112,6 +122,8 @@ static __always_inline int mark_flow(const struct flow_key *key, const struct fl
         cnt->v[STAT_RESET_TRIGGERS]++;
     else if (ti->kind == TRIGGER_NORESPONSE)
         cnt->v[STAT_NORESPONSE_TRIGGERS]++;
+    else if (ti->kind == TRIGGER_GRPC)
+        cnt->v[STAT_GRPC_TRIGGERS]++;
     return 1;
 }
 
@@ -139,7 +151,8 @@ __noinline int mirror_trigger(struct __sk_buff *skb, struct pkt_meta *m, struct 
         return 0;
     /* The request before the trigger goes to the mirror now, ahead of this packet. */
     struct replay_slot *r = replay_trigger(skb, s, ti, cnt);
-    emit_trigger(&m->key, m->dir, skb->ifindex, ra, ti, &s->req, nat ? peer : NULL, r, cnt);
+    emit_trigger(&m->key, m->dir, skb->ifindex, ra, ti, &s->req, &s->host, nat ? peer : NULL, r,
+                 cnt);
     return 1;
 }
 

@@ -52,6 +52,32 @@ enum mirror_limits {
     /* Bytes of a request's segment kept for its replay, from the frame's start: the headers
      * (up to 128 bytes) and 512 bytes of the request. */
     REPLAY_FRAME_MAX = 640,
+    /* A grpc-status code c is the pseudo-status GRPC_STATUS_BASE + c in the rule maps (below
+     * 100, beside enum trigger_kind); codes 0..GRPC_STATUS_CODES - 1. */
+    GRPC_STATUS_BASE = 32,
+    GRPC_STATUS_CODES = 64,
+    /* Dynamic-table entries of one direction of an HTTP/2 connection remembered by value: those
+     * naming :status, grpc-status, :method, :path or :authority, the latest inserted. */
+    H2_TABLE_ENTRIES = 8,
+    /* Bytes kept of a :path or :authority value (a path= prefix or host= name is at most
+     * RULE_FILTER_TEXT). */
+    H2_TEXT = 64,
+    /* Bytes of a header block split across segments kept until its frame ends (larger: lost). */
+    H2_BLOCK_MAX = 256,
+    /* Frames looked at in one segment (more: the framing is lost, found again at a later
+     * segment's start). */
+    H2_SEGMENT_FRAMES = 64,
+    /* Header fields read in one header block. */
+    H2_BLOCK_FIELDS = 32,
+    /* Insertions whose field name a direction remembers (a power of two): a table of the default
+     * 4,096 bytes holds at most 128 entries (32 bytes of overhead each). */
+    H2_TABLE_RING = 128,
+    /* Bytes of a Huffman-coded string decoded (enough for H2_TEXT characters but the rarest). */
+    H2_HUFFMAN_IN = 128,
+    /* h2_conns entries (HTTP/2 connections followed at once) and h2_streams entries (requests
+     * awaiting their responses or trailers). */
+    H2_CONNS_MAX = 4096,
+    H2_STREAMS_MAX = 16384,
     /* flow_cache slots of each CPU (a power of two): 4096 x 128 bytes, 512 KiB per CPU. */
     FLOW_CACHE_SLOTS = 4096,
     /* Packets of one direction a cached flow counts before its counts are written back to
@@ -85,6 +111,14 @@ enum trigger_kind {
     TRIGGER_STATUS = 0,     /* a final response's status (and its response time: latency>) */
     TRIGGER_RESET = 1,      /* a TCP RST in an established HTTP connection */
     TRIGGER_NORESPONSE = 2, /* a request without the start of a response within a time */
+    TRIGGER_GRPC = 3,       /* a gRPC call's grpc-status (pseudo-statuses GRPC_STATUS_BASE + code) */
+};
+
+/* The HTTP version of the request behind a trigger. */
+enum http_proto {
+    HTTP_PROTO_UNKNOWN = 0,
+    HTTP_PROTO_1 = 1, /* HTTP/1.x */
+    HTTP_PROTO_2 = 2, /* HTTP/2 (cleartext: prior knowledge or Upgrade: h2c) */
 };
 
 /* Who sent the packet that triggered, as far as the requests tell. */
@@ -146,6 +180,20 @@ enum stat_idx {
     STAT_FILTERED_OUT,         /* rules whose condition held but whose request filter did not */
     STAT_NORESPONSE_TICKS,  /* runs of the no-response tick (every 10 ms while such rules exist) */
     STAT_NORESPONSE_FAILED, /* the no-response tick could not be started */
+    STAT_H2_CONNECTIONS,    /* directions of a connection found speaking HTTP/2 (preface, first
+                             * SETTINGS, or frames found again after a loss or a late start) */
+    STAT_H2_REQUESTS,       /* HTTP/2 request header blocks (:method, :path) */
+    STAT_H2_RESPONSES,      /* HTTP/2 response header blocks (:status) */
+    STAT_H2_TRAILERS,       /* HTTP/2 trailers with a grpc-status */
+    STAT_H2_UNRESOLVED,     /* header fields of interest that referred to a dynamic-table entry
+                             * not followed (inserted before the agent saw the connection, or
+                             * pushed out of the entries kept) */
+    STAT_H2_LOST,           /* HTTP/2 framing or header-table state lost (a gap, a frame that
+                             * could not be one, a header block too large or cut) */
+    STAT_H2_CONTINUATION,   /* header blocks continued in CONTINUATION frames (the fields of the
+                             * first frame are read; the table state is lost) */
+    STAT_H2_STREAM_MISSED,  /* responses whose stream's request was not found */
+    STAT_GRPC_TRIGGERS,     /* grpc-status trailers that matched a rule and marked their flow */
     STAT_MAX,
 };
 
@@ -343,6 +391,11 @@ enum http_stream_state {
                         * only request pending. A segment that starts with a status line is the
                         * next response when a request is pending again (the client sends the
                         * next one only after this answer ended), body otherwise */
+    HTTP2_FRAME = 6,   /* HTTP/2: the next frame header starts at next_seq */
+    HTTP2_PARTIAL = 7, /* HTTP/2: a frame header starts at next_seq, its first partial_len bytes
+                        * kept (partial) */
+    HTTP2_BLOCK = 8,   /* HTTP/2: a header block's frame continues at next_seq, its first bytes
+                        * kept in the connection's h2_dir (h2_conns) */
 };
 
 /* One direction's stream state (in struct flow_timing, shared by all CPUs). */
@@ -371,7 +424,8 @@ struct http_request {
 struct flow_timing {
     struct flow_key key; /* the flow that owns the slot (zero: free) */
     __u32 ref;           /* used since the allocator last passed (a second chance: timing.h) */
-    __u32 _pad0;
+    __u8 h2;             /* bit d: direction d was found speaking HTTP/2 (h2.h) */
+    __u8 _pad0[3];
     __u64 syn_ns;    /* SYN, until the handshake completes */
     __u64 synack_ns; /* SYN/ACK */
     __u32
@@ -387,12 +441,6 @@ struct flow_timing {
     struct http_request req[HTTP_PIPELINE];
 };
 
-/* Zeroed initial values of new map entries (too large for the stack). Never written. */
-struct zero_values {
-    struct flow_timing timing;
-    struct flow_traffic traffic;
-};
-
 /* What the header block of a message says about its body. */
 struct http_framing {
     __u32 hdr_len;        /* bytes to the end of the blank line (0: not within the scan) */
@@ -403,6 +451,119 @@ struct http_framing {
     __u8 _pad;
 };
 
+/* A request's Host (HTTP/1.x) or :authority (HTTP/2), lower case, without a port. */
+struct host_text {
+    __u32 len;
+    __u32 _pad;
+    __u8 text[H2_TEXT];
+};
+
+/* Header fields an HTTP/2 header block is read for (the names of struct h2_entry). */
+enum h2_field {
+    H2_FIELD_NONE = 0,
+    H2_FIELD_STATUS = 1,      /* :status */
+    H2_FIELD_GRPC_STATUS = 2, /* grpc-status */
+    H2_FIELD_METHOD = 3,      /* :method */
+    H2_FIELD_PATH = 4,        /* :path */
+    H2_FIELD_AUTHORITY = 5,   /* :authority */
+};
+
+/* What the HTTP/2 frame loop does after a frame (h2.h). */
+enum h2_ready {
+    H2_READY_NONE = 0,
+    H2_READY_BLOCK = 1,  /* read the header block described in h2_scratch */
+    H2_READY_DECIDE = 2, /* decide what the HEADERS block just read says */
+};
+
+/* A dynamic-table entry of interest, remembered by value (struct h2_dir). */
+struct h2_entry {
+    __u32 ins;  /* the entry's insertion number in its direction + 1 (0: free) */
+    __u8 field; /* enum h2_field of its name (H2_FIELD_NONE with a value: none of ours) */
+    __u8 len;   /* bytes of text */
+    __u16 code; /* the :status or grpc-status value (0xffff: not a number) */
+    __u8 text[H2_TEXT];
+};
+
+/*
+ * One direction of an HTTP/2 connection, as its receiver's HPACK decoder must see it: how many
+ * entries the sender inserted in the dynamic table since it was followed (an index resolves to
+ * the insertion it names without knowing evictions: a peer never names an evicted entry), the
+ * latest entries of interest, and a header block whose frame runs past its segment.
+ */
+struct h2_dir {
+    __u32 inserted;     /* insertions counted since the table was followed (or lost) */
+    __u32 block_stream; /* HTTP2_BLOCK: the block's stream */
+    __u16 block_len;    /* HTTP2_BLOCK: bytes kept in block */
+    __u16 block_total;  /* HTTP2_BLOCK: bytes of the block in all (frame payload) */
+    __u8 block_flags;   /* HTTP2_BLOCK: the frame's type << 4 | its flags we need */
+    __u8 next_entry;    /* the ent slot the next entry of interest takes */
+    __u8 _pad[2];
+    __u8 kinds[H2_TABLE_RING]; /* enum h2_field of insertion n at n % H2_TABLE_RING */
+    struct h2_entry ent[H2_TABLE_ENTRIES];
+    __u8 block[H2_BLOCK_MAX];
+};
+
+/* h2_conns value: both directions of an HTTP/2 connection under one flow key. */
+struct h2_conn {
+    struct h2_dir dir[FLOW_DIRS];
+};
+
+/* Zeroed initial values of new map entries (too large for the stack). Never written. */
+struct zero_values {
+    struct flow_timing timing;
+    struct flow_traffic traffic;
+    struct h2_conn h2;
+};
+
+/* h2_streams key: a stream of an HTTP/2 connection, under the key its request was seen with. */
+struct h2_stream_key {
+    struct flow_key key;
+    __u32 stream;
+    __u32 _pad;
+};
+
+/* h2_streams value: a request awaiting its response (and, for gRPC, its trailers). */
+struct h2_stream {
+    struct http_request req;    /* head: "METHOD path"; ts_ns; replay: its segment's slot */
+    struct host_text authority; /* its :authority */
+    __u64 response_ns;          /* its response's HEADERS (0: not yet) */
+    __u16 status;               /* their :status */
+    __u8 dir;                   /* enum flow_dir of the request */
+    __u8 _pad[5];
+};
+
+/* Per-CPU scratch space of the HTTP/2 stage: what a header block says, as it is read. */
+struct h2_scratch {
+    struct h2_stream stream; /* the request being read: its authority; then what is stored */
+    struct h2_stream_key key; /* a stream's key, looked up (in the scratch area: off the stack) */
+    __u32 at;                /* the next field's offset in the block (http_scratch.buf) */
+    __u32 end;               /* the block's end there */
+    __u32 status;            /* :status found (0: none) */
+    __u32 grpc_status;       /* grpc-status + 1 found (0: none) */
+    __u32 fields;            /* bit (1 << enum h2_field) of each field found */
+    __u32 method_len;        /* bytes of the :method value in method */
+    __u32 path_len;          /* bytes of the :path value in path */
+    __u32 text_len;          /* bytes of the string in text */
+    __u32 huff_at;           /* Huffman decoding: the input's offset in buf */
+    __u32 huff_state;        /* its decoder state (hpack_huffman.h) */
+    __u32 huff_flags;        /* its last entry's flags (HUFFMAN_ACCEPT, HUFFMAN_FAIL) */
+    __u32 block_n;           /* bytes of the frame's payload in buf */
+    __u32 frame_len;         /* the frame carrying the block: its payload's length */
+    __u32 frame_stream;      /* its stream */
+    __u8 frame_type;         /* its type */
+    __u8 frame_flags;        /* its flags */
+    __u8 ready;              /* what the frame loop does next: enum h2_ready */
+    __u8 _pad;
+    __s32 field_result;      /* hpack_field's last result (0: a field read, 1: the end) */
+    __u16 rule_status;       /* h2_decide: a :status some rule covers (0: none) */
+    __u16 rule_grpc;         /* h2_decide: a grpc-status pseudo-status some rule covers (0: none) */
+    __u32 _pad2;
+    __u8 hdr[24];            /* a frame header: bytes kept from earlier segments, then these */
+    __u8 method[16];
+    __u8 path[H2_TEXT];
+    __u8 text[H2_TEXT + 8]; /* a string decoded (Huffman) or copied */
+};
+
 /* What a trigger reports besides the flow and rule. */
 struct trigger_info {
     __u64 took;   /* from the request to the trigger (0: unknown) */
@@ -411,6 +572,8 @@ struct trigger_info {
     __u32 kind;   /* enum trigger_kind */
     __u32 by;     /* enum trigger_side */
     __u32 replay; /* request_replay hand-out number + 1 of the request's segment (0: none) */
+    __u32 proto;  /* enum http_proto of the request (HTTP/2: its :authority in s->h2.stream) */
+    __u32 stream; /* HTTP/2: the stream's id */
     __u32 _pad;
     struct flow_key replay_key; /* the key it was kept under (the other one across NAT) */
 };
@@ -475,6 +638,8 @@ struct http_scratch {
     __u32 _pad;
     struct flow_key peer;         /* the other key of a translated connection */
     struct mirror_mark mark;      /* a new mark, before its insert */
+    struct host_text host;        /* the Host or :authority a host= filter compares (filter.h) */
+    struct h2_scratch h2;         /* the HTTP/2 header block being read (h2.h, hpack.h) */
     __u8 buf[HTTP_SCAN_MAX + 64]; /* a message's header block (slack for 8-byte reads) */
 };
 _Static_assert(__builtin_offsetof(struct http_scratch, req.head) + HTTP_REQUEST_PREFIX <= 192,
@@ -547,9 +712,13 @@ struct trigger_event {
     __u8 dir;      /* enum flow_dir of the packet that triggered (noresponse: of the request) */
     __u8 kind;     /* enum trigger_kind */
     __u8 by;       /* enum trigger_side: who sent the packet that triggered */
-    __u8 _pad[6];
+    __u8 proto;    /* enum http_proto of the request */
+    __u8 _pad[5];
     __u32 request_head_len;
-    __u8 request_head[HTTP_REQUEST_HEAD_LEN];
+    __u8 request_head[HTTP_REQUEST_HEAD_LEN]; /* HTTP/2: "METHOD path", from its HEADERS */
+    __u32 stream;                             /* HTTP/2: the stream's id (0: HTTP/1.x) */
+    __u32 authority_len;                      /* HTTP/2: bytes of the request's :authority */
+    __u8 authority[H2_TEXT];
     __u64 replay_ts_ns;            /* when the replayed request passed (0: none kept) */
     __u32 replay_wire_len;         /* its segment's length */
     __u32 replay_len;              /* bytes of it in replay (0: none kept) */
