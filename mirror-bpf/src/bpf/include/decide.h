@@ -106,7 +106,8 @@ __noinline int decide_reset(struct __sk_buff *skb, struct http_scratch *s,
     __u32 at = owner->req_head != owner->req_tail ? owner->req_head : owner->req_tail - 1;
     struct http_request *req = &owner->req[at % HTTP_PIPELINE];
     __u64 took = req->ts_ns && m->now >= req->ts_ns ? m->now - req->ts_ns : 0;
-    struct rule_action *ra = rule_lookup(server_port(owner), TRIGGER_RESET, took, req, &owner->key, NULL);
+    struct rule_action *ra =
+        rule_lookup(server_port(owner), TRIGGER_RESET, took, req, &owner->key, NULL);
     if (!ra)
         return 0;
     struct trigger_info *ti = &s->trigger;

@@ -295,9 +295,8 @@ __noinline int h2_block(struct http_scratch *s)
  * segment (HTTP2_BLOCK, the position then at the segment's end). Inlined into h2_frame.
  */
 static __always_inline int h2_header_frame(struct __sk_buff *skb, struct http_scratch *s,
-                                           struct flow_timing *t,
-                                           __u32 pay, __u32 flen, __u32 type, __u32 flags,
-                                           __u32 stream)
+                                           struct flow_timing *t, __u32 pay, __u32 flen, __u32 type,
+                                           __u32 flags, __u32 stream)
 {
     __u32 zero = 0;
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);

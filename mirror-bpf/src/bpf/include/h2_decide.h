@@ -85,7 +85,8 @@ static __always_inline int h2_covered(__u16 port, __u16 status)
     struct rule_entry *scoped;
     struct rule_entry *global = rule_entries(port, status, &scoped);
 
-    return scoped || (global && (global->any.rule_id || global->slow.rule_id || global->filtered[0]));
+    return scoped ||
+           (global && (global->any.rule_id || global->slow.rule_id || global->filtered[0]));
 }
 
 /*

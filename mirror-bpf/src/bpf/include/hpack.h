@@ -125,8 +125,7 @@ static long huffman_step(__u64 i, void *ctx)
  * inlined into hpack_field (the Huffman steps are a bpf_loop callback: one call frame more).
  * @return 0, -1 when it is malformed.
  */
-static __always_inline int hpack_string(struct http_scratch *s, __u32 at, __u32 len,
-                                        __u32 huffman)
+static __always_inline int hpack_string(struct http_scratch *s, __u32 at, __u32 len, __u32 huffman)
 {
     if (!s)
         return -1;
@@ -206,8 +205,8 @@ static __always_inline void hpack_apply(struct h2_scratch *h, __u32 field, __u32
             h->grpc_status = code + 1;
         break;
     case H2_FIELD_METHOD:
-        __builtin_memcpy(__builtin_assume_aligned(h->method, 8), __builtin_assume_aligned(h->text, 8),
-                         sizeof(h->method));
+        __builtin_memcpy(__builtin_assume_aligned(h->method, 8),
+                         __builtin_assume_aligned(h->text, 8), sizeof(h->method));
         h->method_len = len < sizeof(h->method) ? len : sizeof(h->method);
         break;
     case H2_FIELD_PATH:
@@ -242,7 +241,9 @@ static __always_inline void hpack_static_full(struct h2_scratch *h, __u32 idx)
     if (idx >= HPACK_STATIC_STATUS_FIRST && idx <= HPACK_STATIC_STATUS_LAST) {
         /* :status 200, 204, 206, 304, 400, 404, 500 (indices 8-14), three bits a digit pair. */
         __u32 i = idx - HPACK_STATIC_STATUS_FIRST;
-        __u32 status = i < 3 ? 200 + (i == 1 ? 4 : i == 2 ? 6 : 0)
+        __u32 status = i < 3    ? 200 + (i == 1   ? 4
+                                         : i == 2 ? 6
+                                                  : 0)
                        : i == 3 ? 304
                        : i < 6  ? 400 + (i == 5 ? 4 : 0)
                                 : 500;
@@ -316,8 +317,8 @@ static __always_inline void hpack_unresolved(void)
  * hpack_insert - the field just read (@field, value in h2.text and @code) is inserted into the
  * dynamic table of @d: its name is remembered, and its value when it is of interest.
  */
-static __always_inline void hpack_insert(struct h2_dir *d, const struct h2_scratch *h,
-                                         __u32 field, __u16 code)
+static __always_inline void hpack_insert(struct h2_dir *d, const struct h2_scratch *h, __u32 field,
+                                         __u16 code)
 {
     __u32 n = d->inserted;
 

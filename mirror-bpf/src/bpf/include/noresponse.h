@@ -92,7 +92,8 @@ __noinline int noresponse_check(__u32 slot, __u64 now)
     if (!ts || ts > now)
         return !ts; /* not timed (latency.http off) */
     __u64 waited = now - ts;
-    struct rule_action *ra = rule_lookup(server_port(t), TRIGGER_NORESPONSE, waited, req, &t->key, NULL);
+    struct rule_action *ra =
+        rule_lookup(server_port(t), TRIGGER_NORESPONSE, waited, req, &t->key, NULL);
     if (!ra)
         return 0;
     noresponse_mark(t, req, ra, waited, now);

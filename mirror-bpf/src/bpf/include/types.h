@@ -111,7 +111,7 @@ enum trigger_kind {
     TRIGGER_STATUS = 0,     /* a final response's status (and its response time: latency>) */
     TRIGGER_RESET = 1,      /* a TCP RST in an established HTTP connection */
     TRIGGER_NORESPONSE = 2, /* a request without the start of a response within a time */
-    TRIGGER_GRPC = 3,       /* a gRPC call's grpc-status (pseudo-statuses GRPC_STATUS_BASE + code) */
+    TRIGGER_GRPC = 3, /* a gRPC call's grpc-status (pseudo-statuses GRPC_STATUS_BASE + code) */
 };
 
 /* The HTTP version of the request behind a trigger. */
@@ -534,31 +534,31 @@ struct h2_stream {
 
 /* Per-CPU scratch space of the HTTP/2 stage: what a header block says, as it is read. */
 struct h2_scratch {
-    struct h2_stream stream; /* the request being read: its authority; then what is stored */
+    struct h2_stream stream;  /* the request being read: its authority; then what is stored */
     struct h2_stream_key key; /* a stream's key, looked up (in the scratch area: off the stack) */
-    __u32 at;                /* the next field's offset in the block (http_scratch.buf) */
-    __u32 end;               /* the block's end there */
-    __u32 status;            /* :status found (0: none) */
-    __u32 grpc_status;       /* grpc-status + 1 found (0: none) */
-    __u32 fields;            /* bit (1 << enum h2_field) of each field found */
-    __u32 method_len;        /* bytes of the :method value in method */
-    __u32 path_len;          /* bytes of the :path value in path */
-    __u32 text_len;          /* bytes of the string in text */
-    __u32 huff_at;           /* Huffman decoding: the input's offset in buf */
-    __u32 huff_state;        /* its decoder state (hpack_huffman.h) */
-    __u32 huff_flags;        /* its last entry's flags (HUFFMAN_ACCEPT, HUFFMAN_FAIL) */
-    __u32 block_n;           /* bytes of the frame's payload in buf */
-    __u32 frame_len;         /* the frame carrying the block: its payload's length */
-    __u32 frame_stream;      /* its stream */
-    __u8 frame_type;         /* its type */
-    __u8 frame_flags;        /* its flags */
-    __u8 ready;              /* what the frame loop does next: enum h2_ready */
+    __u32 at;                 /* the next field's offset in the block (http_scratch.buf) */
+    __u32 end;                /* the block's end there */
+    __u32 status;             /* :status found (0: none) */
+    __u32 grpc_status;        /* grpc-status + 1 found (0: none) */
+    __u32 fields;             /* bit (1 << enum h2_field) of each field found */
+    __u32 method_len;         /* bytes of the :method value in method */
+    __u32 path_len;           /* bytes of the :path value in path */
+    __u32 text_len;           /* bytes of the string in text */
+    __u32 huff_at;            /* Huffman decoding: the input's offset in buf */
+    __u32 huff_state;         /* its decoder state (hpack_huffman.h) */
+    __u32 huff_flags;         /* its last entry's flags (HUFFMAN_ACCEPT, HUFFMAN_FAIL) */
+    __u32 block_n;            /* bytes of the frame's payload in buf */
+    __u32 frame_len;          /* the frame carrying the block: its payload's length */
+    __u32 frame_stream;       /* its stream */
+    __u8 frame_type;          /* its type */
+    __u8 frame_flags;         /* its flags */
+    __u8 ready;               /* what the frame loop does next: enum h2_ready */
     __u8 _pad;
-    __s32 field_result;      /* hpack_field's last result (0: a field read, 1: the end) */
-    __u16 rule_status;       /* h2_decide: a :status some rule covers (0: none) */
-    __u16 rule_grpc;         /* h2_decide: a grpc-status pseudo-status some rule covers (0: none) */
+    __s32 field_result; /* hpack_field's last result (0: a field read, 1: the end) */
+    __u16 rule_status;  /* h2_decide: a :status some rule covers (0: none) */
+    __u16 rule_grpc;    /* h2_decide: a grpc-status pseudo-status some rule covers (0: none) */
     __u32 _pad2;
-    __u8 hdr[24];            /* a frame header: bytes kept from earlier segments, then these */
+    __u8 hdr[24]; /* a frame header: bytes kept from earlier segments, then these */
     __u8 method[16];
     __u8 path[H2_TEXT];
     __u8 text[H2_TEXT + 8]; /* a string decoded (Huffman) or copied */
