@@ -69,6 +69,31 @@ const EXPORTED: &[(&str, &str, &str)] = &[
         "Triggers whose request had not been kept (or its slot was reused)",
     ),
     ("replay_failed", "replays_failed", "Replays that could not be made"),
+    (
+        "h2_connections",
+        "h2_connections",
+        "Directions of connections found speaking HTTP/2 (from their start, or found again)",
+    ),
+    ("h2_requests", "h2_requests", "HTTP/2 requests recognised (request header blocks)"),
+    ("h2_responses", "h2_responses", "HTTP/2 responses recognised (header blocks with a :status)"),
+    ("h2_trailers", "h2_trailers", "HTTP/2 trailers with a grpc-status recognised"),
+    (
+        "h2_unresolved",
+        "h2_unresolved",
+        "HTTP/2 header fields that named a header-table entry the classifier does not know",
+    ),
+    ("h2_lost", "h2_lost", "Times the HTTP/2 framing or header-table state of a direction was lost"),
+    (
+        "h2_continuation",
+        "h2_continuation",
+        "HTTP/2 header blocks continued in CONTINUATION frames (their first frame is read)",
+    ),
+    ("h2_stream_missed", "h2_stream_missed", "HTTP/2 responses whose request was not found on their stream"),
+    (
+        "grpc_triggers",
+        "grpc_triggers",
+        "gRPC trailers whose grpc-status matched a rule and marked their flow",
+    ),
 ];
 
 /// What a scrape reads.
@@ -278,4 +303,30 @@ async fn render(engine: &Engine, pods: &Pods, rule_text: bool) -> anyhow::Result
 /// The metrics routes; `rule_text`: rule hits carry each rule's text (label `rule`).
 pub fn router(engine: Engine, pods: Pods, rule_text: bool) -> Router {
     Router::new().route("/metrics", get(scrape)).with_state(Scrape { engine, pods, rule_text })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exported_counters_exist_once_each() {
+        let known: Vec<&str> = mirror_bpf::stats::COUNTER_NAMES
+            .iter()
+            .map(|(_, n)| *n)
+            .chain(["budget_refused_packets", "budget_refused_bytes"])
+            .collect();
+        for (key, _, _) in EXPORTED {
+            assert!(known.contains(key), "{key} is no counter");
+        }
+        let mut metrics: Vec<&str> = EXPORTED.iter().map(|(_, m, _)| *m).collect();
+        metrics.sort_unstable();
+        metrics.dedup();
+        assert_eq!(metrics.len(), EXPORTED.len(), "a metric name twice");
+        for want in
+            ["h2_requests", "h2_responses", "h2_trailers", "h2_lost", "grpc_triggers", "reset_triggers"]
+        {
+            assert!(metrics.contains(&want), "{want} not exported");
+        }
+    }
 }

@@ -107,8 +107,11 @@ mod tests {
         let e = parse("latency>2h status=5xx").unwrap_err();
         assert_eq!((e.token.as_str(), e.offset), ("latency>2h", 0), "{e}");
         assert!(e.reason.contains("longer than 1h"), "{e}");
+        let e = parse("grpc-status=internal latency>2h").unwrap_err();
+        assert_eq!((e.token.as_str(), e.offset), ("latency>2h", 21), "{e}");
         // The syntax is mirror_bpf's.
         assert!(parse("status=999").unwrap_err().reason.contains("outside"));
+        assert!(parse("grpc-status=64").unwrap_err().reason.contains("outside 0-63"));
     }
 
     #[test]
@@ -122,6 +125,12 @@ mod tests {
         assert_eq!(check_fits(&full, cap), Ok(()));
         let over = [r("port=80 status=5xx"), r("port=81 status=500-550")];
         assert_eq!(check_fits(&over, cap), Err(Overflow::PortKeys { count: 151, max: 150 }));
+        // A gRPC rule takes one pair per code, beside the statuses.
+        let grpc = [r("port=80 status=5xx"), r("port=80 grpc-status=0,13,internal")];
+        assert_eq!(check_fits(&grpc, RuleCapacity { rules: 3, port_keys: 102 }), Ok(()));
+        let cap = RuleCapacity { rules: 3, port_keys: 101 };
+        assert_eq!(check_fits(&grpc, cap), Err(Overflow::PortKeys { count: 102, max: 101 }));
+        let cap = RuleCapacity { rules: 3, port_keys: 150 };
         let many = [r("status=500"), r("status=501"), r("status=502"), r("status=503")];
         assert_eq!(check_fits(&many, cap), Err(Overflow::Rules { count: 4, max: 3 }));
     }

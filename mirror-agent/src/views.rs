@@ -21,7 +21,7 @@ pub struct RuleView {
     pub id: u32,
     /// Canonical text.
     pub rule: String,
-    /// What triggers it: `status`, `reset` or `noresponse`.
+    /// What triggers it: `status`, `reset`, `noresponse` or `grpc-status`.
     #[serde(default = "status_kind")]
     pub kind: String,
     /// Flows it triggered.
@@ -63,9 +63,9 @@ pub struct FlowView {
     pub reverse: DirView,
     /// Marked for mirroring by this rule.
     pub rule_id: Option<u32>,
-    /// Status that triggered (0 for the other kinds).
+    /// Status that triggered; for `grpc-status`, the gRPC code (0 for the other kinds).
     pub status: Option<u16>,
-    /// What triggered: `status`, `reset` or `noresponse`.
+    /// What triggered: `status`, `reset`, `noresponse` or `grpc-status`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<String>,
     /// Packets mirrored.
@@ -337,20 +337,34 @@ pub struct EventView {
     pub rule_id: u32,
     /// Its text ("" when deleted since).
     pub rule: String,
-    /// What triggered: `status`, `reset` or `noresponse`.
+    /// What triggered: `status`, `reset`, `noresponse` or `grpc-status`.
     #[serde(default = "status_kind")]
     pub kind: String,
     /// Who sent the packet that triggered: `client` or `server` (a reset: who reset; none for
     /// `noresponse`, which no packet triggers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
-    /// The response's status (0 for the other kinds).
+    /// The response's status; for `grpc-status`, the gRPC status code (0 for the other kinds).
     pub status: u16,
+    /// For `grpc-status`: the code's canonical name (`INTERNAL`), for the codes gRPC names
+    /// (0-16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_name: Option<String>,
+    /// The request's HTTP version, `http1` or `http2`, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proto: Option<String>,
+    /// HTTP/2: the request's stream id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<u32>,
+    /// HTTP/2: the request's `:authority`, lower case, without a port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<String>,
     /// The request's method, when it was seen.
     pub method: Option<String>,
-    /// The request's target (its first 64 bytes), when it was seen.
+    /// The request's target (its first 64 bytes; HTTP/2: its `:path`), when it was seen.
     pub target: Option<String>,
-    /// Request (first segment) to status line, milliseconds, when the request was seen.
+    /// Request (first segment) to status line, or for `grpc-status` request to trailers,
+    /// milliseconds, when the request was seen.
     pub response_ms: Option<f64>,
     /// For `reset` and `noresponse`: from the request (the one pending, else the latest) to the
     /// reset, or the time it waited unanswered, milliseconds.

@@ -90,8 +90,8 @@ impl Known {
 struct Place {
     /// Its pod and which way it went, relative to that pod.
     pod: Option<(PodView, Direction)>,
-    /// The rule that mirrored its flow, and the status that triggered.
-    rule: Option<(u32, Option<u16>)>,
+    /// The rule that mirrored its flow, and what triggered (`a 500`, `grpc 13 INTERNAL`).
+    rule: Option<(u32, Option<String>)>,
 }
 
 fn interface_name(p: &PodView) -> String {
@@ -186,7 +186,7 @@ pub async fn run(c: &Client<'_>, args: CaptureArgs) -> anyhow::Result<()> {
                     continue;
                 }
             }
-            if args.rule.is_some() && place.rule.map(|r| r.0) != args.rule {
+            if args.rule.is_some() && place.rule.as_ref().map(|r| r.0) != args.rule {
                 continue;
             }
             if args.fix_checksums && frame.csum_not_ready && packet::fix_checksums(&mut frame.data) {
@@ -206,9 +206,9 @@ pub async fn run(c: &Client<'_>, args: CaptureArgs) -> anyhow::Result<()> {
                 }
             };
             let mut comment = match place.rule {
-                Some((r, status)) => {
+                Some((r, on)) => {
                     let text = known.rules.get(&r).map_or("deleted since", String::as_str);
-                    let st = status.map_or(String::new(), |s| format!(", on a {s}"));
+                    let st = on.map_or(String::new(), |s| format!(", on {s}"));
                     format!("mirrored by rule {r} ({text}){st}")
                 }
                 None => "rule unknown: the agent has no flow with this tuple".to_string(),
@@ -245,6 +245,35 @@ fn place(known: &Known, tuple: Option<&Tuple>) -> Place {
     let pod = side(t.src)
         .map(|p| (p, Direction::Outbound))
         .or_else(|| side(t.dst).map(|p| (p, Direction::Inbound)));
-    let rule = known.flow_of(t).and_then(|f| Some((f.rule_id?, f.status)));
+    let rule = known.flow_of(t).and_then(|f| Some((f.rule_id?, f.status.map(|s| on(f, s)))));
     Place { pod, rule }
+}
+
+/// What triggered flow `f` with `status`: `a 500`, `grpc 13 INTERNAL`, `reset`.
+fn on(f: &FlowView, status: u16) -> String {
+    match f.trigger.as_deref() {
+        None | Some("status") => format!("a {status}"),
+        kind => super::trigger_text(kind, status, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comments_say_what_triggered() {
+        let flow = |trigger: Option<&str>| {
+            let f = serde_json::json!({
+                "lo": "198.18.1.2:50051", "hi": "198.18.2.2:40000", "forward": {"packets": 1, "bytes": 10},
+                "reverse": {"packets": 1, "bytes": 10}, "rule_id": 1, "status": 13, "trigger": trigger,
+                "mirrored_packets": 2, "mirror_ended": false, "idle_ms": 0
+            });
+            serde_json::from_value::<FlowView>(f).unwrap()
+        };
+        assert_eq!(on(&flow(None), 500), "a 500");
+        assert_eq!(on(&flow(Some("status")), 404), "a 404");
+        assert_eq!(on(&flow(Some("grpc-status")), 13), "grpc 13 INTERNAL");
+        assert_eq!(on(&flow(Some("noresponse")), 0), "noresponse");
+    }
 }

@@ -1,5 +1,6 @@
 //! `mirrorctl events [-f]`: the recent trigger events, and with `-f` the next ones as they
-//! come (long polls of `GET /v1/events?after=SEQ&wait=S`).
+//! come (long polls of `GET /v1/events?after=SEQ&wait=S`). A listing with HTTP/2 requests (and
+//! a followed one) ends with a PROTOCOL column: each request's stream and `:authority`.
 
 use hyper::Method;
 
@@ -22,16 +23,29 @@ const HEADER: [&str; 9] = [
     "COMMUNITY ID",
 ];
 
-/// What triggered: the status, "reset by client|server", or "noresponse".
-fn trigger(e: &EventView) -> String {
-    match (e.kind.as_str(), &e.by) {
-        ("status", _) => e.status.to_string(),
-        ("reset", Some(by)) => format!("reset by {by}"),
-        (kind, _) => kind.to_string(),
+/// The column after the others when some request is HTTP/2.
+const PROTOCOL: &str = "PROTOCOL";
+
+/// The request's protocol: `h2 stream 5, authority greeter.example`, `http/1.x`, or `-`.
+fn protocol(e: &EventView) -> String {
+    match e.proto.as_deref() {
+        Some("http2") => {
+            let mut parts = vec![e.stream.map_or("h2".into(), |id| format!("h2 stream {id}"))];
+            parts.extend(e.authority.as_ref().map(|a| format!("authority {a}")));
+            parts.join(", ")
+        }
+        Some("http1") => "http/1.x".into(),
+        _ => "-".into(),
     }
 }
 
-fn row(e: &EventView) -> Vec<String> {
+/// The columns, with PROTOCOL or without.
+fn header(protocol: bool) -> Vec<&'static str> {
+    HEADER.iter().copied().chain(protocol.then_some(PROTOCOL)).collect()
+}
+
+/// An event's cells, with its protocol or without.
+fn row(e: &EventView, with_protocol: bool) -> Vec<String> {
     let c = &e.client_side;
     let request = match (&e.method, &e.target) {
         (Some(m), Some(t)) => format!("{m} {t}"),
@@ -44,10 +58,19 @@ fn row(e: &EventView) -> Vec<String> {
         if e.nat { format!("{} -> {}", e.server_side.client, e.server_side.server) } else { "-".into() },
         e.rule_id.to_string(),
         request,
-        trigger(e),
+        super::trigger_text(Some(&e.kind), e.status, e.by.as_deref()),
         e.response_ms.or(e.after_request_ms).map_or("-".into(), |ms| format!("{ms:.1}ms")),
         c.community_id.clone(),
     ]
+    .into_iter()
+    .chain(with_protocol.then(|| protocol(e)))
+    .collect()
+}
+
+/// The table of `events`: PROTOCOL only when some request is HTTP/2.
+fn render(events: &[EventView]) -> String {
+    let h2 = events.iter().any(|e| e.proto.as_deref() == Some("http2"));
+    table::render(&header(h2), &events.iter().map(|e| row(e, h2)).collect::<Vec<_>>())
 }
 
 /// Prints the recent events (at most `limit`), then with `follow` the next ones until
@@ -60,7 +83,7 @@ pub async fn run(c: &Client<'_>, json: bool, follow: bool, limit: usize) -> anyh
         } else if first.is_empty() {
             println!("no trigger events yet");
         } else {
-            print!("{}", table::render(&HEADER, &first.iter().map(row).collect::<Vec<_>>()));
+            print!("{}", render(&first));
         }
         return Ok(());
     }
@@ -70,12 +93,12 @@ pub async fn run(c: &Client<'_>, json: bool, follow: bool, limit: usize) -> anyh
         if json {
             println!("{}", serde_json::to_string(e)?);
         } else {
-            println!("{}", row(e).join("  "));
+            println!("{}", row(e, true).join("  "));
         }
         Ok(())
     };
     if !json {
-        println!("{}", HEADER.join("  "));
+        println!("{}", header(true).join("  "));
     }
     let mut last = 0;
     for e in &first {
@@ -97,5 +120,108 @@ pub async fn run(c: &Client<'_>, json: bool, follow: bool, limit: usize) -> anyh
             print(e)?;
             last = e.seq;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::views::TupleView;
+
+    fn event(kind: &str, status: u16) -> EventView {
+        let t = TupleView {
+            client: "198.18.0.2:40000".into(),
+            server: "198.18.0.3:50051".into(),
+            community_id: "1:x".into(),
+        };
+        EventView {
+            seq: 1,
+            time: "2025-01-01T00:00:00.000Z".into(),
+            interface: "vethserver".into(),
+            ifindex: 3,
+            pod: Some("greeter-0/shop".into()),
+            labels: Default::default(),
+            hook: "ingress".into(),
+            client_side: t.clone(),
+            server_side: t,
+            nat: false,
+            rule_id: 2,
+            rule: String::new(),
+            kind: kind.into(),
+            by: Some("server".into()),
+            status,
+            status_name: None,
+            proto: Some("http1".into()),
+            stream: None,
+            authority: None,
+            method: Some("GET".into()),
+            target: Some("/bar".into()),
+            response_ms: Some(1.5),
+            after_request_ms: None,
+            request: None,
+        }
+    }
+
+    fn grpc() -> EventView {
+        EventView {
+            status_name: Some("INTERNAL".into()),
+            proto: Some("http2".into()),
+            stream: Some(5),
+            authority: Some("greeter.example".into()),
+            method: Some("POST".into()),
+            target: Some("/helloworld.Greeter/SayHello".into()),
+            ..event("grpc-status", 13)
+        }
+    }
+
+    #[test]
+    fn http1_listings_keep_their_columns() {
+        let text = render(&[event("status", 500), event("reset", 0)]);
+        let head = text.lines().next().unwrap();
+        assert!(head.ends_with("COMMUNITY ID") && !head.contains(PROTOCOL), "{text}");
+        for want in ["GET /bar", " 500 ", "reset by server", "1.5ms", "greeter-0/shop"] {
+            assert!(text.contains(want), "{want:?} missing: {text}");
+        }
+    }
+
+    #[test]
+    fn grpc_and_http2_requests_are_shown() {
+        let text = render(&[event("status", 500), grpc()]);
+        assert!(text.lines().next().unwrap().ends_with(PROTOCOL), "{text}");
+        let line = text.lines().find(|l| l.contains("SayHello")).unwrap();
+        for want in [
+            "POST /helloworld.Greeter/SayHello",
+            "grpc 13 INTERNAL",
+            "h2 stream 5, authority greeter.example",
+        ] {
+            assert!(line.contains(want), "{want:?} missing: {text}");
+        }
+        assert!(text.lines().nth(1).unwrap().trim_end().ends_with("http/1.x"), "{text}");
+        let unnamed = EventView { status: 40, stream: None, authority: None, ..grpc() };
+        assert_eq!(
+            row(&unnamed, true)[6..],
+            ["grpc 40".to_string(), "1.5ms".into(), "1:x".into(), "h2".into()]
+        );
+    }
+
+    #[test]
+    fn json_carries_the_new_fields_and_reads_old_events() {
+        let json = serde_json::to_value(grpc()).unwrap();
+        assert_eq!(
+            (&json["kind"], &json["status"], &json["status_name"], &json["stream"], &json["authority"]),
+            (
+                &serde_json::json!("grpc-status"),
+                &serde_json::json!(13),
+                &serde_json::json!("INTERNAL"),
+                &serde_json::json!(5),
+                &serde_json::json!("greeter.example")
+            )
+        );
+        // HTTP/1.x events carry no HTTP/2 fields, and events without them still read.
+        let mut old = serde_json::to_value(event("status", 500)).unwrap();
+        assert!(old.get("stream").is_none() && old.get("status_name").is_none());
+        old.as_object_mut().unwrap().remove("proto");
+        let back: EventView = serde_json::from_value(old).unwrap();
+        assert_eq!((back.proto, back.stream), (None, None));
     }
 }

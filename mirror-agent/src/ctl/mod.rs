@@ -58,7 +58,7 @@ enum Command {
         limit: usize,
     },
     /// Trigger events: time, interface, both tuples across NAT with their Community IDs,
-    /// rule, method, target, status, response time.
+    /// rule, method, target, status (or gRPC code), response time, HTTP/2 stream and authority.
     Events {
         /// Keep printing events as they come (JSON lines with -o json).
         #[arg(short, long)]
@@ -102,7 +102,8 @@ enum LatencyCommand {
 #[derive(Subcommand)]
 enum RulesCommand {
     /// Add a rule, e.g. `status=500`, `status=5xx`, `port=8080 status=500-504 packets=1000 duration=30s`,
-    /// `'latency>200ms'` (quote a rule with `>`: the shell reads it as a redirection).
+    /// `grpc-status=internal,unavailable`, `'latency>200ms'` (quote a rule with `>`: the shell
+    /// reads it as a redirection).
     Add {
         /// The rule's key=value tokens.
         #[arg(required = true, num_args = 1..)]
@@ -321,7 +322,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .map(|f| {
                     let mirrored = match (f.rule_id, f.status) {
                         (Some(r), Some(s)) => {
-                            format!("rule {r} ({s}){}", if f.mirror_ended { ", ended" } else { "" })
+                            let on = trigger_text(f.trigger.as_deref(), s, None);
+                            format!("rule {r} ({on}){}", if f.mirror_ended { ", ended" } else { "" })
                         }
                         _ => "-".into(),
                     };
@@ -356,10 +358,55 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What triggered, as the tables show it: the status (`500`), `grpc 13 INTERNAL` (a gRPC
+/// code, its name when gRPC names it), `reset` (`reset by server` when `by` is known),
+/// `noresponse`. `kind` is a [`mirror_bpf::TriggerKind`] name (`None`: `status`).
+pub fn trigger_text(kind: Option<&str>, status: u16, by: Option<&str>) -> String {
+    match (kind.unwrap_or("status"), by) {
+        ("status", _) => status.to_string(),
+        ("grpc-status", _) => match mirror_bpf::rule::grpc_status_name(status) {
+            Some(name) => format!("grpc {status} {name}"),
+            None => format!("grpc {status}"),
+        },
+        ("reset", Some(by)) => format!("reset by {by}"),
+        (kind, _) => kind.to_string(),
+    }
+}
+
 /// `k=v,k=v`, or `-`.
 pub fn labels_text(labels: &std::collections::BTreeMap<String, String>) -> String {
     if labels.is_empty() {
         return "-".into();
     }
     labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn triggers_are_named() {
+        assert_eq!(trigger_text(None, 500, None), "500");
+        assert_eq!(trigger_text(Some("status"), 503, Some("server")), "503");
+        assert_eq!(trigger_text(Some("grpc-status"), 13, Some("server")), "grpc 13 INTERNAL");
+        assert_eq!(trigger_text(Some("grpc-status"), 0, None), "grpc 0 OK");
+        assert_eq!(trigger_text(Some("grpc-status"), 42, None), "grpc 42");
+        assert_eq!(trigger_text(Some("reset"), 0, Some("client")), "reset by client");
+        assert_eq!(trigger_text(Some("reset"), 0, None), "reset");
+        assert_eq!(trigger_text(Some("noresponse"), 0, None), "noresponse");
+    }
+
+    #[test]
+    fn rules_list_names_the_kind() {
+        let rule: mirror_bpf::Rule = "grpc-status=internal".parse().unwrap();
+        let view = RuleView { id: 4, rule: rule.to_string(), kind: rule.kind().name().into(), hits: 2 };
+        let text = table::render(&["ID", "KIND", "HITS", "RULE"], &rule_rows(&[view]));
+        assert!(
+            text.ends_with(
+                "4   grpc-status  2     grpc-status=INTERNAL packets=10000 bytes=0 duration=60s\n"
+            ),
+            "{text}"
+        );
+    }
 }

@@ -51,7 +51,7 @@ pub struct FlowRow {
     pub pods: String,
     /// `a <-> b`.
     pub endpoints: String,
-    /// `rule N (status)`, or "-".
+    /// `rule N (500)`, `rule N (grpc 13 INTERNAL)`, `rule N (reset)`, or "-".
     pub rule: String,
     /// Copies made.
     pub copied: u64,
@@ -75,14 +75,12 @@ fn row(f: &FlowView, bps: f64) -> FlowRow {
     FlowRow {
         pods: if pods.is_empty() { "-".into() } else { pods.join(", ") },
         endpoints: format!("{} <-> {}", f.lo, f.hi),
-        rule: match (f.rule_id, f.status, f.trigger.as_deref()) {
-            (Some(r), Some(s), None | Some("status")) => {
-                format!("rule {r} ({s}){}", if f.mirror_ended { " ended" } else { "" })
+        rule: match f.rule_id {
+            Some(r) => {
+                let on = super::trigger_text(f.trigger.as_deref(), f.status.unwrap_or(0), None);
+                format!("rule {r} ({on}){}", if f.mirror_ended { " ended" } else { "" })
             }
-            (Some(r), _, Some(kind)) => {
-                format!("rule {r} ({kind}){}", if f.mirror_ended { " ended" } else { "" })
-            }
-            _ => "-".into(),
+            None => "-".into(),
         },
         copied: f.mirrored_packets,
         bps,
@@ -202,9 +200,10 @@ pub fn draw(f: &mut Frame, v: &View) {
             })
             .collect();
         let widths = [
-            Constraint::Percentage(28),
-            Constraint::Percentage(36),
-            Constraint::Length(18),
+            Constraint::Percentage(26),
+            Constraint::Percentage(32),
+            // `rule 12 (grpc 4 DEADLINE_EXCEEDED)` whole.
+            Constraint::Length(34),
             Constraint::Length(8),
             Constraint::Length(10),
             Constraint::Length(9),
@@ -293,5 +292,36 @@ mod tests {
         {
             assert!(text.contains(want), "{want} not shown");
         }
+    }
+
+    #[test]
+    fn flows_name_their_trigger() {
+        let flow = |trigger: Option<&str>, status| {
+            let f = serde_json::json!({
+                "lo": "198.18.1.2:50051", "hi": "198.18.2.2:40000", "forward": {"packets": 1, "bytes": 10},
+                "reverse": {"packets": 1, "bytes": 10}, "rule_id": 4, "status": status, "trigger": trigger,
+                "mirrored_packets": 2, "mirror_ended": false, "idle_ms": 0
+            });
+            row(&serde_json::from_value(f).unwrap(), 0.0).rule
+        };
+        assert_eq!(flow(None, 500), "rule 4 (500)");
+        assert_eq!(flow(Some("status"), 503), "rule 4 (503)");
+        assert_eq!(flow(Some("grpc-status"), 13), "rule 4 (grpc 13 INTERNAL)");
+        assert_eq!(flow(Some("reset"), 0), "rule 4 (reset)");
+        let v = View {
+            mirrored: vec![FlowRow {
+                pods: "greeter-0/shop".into(),
+                endpoints: "198.18.1.2:50051 <-> 198.18.2.2:40000".into(),
+                rule: flow(Some("grpc-status"), 4),
+                copied: 2,
+                bps: 0.0,
+                bytes: 20,
+            }],
+            ..View::default()
+        };
+        let mut term = Terminal::new(TestBackend::new(160, 30)).unwrap();
+        term.draw(|f| draw(f, &v)).unwrap();
+        let text: String = term.backend().buffer().content().iter().map(|c| c.symbol()).collect();
+        assert!(text.contains("rule 4 (grpc 4 DEADLINE_EXCEEDED)"), "not shown whole: {text}");
     }
 }

@@ -45,6 +45,10 @@ impl Events {
                 kind = %e.kind,
                 by = e.by.map_or("-", |b| b.name()),
                 status = e.status,
+                grpc_status = e.grpc_status_name(),
+                proto = e.proto.map_or("-", |p| p.name()),
+                stream = e.stream,
+                authority = e.authority.as_deref(),
                 server = %ev.server_side.server,
                 client = %ev.client_side.client,
                 method = e.method.as_deref().unwrap_or("-"),
@@ -72,6 +76,12 @@ fn tuple((client, server): (SocketAddr, SocketAddr), proto: u8) -> TupleView {
 /// Milliseconds, rounded to the microsecond.
 fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// Whether a trigger of `kind` ends its request's answer (a status line, gRPC trailers): its
+/// time is the response's.
+fn answered(kind: TriggerKind) -> bool {
+    matches!(kind, TriggerKind::Status | TriggerKind::Grpc)
 }
 
 /// The event as the API shows it (`seq` is set by the log).
@@ -117,10 +127,14 @@ fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &AttachedLinks) -> Ev
         kind: e.kind.name().into(),
         by: e.by.map(|b| b.name().into()),
         status: e.status,
+        status_name: e.grpc_status_name().map(Into::into),
+        proto: e.proto.map(|p| p.name().into()),
+        stream: e.stream,
+        authority: e.authority.clone(),
         method: e.method.clone(),
         target: e.target.clone(),
-        response_ms: if e.kind == TriggerKind::Status { e.request_to_response.map(ms) } else { None },
-        after_request_ms: if e.kind == TriggerKind::Status { None } else { e.request_to_response.map(ms) },
+        response_ms: if answered(e.kind) { e.request_to_response.map(ms) } else { None },
+        after_request_ms: if answered(e.kind) { None } else { e.request_to_response.map(ms) },
         request: e.request.as_ref().and_then(|r| {
             let payload = r.payload()?;
             let headers = r.frame.len() - payload.len();
