@@ -32,14 +32,16 @@ pub use attach::{tcx_supported, AttachMode, AttachTimings, Attachment, MirrorMet
 pub use budget::{Budget, Refused};
 pub use datapath::{Datapath, DatapathOptions};
 pub use error::{Error, Result};
-pub use event::{Side, TriggerEvent};
+pub use event::{HttpProto, Side, TriggerEvent};
 pub use flow::{DirStats, Flow, FlowKey, MirrorMark, NatTuples};
 pub use latency::{HistKind, Histogram};
 /// The ring buffer of trigger events returned by [`Datapath::events`].
 pub use libbpf_rs::RingBuffer as EventRing;
 pub use probes::{NetCpuTime, TraceGroup, Tracing};
 pub use replay::{ReplayHook, ReplayedRequest};
-pub use rule::{Limits, RequestFilter, Rule, RuleError, RuleId, StatusMatch, Trigger, TriggerKind};
+pub use rule::{
+    GrpcCodes, Limits, RequestFilter, Rule, RuleError, RuleId, StatusMatch, Trigger, TriggerKind,
+};
 pub use rule_maps::RuleInfo;
 pub use settings::MirrorDelivery;
 pub use settings::TimingGroup;

@@ -187,6 +187,14 @@ fn filter_value(action: types::rule_action, rule: &Rule) -> types::rule_filter {
 
 /// "status 500", or the name of another kind's pseudo-status.
 fn key_name(status: u16) -> String {
+    use crate::rule::{grpc_status_name, GRPC_STATUS_BASE};
+    if (GRPC_STATUS_BASE..100).contains(&status) {
+        let code = status - GRPC_STATUS_BASE;
+        return format!(
+            "grpc-status {code}{}",
+            grpc_status_name(code).map(|n| format!(" ({n})")).unwrap_or_default()
+        );
+    }
     match crate::rule::TriggerKind::from_raw(u32::from(status)) {
         Some(k) if status < 100 => format!("{k} rule"),
         _ => format!("status {status}"),
