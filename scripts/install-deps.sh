@@ -2,11 +2,12 @@
 # Installs what building, testing, linting and the demo need on Debian/Ubuntu: the BPF toolchain
 # and clang-format, the network tools the tests and benchmarks drive (iproute2, iptables,
 # nftables, conntrack, tcpdump, tshark, tmux, curl, nginx, python3, iperf3, wrk, sockperf;
-# Python's Prometheus parser and the reference Community ID hashing), the Go toolchain and
-# Node.js for the accuracy test's server stacks (when no go/node is found already), podman, runc
-# and debootstrap for the image, kubernetes-validate for the manifests, containerd, the CNI
-# plugins and crictl (built from its Go module) for the real node's tests, and Rust. Idempotent:
-# only what is missing is installed. Run as root.
+# nghttp2's clients, grpcio and h2 for the HTTP/2 test; Python's Prometheus parser and the
+# reference Community ID hashing), the Go toolchain and Node.js with npm for the accuracy and
+# HTTP/2 tests' server stacks (when no go/node/npm is found already), podman, runc and
+# debootstrap for the image, kubernetes-validate for the manifests, containerd, the CNI plugins
+# and crictl (built from its Go module) for the real node's tests, and Rust. Idempotent: only
+# what is missing is installed. Run as root.
 set -euo pipefail
 
 PACKAGES=(
@@ -18,6 +19,7 @@ PACKAGES=(
     tcpdump tshark                                                 # captures on the mirror
     tmux                                                           # mirrorctl top's test (a terminal)
     curl nginx-light python3 iperf3 wrk sockperf                   # servers, clients, load
+    nghttp2-client python3-grpcio python3-h2                       # HTTP/2 and gRPC test: nghttp, h2load; grpcio; an h2c server
     python3-pip python3-prometheus-client                          # checks: Community IDs, /metrics parsed
     procps psmisc util-linux coreutils git                         # sysctl, taskset, nsenter, timeout
     kmod                                                           # modprobe br_netfilter, where it is a module
@@ -28,8 +30,11 @@ PACKAGES=(
 
 # The accuracy test builds a Go net/http server and runs a Node http one (it fails without them
 # when CI=true). A go or node already installed another way (/usr/local/go, nodesource) is kept.
+# The HTTP/2 test builds grpc-go (a Go module, from the Go module proxy) and installs
+# @grpc/grpc-js with npm (from the npm registry), each once into its cache (/var/cache/mirror-e2e).
 command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || PACKAGES+=(golang-go)
 command -v node >/dev/null 2>&1 || PACKAGES+=(nodejs)
+command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -303,10 +303,11 @@ pub fn response(buf: &[u8], method: Option<&str>, eof: bool) -> Parsed<Response>
 /// One direction of a connection: its bytes in stream order, each with the packet (index in
 /// the trace) that first carried it.
 #[derive(Debug, Default)]
-struct Stream {
+pub struct Stream {
     /// Sequence number of the next byte expected, once known.
     next_seq: Option<u32>,
-    data: Vec<u8>,
+    /// The bytes, in stream order.
+    pub data: Vec<u8>,
     /// (stream offset, packet index) of each run of bytes, in stream order.
     owners: Vec<(usize, usize)>,
     /// Segments that came before the bytes preceding them, by stream offset.
@@ -368,12 +369,17 @@ impl Stream {
     }
 
     /// Whether byte `offset` is the first one its packet brought.
-    fn starts_run(&self, offset: usize) -> bool {
+    pub fn starts_run(&self, offset: usize) -> bool {
         self.owners.binary_search_by_key(&offset, |(start, _)| *start).is_ok()
     }
 
+    /// Where the first byte that packet `index` brought is, if it brought any.
+    pub fn offset_of(&self, index: usize) -> Option<usize> {
+        self.owners.iter().find(|(_, i)| *i == index).map(|(start, _)| *start)
+    }
+
     /// The packet that carried byte `offset`.
-    fn packet_at(&self, offset: usize) -> usize {
+    pub fn packet_at(&self, offset: usize) -> usize {
         let i = self.owners.partition_point(|(start, _)| *start <= offset);
         self.owners[i - 1].1
     }
@@ -435,17 +441,28 @@ impl Conversation {
     }
 }
 
-/// A connection being collected: the two streams, keyed by sender.
-struct Connection {
-    flow: FlowKey,
-    opener: Option<SocketAddr>,
-    streams: HashMap<SocketAddr, Stream>,
-    first: usize,
+/// One TCP connection of a trace: its two byte streams, keyed by sender.
+#[derive(Debug)]
+pub struct Connection {
+    /// The connection.
+    pub flow: FlowKey,
+    /// The side that sent the SYN, when it was seen.
+    pub opener: Option<SocketAddr>,
+    /// Each side's stream (a side that sent nothing has none).
+    pub streams: HashMap<SocketAddr, Stream>,
+    /// Index in the trace of its first packet.
+    pub first: usize,
 }
 
-/// Every TCP connection of `trace`, in the order of their first packet. A SYN from the same
-/// endpoints after the connection carried data starts a new one (a reused port).
+/// Every TCP connection of `trace`, in the order of their first packet, read as HTTP/1.x.
 pub fn conversations(trace: &Trace) -> Vec<Conversation> {
+    connections(trace).into_iter().map(read).collect()
+}
+
+/// Every TCP connection of `trace`, in the order of their first packet, its streams put
+/// back together. A SYN from the same endpoints after the connection carried data starts a new
+/// one (a reused port).
+pub fn connections(trace: &Trace) -> Vec<Connection> {
     let mut open: HashMap<FlowKey, Connection> = HashMap::new();
     let mut finished: Vec<Connection> = Vec::new();
     for (i, p) in trace.packets.iter().enumerate() {
@@ -473,7 +490,7 @@ pub fn conversations(trace: &Trace) -> Vec<Conversation> {
     }
     finished.extend(open.into_values());
     finished.sort_by_key(|c| c.first);
-    finished.into_iter().map(read).collect()
+    finished
 }
 
 /// Reads a collected connection's streams as requests and responses.

@@ -171,6 +171,27 @@ impl NatExpected {
     /// Computes it; `trigger(status, server_port)` says whether a response triggers.
     #[track_caller]
     pub fn from_recording(rec: &NatRecording, trigger: impl Fn(u16, u16) -> bool) -> NatExpected {
+        // The packets that complete a triggering status code, read as HTTP streams (the same
+        // reading as the pod-to-pod oracle's).
+        NatExpected::from_triggers(rec, |trace| {
+            http_stream::conversations(trace)
+                .iter()
+                .flat_map(|c| {
+                    c.responses
+                        .iter()
+                        .filter(|r| trigger(r.status, c.server.port()))
+                        .map(|r| (r.packet, r.status))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        })
+    }
+
+    /// Computes it when the caller reads the captures: `triggers(trace)` gives, in a capture at
+    /// a copy point, the packets that trigger (index in the trace) and the status each
+    /// reports; a connection is mirrored from the first of its server-to-client packets there.
+    #[track_caller]
+    pub fn from_triggers(rec: &NatRecording, triggers: impl Fn(&Trace) -> Vec<(usize, u16)>) -> NatExpected {
         let same_point = rec.points.to_server == rec.points.to_client;
         let traces: Vec<(&Trace, &[Way])> = if same_point {
             vec![(&rec.to_server, &[Way::ToServer, Way::ToClient])]
@@ -245,14 +266,11 @@ impl NatExpected {
             });
         }
         let packet = |t: usize, i: usize| -> &Packet { &traces[t].0.packets[i] };
-        // The packets that complete a triggering status code, read as HTTP streams (the same
-        // reading as the pod-to-pod oracle's): (trace, packet) -> status.
+        // The packets that trigger: (trace, packet) -> status.
         let mut completes: BTreeMap<(usize, usize), u16> = BTreeMap::new();
         for (t, (trace, _)) in traces.iter().enumerate() {
-            for c in http_stream::conversations(trace) {
-                for r in c.responses.iter().filter(|r| trigger(r.status, c.server.port())) {
-                    completes.entry((t, r.packet)).or_insert(r.status);
-                }
+            for (packet, status) in triggers(trace) {
+                completes.entry((t, packet)).or_insert(status);
             }
         }
         let mut mirrored: BTreeMap<usize, (usize, u64)> = BTreeMap::new();

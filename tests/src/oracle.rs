@@ -106,8 +106,9 @@ impl Expected {
         Expected::from_first(reference, at)
     }
 
-    /// The expected mirror given, per triggered flow, the index of its first packet to mirror.
-    fn from_first(reference: &Trace, first: BTreeMap<FlowKey, (usize, TriggeredFlow)>) -> Expected {
+    /// The expected mirror given, per triggered flow, the index of its first packet to mirror
+    /// (what the flow's trigger says in `packets`, which this counts).
+    pub fn from_first(reference: &Trace, first: BTreeMap<FlowKey, (usize, TriggeredFlow)>) -> Expected {
         let mut e = Expected::default();
         let mut order: Vec<(usize, TriggeredFlow)> = first.into_values().collect();
         order.sort_by_key(|(at, _)| *at);

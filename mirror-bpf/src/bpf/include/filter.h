@@ -22,13 +22,13 @@
 
 /*
  * filter_host_copy - the host name at @v of the request kept in @r into @out: lower case, up to
- * a port, a blank or the line's end. A global function: verified once, whatever @v is.
+ * a port, a blank or the line's end (an IPv6 literal with its brackets). A global function: verified once, whatever @v is.
  */
 __noinline int filter_host_copy(const struct replay_slot *r, __u32 v, struct host_text *out)
 {
     if (!r || !out)
         return 0;
-    __u32 len = r->len, n = 0;
+    __u32 len = r->len, n = 0, v6 = 0;
 
     for (__u32 i = 0; i < H2_TEXT; i++) {
         __u32 at = v + i;
@@ -36,12 +36,16 @@ __noinline int filter_host_copy(const struct replay_slot *r, __u32 v, struct hos
         if (at >= len || at >= REPLAY_FRAME_MAX)
             break;
         __u8 c = r->frame[at];
-        if (c == '\r' || c == '\n' || c == ':' || c == ' ' || c == '\t')
+        if (c == '\r' || c == '\n' || c == ' ' || c == '\t' || (c == ':' && !v6))
             break;
         if (c >= 'A' && c <= 'Z')
             c |= 0x20;
         out->text[i] = c;
         n = i + 1;
+        if (!i && c == '[')
+            v6 = 1;
+        if (c == ']')
+            break;
     }
     out->len = n;
     return 0;

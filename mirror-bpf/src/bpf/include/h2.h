@@ -345,7 +345,8 @@ static __always_inline int h2_header_frame(struct __sk_buff *skb, struct http_sc
     d->block_len = k;
     d->block_total = flen;
     d->block_stream = stream;
-    d->block_flags = (type << 4 | (flags & 0xf)) & 0xff;
+    /* PRIORITY (0x20) kept as 0x2, a flag HEADERS and PUSH_PROMISE do not define. */
+    d->block_flags = (type << 4 | (flags & 0xd) | (flags & H2_PRIORITY_FLAG ? 0x2 : 0)) & 0xff;
     s->pos.state = HTTP2_BLOCK;
     s->pos.off = len;
     return 0;
@@ -413,7 +414,8 @@ static __always_inline int h2_block_rest(struct __sk_buff *skb, struct http_scra
         pos->stop = 1;
         return 0;
     }
-    __u32 flags = d->block_flags & 0xf, type = d->block_flags >> 4;
+    __u32 flags = (d->block_flags & 0xd) | (d->block_flags & 0x2 ? H2_PRIORITY_FLAG : 0);
+    __u32 type = d->block_flags >> 4;
     h2_block_of(&s->h2, total, total, type, flags, d->block_stream);
     pos->off = off + rest;
     pos->state = HTTP2_FRAME;
@@ -452,7 +454,7 @@ __noinline int h2_frame(struct __sk_buff *skb, struct http_scratch *s, struct fl
     if (avail < need) {
         /* The header ends in a later segment: keep its first bytes. */
         __u64 k = avail;
-        asm volatile("%0 &= 0x7" : "+r"(k));
+        asm volatile("%0 &= 0xf" : "+r"(k)); /* avail < need <= 9: up to 8 bytes */
         if (k && !bpf_skb_load_bytes(skb, m->payload_off + off, &h->hdr[kept], k)) {
             __builtin_memcpy(st->partial, h->hdr, HTTP_PARTIAL_LEN);
             st->partial_len = kept + k;

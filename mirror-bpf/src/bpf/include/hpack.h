@@ -66,6 +66,45 @@ static __always_inline int hpack_int(const __u8 *buf, __u32 *at, __u32 end, __u3
     return 0;
 }
 
+/*
+ * hpack_literal_name - the field of interest the literal name of @len bytes at @p names, raw
+ * or Huffman-coded (@huff); H2_FIELD_NONE for any other. Compared a word at a time: the block's
+ * buffer has slack past its bytes.
+ */
+static __always_inline __u32 hpack_literal_name(const __u8 *p, __u32 len, __u32 huff)
+{
+    __u64 w = *(const __u64 *)p;
+    __u64 w5 = w & 0xffffffffffULL, w7 = w & 0xffffffffffffffULL;
+
+    if (!huff) {
+        if (len == 5 && w5 == HTTP_WORD8(':', 'p', 'a', 't', 'h', 0, 0, 0))
+            return H2_FIELD_PATH;
+        if (len == 7 && w7 == HTTP_WORD8(':', 'm', 'e', 't', 'h', 'o', 'd', 0))
+            return H2_FIELD_METHOD;
+        if (len == 7 && w7 == HTTP_WORD8(':', 's', 't', 'a', 't', 'u', 's', 0))
+            return H2_FIELD_STATUS;
+        if (len == 10 && w == HTTP_WORD8(':', 'a', 'u', 't', 'h', 'o', 'r', 'i') && p[8] == 't' &&
+            p[9] == 'y')
+            return H2_FIELD_AUTHORITY;
+        if (len == 11 && w == HTTP_WORD8('g', 'r', 'p', 'c', '-', 's', 't', 'a') && p[8] == 't' &&
+            p[9] == 'u' && p[10] == 's')
+            return H2_FIELD_GRPC_STATUS;
+        return H2_FIELD_NONE;
+    }
+    /* Their Huffman codes (hpack_huffman.h's code), as little-endian words. */
+    if (len == 4 && (__u32)w == 0x3fd358b9) /* :path */
+        return H2_FIELD_PATH;
+    if (len == 5 && w5 == 0xe4395349b9ULL) /* :method */
+        return H2_FIELD_METHOD;
+    if (len == 5 && w5 == 0xa3368d84b8ULL) /* :status */
+        return H2_FIELD_STATUS;
+    if (len == 8 && w == 0x7f7d32ec39533bb8ULL) /* :authority */
+        return H2_FIELD_AUTHORITY;
+    if (len == 8 && w == 0x8fda3412b2c8ca9aULL) /* grpc-status */
+        return H2_FIELD_GRPC_STATUS;
+    return H2_FIELD_NONE;
+}
+
 /* hpack_static_name - the field of interest a static table index names (H2_FIELD_NONE: other). */
 static __always_inline __u32 hpack_static_name(__u32 idx)
 {
@@ -215,19 +254,21 @@ static __always_inline void hpack_apply(struct h2_scratch *h, __u32 field, __u32
         h->path_len = len;
         break;
     case H2_FIELD_AUTHORITY: {
-        /* Lower case, without the port. */
+        /* Lower case, without the port (an IPv6 literal keeps its brackets). */
         struct host_text *a = &h->stream.authority;
-        __u32 n = 0;
+        __u32 n = 0, v6 = text[0] == '[';
         for (__u32 i = 0; i < H2_TEXT; i++) {
             if (i >= len)
                 break;
             __u8 c = text[i];
-            if (c == ':')
+            if (c == ':' && !v6)
                 break;
             if (c >= 'A' && c <= 'Z')
                 c |= 0x20;
             a->text[i] = c;
             n = i + 1;
+            if (c == ']')
+                break;
         }
         a->len = n;
         break;
@@ -407,20 +448,13 @@ __noinline int hpack_field(struct http_scratch *s, struct h2_dir *d)
                 field = d->kinds[n & (H2_TABLE_RING - 1)];
         }
     } else {
-        /* A literal name: of ours, only grpc-status is not in the static table. */
+        /* A literal name (some encoders name even the pseudo-headers so). */
         if (at >= end)
             return -1;
         __u32 huff = buf[HPACK_AT(at)] & 0x80;
         if (hpack_int(buf, &at, end, 7, &len) || len > end - at)
             return -1;
-        /* "grpc-status", raw (11 bytes) or Huffman-coded (8 bytes: 9a ca c8 b2 12 34 da 8f). */
-        const __u8 *p = &buf[HPACK_AT(at)];
-        if ((!huff && len == 11 &&
-             *(const __u64 *)p == HTTP_WORD8('g', 'r', 'p', 'c', '-', 's', 't', 'a') &&
-             p[8] == 't' && p[9] == 'u' && p[10] == 's') ||
-            (huff && len == 8 && *(const __u32 *)p == 0xb2c8ca9a &&
-             *(const __u32 *)(p + 4) == 0x8fda3412))
-            field = H2_FIELD_GRPC_STATUS;
+        field = hpack_literal_name(&buf[HPACK_AT(at)], len, huff);
         at += len;
     }
     /* The value. */
