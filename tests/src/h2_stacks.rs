@@ -339,8 +339,8 @@ impl GrpcCall {
 }
 
 /// nginx serving h2c with prior knowledge on `ports` of `pod` (its two addresses): `/ok` 200,
-/// `/fail` 500, anything else 404, each with the client's port in `x-peer-port`. Config, pid,
-/// logs under `dir`.
+/// `/fail` 500, `/big` 200 with a 256 KiB body (DATA frames across many segments), anything
+/// else 404, each with the client's port in `x-peer-port`. Config, pid, logs under `dir`.
 pub fn nginx_h2c(pod: &Pod, ports: &[u16], dir: &Path) -> Daemon {
     let dir = dir.join(format!("nginx-h2c-{}", pod.ns.name()));
     std::fs::create_dir_all(&dir).expect("creating the nginx dir");
@@ -349,6 +349,7 @@ pub fn nginx_h2c(pod: &Pod, ports: &[u16], dir: &Path) -> Daemon {
         .iter()
         .map(|p| format!("        listen {}:{p} http2;\n        listen [{}]:{p} http2;\n", pod.v4, pod.v6))
         .collect();
+    std::fs::write(dir.join("big"), vec![b'x'; 256 << 10]).expect("writing the large body");
     let conf = format!(
         r#"daemon off;
 master_process off;
@@ -359,6 +360,7 @@ events {{ worker_connections 256; }}
 http {{
     access_log off;
     keepalive_timeout 600s;
+    keepalive_requests 1000000;
     client_body_temp_path {d}/body;
     proxy_temp_path {d}/proxy;
     fastcgi_temp_path {d}/fastcgi;
@@ -368,6 +370,7 @@ http {{
 {listen}        add_header x-peer-port $remote_port always;
         location = /ok {{ return 200 "ok\n"; }}
         location = /fail {{ return 500 "fail\n"; }}
+        location = /big {{ alias {d}/big; }}
         location / {{ return 404 "none\n"; }}
     }}
 }}

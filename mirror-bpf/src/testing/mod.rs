@@ -5,6 +5,7 @@
 pub mod consts;
 pub mod fixtures;
 pub mod fuzz;
+pub mod h2;
 pub mod packet;
 pub mod reference;
 pub mod rig;

@@ -245,7 +245,7 @@ __noinline int h2_block(struct http_scratch *s)
     struct h2_dir *d = &c->dir[s->meta.dir & 1];
     struct h2_scratch *h = &s->h2;
     __u32 n = h->block_n, flen = h->frame_len, type = h->frame_type, flags = h->frame_flags;
-    __u32 start = 0, end = n;
+    __u32 start = 0, end = n, block_end = flen;
     /* The block is what the padding and the priority or promised stream leave. */
     if (flags & H2_PADDED) {
         __u32 pad = s->buf[0];
@@ -255,8 +255,9 @@ __noinline int h2_block(struct http_scratch *s)
             cnt->v[STAT_H2_LOST]++;
             return 0;
         }
-        if (flen - pad < end)
-            end = flen - pad;
+        block_end = flen - pad;
+        if (block_end < end)
+            end = block_end;
     }
     if (type == H2_HEADERS && flags & H2_PRIORITY_FLAG)
         start += 5;
@@ -275,7 +276,7 @@ __noinline int h2_block(struct http_scratch *s)
     int r = h->field_result;
     /* Not read whole (cut, malformed, too many fields, or continued in CONTINUATION frames):
      * the insertions it made are not all known. */
-    int whole = r == 1 && n == flen;
+    int whole = r == 1 && block_end <= n;
     if (!(flags & H2_END_HEADERS)) {
         cnt->v[STAT_H2_CONTINUATION]++;
         whole = 0;
@@ -306,8 +307,7 @@ static __always_inline int h2_header_frame(struct __sk_buff *skb, struct http_sc
     struct pkt_meta *m = &s->meta;
     __u32 dir = m->dir & 1, len = m->payload_len;
     if (type == H2_CONTINUATION) {
-        /* Its block began in a HEADERS frame without END_HEADERS: lost there already. */
-        cnt->v[STAT_H2_CONTINUATION]++;
+        /* Its block began in a HEADERS frame without END_HEADERS: lost and counted there. */
         return 0;
     }
     struct h2_conn *c = h2_conn_get(&m->key, 1);

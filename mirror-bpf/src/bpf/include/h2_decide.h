@@ -58,8 +58,11 @@ __noinline int h2_rule(struct __sk_buff *skb, struct http_scratch *s, struct flo
     struct h2_stream *st = &h->stream;
     int found = st->req.head_len != 0;
     struct trigger_info *ti = &s->trigger;
-    struct rule_action *ra = rule_lookup(s->meta.src_port, status, ti->took,
-                                         found ? &st->req : NULL, &h->key.key, &st->authority);
+    /* No :authority (the HTTP/1.1 request of an h2c upgrade): its Host header, from its kept
+     * segment (filter.h). */
+    struct rule_action *ra =
+        rule_lookup(s->meta.src_port, status, ti->took, found ? &st->req : NULL, &h->key.key,
+                    st->authority.len ? &st->authority : NULL);
 
     if (!ra)
         return 0;
