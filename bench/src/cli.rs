@@ -5,7 +5,7 @@ use std::path::PathBuf;
 pub const USAGE: &str = "\
 usage: mirror-bench datapath [--quick] [--out FILE]
        mirror-bench traffic [--quick] [--out FILE] [--cpus CLIENT,SERVER] [--no-wait]
-                            [--only STAGE,...]
+                            [--only STAGE,...] [--ladder http|h2|h2-data]
        mirror-bench mirror-path [--quick] [--out FILE] [--only test-run|traffic] [--rounds N]
        mirror-bench churn [--quick] [--out FILE] [--veths N] [--rounds N]
 
@@ -29,6 +29,8 @@ usage: mirror-bench datapath [--quick] [--out FILE]
   --only S,..  traffic: run only these stages: loads (the alternating runs), bars (only the
                loads behind the bars, 9 rounds), attach, profile;
                mirror-path: test-run or traffic
+  --ladder L   traffic: the load of the cost ladder (profile stage): http (wrk, the default),
+               h2 (h2load, small answers) or h2-data (h2load, 256 KiB answers)
   --rounds N   mirror-path: rounds of traffic runs (default 7); churn: bursts per way of
                attaching (default 3, quick 1)
   --veths N    churn: veths per burst (default 50)";
@@ -53,6 +55,19 @@ pub struct TrafficArgs {
     pub no_wait: bool,
     /// Stages to run (all when empty).
     pub only: Vec<Stage>,
+    /// The load of the cost ladder (the default: HTTP/1.1 with wrk).
+    pub ladder: Option<LadderLoad>,
+}
+
+/// What the cost ladder runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LadderLoad {
+    /// wrk, HTTP/1.1, nothing triggered.
+    Http,
+    /// h2load, HTTP/2, small answers, nothing triggered.
+    H2,
+    /// h2load, HTTP/2, 256 KiB answers: mostly DATA.
+    H2Data,
 }
 
 /// A stage of the traffic benchmark.
@@ -98,6 +113,14 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
             "--cpus" if traffic => t.cpus = Some(parse_cpus(&args.next().ok_or("--cpus needs C,S")?)?),
             "--no-wait" if traffic => t.no_wait = true,
             "--only" if traffic => t.only = parse_stages(&args.next().ok_or("--only needs stages")?)?,
+            "--ladder" if traffic => {
+                t.ladder = Some(match args.next().as_deref() {
+                    Some("http") => LadderLoad::Http,
+                    Some("h2") => LadderLoad::H2,
+                    Some("h2-data") => LadderLoad::H2Data,
+                    other => return Err(format!("--ladder takes http, h2 or h2-data, not {other:?}")),
+                })
+            }
             "-h" | "--help" => return Ok(Command::Help),
             _ => return Err(format!("unknown argument '{arg}'")),
         }
@@ -183,7 +206,9 @@ mod tests {
                 "--out",
                 "bench/RESULTS.md",
                 "--only",
-                "loads,profile"
+                "loads,profile",
+                "--ladder",
+                "h2-data"
             ]),
             Ok(Command::Traffic(TrafficArgs {
                 quick: true,
@@ -191,8 +216,10 @@ mod tests {
                 cpus: Some((0, 1)),
                 no_wait: true,
                 only: vec![Stage::Loads, Stage::Profile],
+                ladder: Some(LadderLoad::H2Data),
             }))
         );
+        assert!(p(&["traffic", "--ladder", "h3"]).is_err());
     }
 
     #[test]

@@ -172,6 +172,13 @@ fn run_traffic(args: &cli::TrafficArgs) -> Result<()> {
     }
     let mut plan = if args.quick { traffic::Plan::quick() } else { traffic::Plan::full() };
     plan.keep_stages(&args.only);
+    if let (Some(ladder), Some((load, _, _))) = (args.ladder, plan.ratio.as_mut()) {
+        *load = match ladder {
+            cli::LadderLoad::Http => traffic::Load::Http { errors_pct: 0 },
+            cli::LadderLoad::H2 => traffic::Load::H2 { errors_pct: 0 },
+            cli::LadderLoad::H2Data => traffic::Load::H2Data,
+        };
+    }
     let cores = Host::probe().cores.max(1);
     // On this kind of VM a wakeup across CPUs costs tens of µs and iperf3 retransmits across
     // them, so by default client and server share the last CPU (the first takes most

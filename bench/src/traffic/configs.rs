@@ -182,7 +182,8 @@ pub fn run(cfg: &Config, ctx: &Ctx<'_>, load: Load, secs: u32) -> Result<(Sample
                 Rules::Pass(_) | Rules::Triggers => {
                     ensure!(get("triggers") == 0, "a rule that matches nothing triggered: {c:?}")
                 }
-                Rules::Mirror if matches!(load, Load::Http { errors_pct } if errors_pct > 0) => {
+                Rules::Mirror if matches!(load, Load::Http { errors_pct } | Load::H2 { errors_pct } if errors_pct > 0) =>
+                {
                     ensure!(get("mirrored_packets") > 0, "nothing was mirrored: {c:?}")
                 }
                 Rules::Mirror => {}

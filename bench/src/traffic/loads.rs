@@ -8,7 +8,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 
 use super::cmd::run;
-use super::topology::{Bed, HTTP_PORT, IPERF_PORT, SOCKPERF_PORT};
+use super::topology::{Bed, H2_PORT, HTTP_PORT, IPERF_PORT, SOCKPERF_PORT};
 
 /// What traffic a run sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +21,13 @@ pub enum Load {
     Sockperf,
     /// wrk against nginx, this percentage of the connections asking for the 500 page.
     Http { errors_pct: u8 },
+    /// h2load against nginx over HTTP/2 cleartext (prior knowledge), H2_CONNECTIONS
+    /// connections of H2_STREAMS streams at once, this percentage of the requests asking for the
+    /// 500 page.
+    H2 { errors_pct: u8 },
+    /// h2load fetching nginx's 256 KiB page over HTTP/2: DATA frames across many segments,
+    /// few of which begin a frame.
+    H2Data,
 }
 
 /// Percentiles of a latency distribution, µs.
@@ -75,6 +82,8 @@ impl Load {
             Load::IperfNodeToPod => "iperf3 node→pod".into(),
             Load::Sockperf => "sockperf ping-pong".into(),
             Load::Http { errors_pct } => format!("HTTP {errors_pct}% errors"),
+            Load::H2 { errors_pct } => format!("HTTP/2 {errors_pct}% errors"),
+            Load::H2Data => "HTTP/2 256 KiB answers".into(),
         }
     }
 
@@ -84,6 +93,7 @@ impl Load {
             Load::IperfPodToPod | Load::IperfNodeToPod => IPERF_PORT,
             Load::Sockperf => SOCKPERF_PORT,
             Load::Http { .. } => HTTP_PORT,
+            Load::H2 { .. } | Load::H2Data => H2_PORT,
         }
     }
 
@@ -143,8 +153,98 @@ impl Load {
                 );
                 Ok(Sample { throughput: Some(w.requests_per_s()), latency: Some(w.latency) })
             }
+            Load::H2 { .. } | Load::H2Data => {
+                let paths = match self {
+                    Load::H2 { errors_pct } => h2_paths(errors_pct)?,
+                    _ => vec!["/big"],
+                };
+                let urls: Vec<String> =
+                    paths.iter().map(|p| format!("http://{server}:{H2_PORT}{p}")).collect();
+                let (conns, streams) = (H2_CONNECTIONS.to_string(), H2_STREAMS.to_string());
+                let mut argv = vec!["h2load", "-D", &t, "-c", &conns, "-m", &streams];
+                argv.extend(urls.iter().map(String::as_str));
+                let out = run(bed.pinned_for(client, cpu, timeout, &argv), "h2load")?;
+                let h = parse_h2load(&String::from_utf8_lossy(&out.stdout))?;
+                // h2load counts a 5xx as failed; errored are the requests whose stream or
+                // connection broke.
+                ensure!(
+                    h.errored * 100 <= h.done.max(1),
+                    "h2load: {} of {} requests errored",
+                    h.errored,
+                    h.done
+                );
+                let expected = match self {
+                    Load::H2 { errors_pct } => f64::from(errors_pct) / 100.0,
+                    _ => 0.0,
+                };
+                ensure!(
+                    (h.share_5xx() - expected).abs() < 0.15,
+                    "h2load saw {:.0}% 5xx, not about {expected:.0}%",
+                    h.share_5xx() * 100.0
+                );
+                Ok(Sample { throughput: Some(h.requests_per_s), latency: None })
+            }
         }
     }
+}
+
+/// h2load's connections and streams at once on each.
+const H2_CONNECTIONS: u32 = 4;
+const H2_STREAMS: u32 = 10;
+
+/// The paths h2load asks (in turn) for a share of errors.
+fn h2_paths(errors_pct: u8) -> Result<Vec<&'static str>> {
+    Ok(match errors_pct {
+        0 => vec!["/ok"],
+        50 => vec!["/ok", "/fail"],
+        100 => vec!["/fail"],
+        _ => bail!("{errors_pct}% errors: h2load asks /ok and /fail in turn, so 0, 50 or 100"),
+    })
+}
+
+/// What h2load reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct H2load {
+    pub done: u64,
+    pub errored: u64,
+    pub status_5xx: u64,
+    pub requests_per_s: f64,
+}
+
+impl H2load {
+    /// Share of the requests done that got a 5xx.
+    pub fn share_5xx(&self) -> f64 {
+        self.status_5xx as f64 / self.done.max(1) as f64
+    }
+}
+
+/// h2load's summary: "finished in 5.00s, 8123.40 req/s, ...", "requests: 40617 total, ...
+/// 40617 done, 40617 succeeded, 0 failed, ...", "status codes: 40617 2xx, 0 3xx, 0 4xx, 0 5xx".
+pub fn parse_h2load(text: &str) -> Result<H2load> {
+    let line = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .with_context(|| format!("h2load printed no {prefix:?} line: {text}"))
+    };
+    // The number before `word` in a comma-separated line.
+    let count = |l: &str, word: &str| -> Result<u64> {
+        l.split(',')
+            .find_map(|part| part.trim().strip_suffix(word)?.trim().parse().ok())
+            .with_context(|| format!("h2load: no {word:?} in {l:?}"))
+    };
+    let finished = line("finished in ")?;
+    let requests_per_s = finished
+        .split(',')
+        .find_map(|part| part.trim().strip_suffix(" req/s")?.parse().ok())
+        .with_context(|| format!("h2load: no req/s in {finished:?}"))?;
+    let requests = line("requests: ")?;
+    let codes = line("status codes: ")?;
+    Ok(H2load {
+        done: count(requests, " done")?,
+        errored: count(requests, " errored")?,
+        status_5xx: count(codes, " 5xx")?,
+        requests_per_s,
+    })
 }
 
 /// The paths given to the wrk threads for a share of errors.
@@ -253,6 +353,18 @@ pub fn parse_wrk(text: &str) -> Result<Wrk> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn h2load_summary_is_read() {
+        let text = "finished in 5.00s, 8123.40 req/s, 1.21MB/s\n\
+                    requests: 40617 total, 40657 started, 40617 done, 40600 succeeded, 17 failed, 17 errored, 0 timeout\n\
+                    status codes: 20300 2xx, 0 3xx, 0 4xx, 20300 5xx\n";
+        let h = parse_h2load(text).unwrap();
+        assert_eq!((h.done, h.errored, h.status_5xx), (40617, 17, 20300));
+        assert!((h.requests_per_s - 8123.4).abs() < 1e-9);
+        assert!((h.share_5xx() - 0.4998).abs() < 0.001);
+        assert!(parse_h2load("finished in 5.00s, 1 req/s\n").is_err());
+    }
 
     #[test]
     fn iperf3_received_throughput() {

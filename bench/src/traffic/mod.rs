@@ -35,7 +35,7 @@ use configs::{
     Ctx, StaticFilter, CLONE_TC, CPU, MIRRED, MIRROR, NO_AGENT, PASS, PASS_100, PASS_10K, QDISCS, STACK,
     STATIC, TCPDUMP, TIMING_OFF,
 };
-use loads::Load::{Http, IperfNodeToPod, IperfPodToPod, Sockperf};
+use loads::Load::{H2Data, Http, IperfNodeToPod, IperfPodToPod, Sockperf, H2};
 
 /// What to measure and for how long.
 #[derive(Debug, Clone)]
@@ -74,6 +74,9 @@ impl Plan {
                 ),
                 (Http { errors_pct: 50 }, vec![NO_AGENT, MIRROR]),
                 (Http { errors_pct: 100 }, vec![NO_AGENT, MIRROR, MIRRED, CLONE_TC]),
+                (H2 { errors_pct: 0 }, vec![NO_AGENT, PASS]),
+                (H2 { errors_pct: 100 }, vec![NO_AGENT, MIRROR]),
+                (H2Data, vec![NO_AGENT, PASS]),
             ],
             veth_counts: vec![1, 100, 1000],
             attach_reps: 2,
@@ -95,6 +98,8 @@ impl Plan {
                 (Http { errors_pct: 0 }, vec![NO_AGENT, PASS, PASS_100, STACK]),
                 (Http { errors_pct: 50 }, vec![NO_AGENT, MIRROR]),
                 (Http { errors_pct: 100 }, vec![NO_AGENT, MIRROR, MIRRED]),
+                (H2 { errors_pct: 0 }, vec![NO_AGENT, PASS]),
+                (H2 { errors_pct: 100 }, vec![NO_AGENT, MIRROR]),
             ],
             veth_counts: vec![1, 10],
             attach_reps: 1,
@@ -139,6 +144,9 @@ impl Plan {
             (Http { errors_pct: 0 }, PASS_10K),
             (Http { errors_pct: 100 }, MIRROR),
             (Http { errors_pct: 100 }, MIRRED),
+            (H2 { errors_pct: 0 }, PASS),
+            (H2Data, PASS),
+            (H2 { errors_pct: 100 }, MIRROR),
         ]
     }
 }

@@ -304,7 +304,7 @@ fn method(plan: &Plan) -> Vec<String> {
 
 fn fmt_thr(load: Load, v: f64) -> String {
     match load {
-        Load::Http { .. } => fmt_count(v.round() as u32),
+        Load::Http { .. } | Load::H2 { .. } | Load::H2Data => fmt_count(v.round() as u32),
         _ => format!("{v:.2}"),
     }
 }
@@ -315,7 +315,7 @@ fn fmt_ratio(s: &Option<Summary>) -> String {
 
 fn load_table(s: &mut String, r: &Results, load: Load) {
     let unit = match load {
-        Load::Http { .. } => "requests/s",
+        Load::Http { .. } | Load::H2 { .. } | Load::H2Data => "requests/s",
         Load::Sockperf => "",
         _ => "Gbit/s",
     };

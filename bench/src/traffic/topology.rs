@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use mirror_e2e::h2_stacks::{nginx_h2c, Daemon};
 use mirror_e2e::netns::{Netns, Pod, Topology};
 use mirror_e2e::proc::{wait_until, Proc};
 use mirror_e2e::servers::Server;
@@ -18,6 +19,9 @@ pub const IPERF_PORT: u16 = 5201;
 pub const SOCKPERF_PORT: u16 = 11111;
 /// nginx's port (`/foo` answers 200, `/bar` 500).
 pub const HTTP_PORT: u16 = 80;
+/// nginx's HTTP/2 cleartext port (prior knowledge; `/ok` 200, `/fail` 500, `/big` 256 KiB),
+/// the end-to-end tests' configuration.
+pub const H2_PORT: u16 = 8080;
 
 /// Which CPU clients and servers run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,15 +43,16 @@ pub struct Bed {
     // Stopped in Drop, before the namespaces go.
     servers: Vec<Proc>,
     nginx: Option<Server>,
+    nginx_h2c: Option<Daemon>,
 }
 
 impl Bed {
-    /// Builds the topology and starts iperf3, sockperf and nginx in the server pod, all
-    /// pinned to the server CPU.
+    /// Builds the topology and starts iperf3, sockperf and nginx (HTTP/1.1, and h2c on a port
+    /// of its own) in the server pod, all pinned to the server CPU.
     pub fn new(pins: Pinning) -> Result<Bed> {
         let dir = tempfile::Builder::new().prefix("mirror-bench").tempdir().context("creating a temp dir")?;
         let topo = Topology::new(&["client", "server"]);
-        let mut bed = Bed { topo, pins, dir, servers: Vec::new(), nginx: None };
+        let mut bed = Bed { topo, pins, dir, servers: Vec::new(), nginx: None, nginx_h2c: None };
         let server = bed.server();
         let addr = server.v4.to_string();
         let iperf = ["iperf3", "-s", "-B", &addr, "-p", &IPERF_PORT.to_string()];
@@ -59,6 +64,7 @@ impl Bed {
         }
         bed.servers = started;
         bed.nginx = Some(Server::nginx(bed.server(), HTTP_PORT, bed.dir.path()));
+        bed.nginx_h2c = Some(nginx_h2c(bed.server(), &[H2_PORT], bed.dir.path()));
         // nginx is started by the harness, unpinned: pin whatever runs in the server pod.
         for pid in server_ns_pids(&bed.server().ns)? {
             super::cmd::pin_threads(&pid, bed.pins.server)?;
@@ -127,6 +133,7 @@ impl Drop for Bed {
     fn drop(&mut self) {
         // Servers go before the namespaces they run in.
         self.nginx = None;
+        self.nginx_h2c = None;
         for p in &mut self.servers {
             p.stop(libc::SIGTERM, Duration::from_secs(2));
         }
