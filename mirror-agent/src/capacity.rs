@@ -310,9 +310,9 @@ mod tests {
         assert_eq!(m.replay, 4096 * 696);
         // The other maps: 35,013,728 bytes as the kernel counted them (bpftool's memlock) on 2
         // CPUs when written, before the flow cache (2 CPUs x 4,096 slots x 128 bytes) and the
-        // HTTP/2 maps (h2_conns 8,422,272 and h2_streams 4,981,632, by memlock) joined them; the
+        // HTTP/2 maps (h2_conns 4,211,584 and h2_streams 2,491,264, by memlock) joined them; the
         // per-CPU latency histograms are the largest and grow with CPUs.
-        let kernel = 35_013_728f64 + f64::from(2 * 4096 * 128) + 8_422_272f64 + 4_981_632f64;
+        let kernel = 35_013_728f64 + f64::from(2 * 4096 * 128) + 4_211_584f64 + 2_491_264f64;
         assert!((m.fixed as f64 - kernel).abs() < kernel * 0.05, "{m:?}");
         assert_eq!(m.largest_fixed.0, "latency_hists");
         let big = TableMemory::of(65_536, 16_384, 4096, 64);

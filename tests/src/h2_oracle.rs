@@ -60,27 +60,6 @@ pub mod frame {
     pub const PRIORITY: u8 = 0x20;
 }
 
-/// The gRPC status codes by name, as rules and the spec name them.
-pub const GRPC_CODES: [&str; 17] = [
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-];
-
 /// A decoded header list: (name, value), in order.
 pub type Fields = Vec<(String, String)>;
 
@@ -469,9 +448,12 @@ impl fmt::Display for H2Rule {
 
 /// A gRPC code by number or name.
 pub fn grpc_code(word: &str) -> Option<u32> {
-    word.parse()
-        .ok()
-        .or_else(|| GRPC_CODES.iter().position(|n| n.eq_ignore_ascii_case(word)).map(|c| c as u32))
+    word.parse().ok().or_else(|| {
+        mirror_bpf::rule::GRPC_STATUS_NAMES
+            .iter()
+            .position(|n| n.eq_ignore_ascii_case(word))
+            .map(|c| c as u32)
+    })
 }
 
 impl H2Rule {

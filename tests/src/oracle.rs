@@ -17,6 +17,26 @@ use mirror_bpf::FlowKey;
 use crate::http_stream::{self, Conversation, ResponseSeen};
 use crate::pcap::{Packet, PacketId, Replayed, Trace};
 
+/// Precision: of the `triggered` flows, the share that were right (`correct`); 1 when none
+/// triggered.
+pub fn precision(correct: usize, triggered: usize) -> f64 {
+    if triggered == 0 {
+        1.0
+    } else {
+        correct as f64 / triggered as f64
+    }
+}
+
+/// Recall: of the `relevant` flows (those the clients saw fail), the share that triggered
+/// (`correct`); 1 when none failed.
+pub fn recall(correct: usize, relevant: usize) -> f64 {
+    if relevant == 0 {
+        1.0
+    } else {
+        correct as f64 / relevant as f64
+    }
+}
+
 /// A connection that must be mirrored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TriggeredFlow {

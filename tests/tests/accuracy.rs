@@ -15,7 +15,7 @@ use mirror_bpf::testing::{in_ci, require_root};
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{AttachMode, FlowKey, MirrorMethod};
 use mirror_e2e::http_stream::{self, ResponseSeen};
-use mirror_e2e::oracle::Expected;
+use mirror_e2e::oracle::{self, Expected};
 use mirror_e2e::raw::{self, get};
 use mirror_e2e::servers::{self, Server};
 use mirror_e2e::testbed::Testbed;
@@ -93,19 +93,11 @@ struct Row {
 
 impl Row {
     fn precision(&self) -> f64 {
-        if self.triggered == 0 {
-            1.0
-        } else {
-            self.correct as f64 / self.triggered as f64
-        }
+        oracle::precision(self.correct, self.triggered)
     }
 
     fn recall(&self) -> f64 {
-        if self.with_500 == 0 {
-            1.0
-        } else {
-            self.correct as f64 / self.with_500 as f64
-        }
+        oracle::recall(self.correct, self.with_500)
     }
 
     fn add(&mut self, o: &Row) {

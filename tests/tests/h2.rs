@@ -41,6 +41,7 @@ use mirror_e2e::h2_stacks::{self, Grpc, GrpcPlan};
 use mirror_e2e::kubeproxy::{Flavour, KubeProxy, SERVICE_PORT};
 use mirror_e2e::nat_oracle::{self, CopyPoints, NatExpected, Point};
 use mirror_e2e::netns::MIRROR_SINK;
+use mirror_e2e::oracle;
 use mirror_e2e::pcap::{Packet, Trace};
 use mirror_e2e::scenario::PODS;
 use mirror_e2e::servers;
@@ -74,19 +75,11 @@ struct Row {
 
 impl Row {
     fn precision(&self) -> f64 {
-        if self.triggered == 0 {
-            1.0
-        } else {
-            self.correct as f64 / self.triggered as f64
-        }
+        oracle::precision(self.correct, self.triggered)
     }
 
     fn recall(&self) -> f64 {
-        if self.failed == 0 {
-            1.0
-        } else {
-            self.correct as f64 / self.failed as f64
-        }
+        oracle::recall(self.correct, self.failed)
     }
 
     fn add(&mut self, o: &Row) {

@@ -87,6 +87,11 @@ impl Load {
         }
     }
 
+    /// Whether its throughput counts requests (HTTP/1.1 or HTTP/2).
+    pub fn is_http(self) -> bool {
+        matches!(self, Load::Http { .. } | Load::H2 { .. } | Load::H2Data)
+    }
+
     /// The server port of its traffic (what a static mirror or tcpdump selects).
     pub fn port(self) -> u16 {
         match self {

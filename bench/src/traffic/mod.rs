@@ -167,6 +167,8 @@ pub struct Profile {
     pub progs: Vec<ProgRun>,
     /// Wall-clock seconds of the load.
     pub secs: f64,
+    /// Requests the load made (HTTP loads: its requests per second times its seconds).
+    pub requests: Option<u64>,
 }
 
 /// A rung of the cost ladder: what runs on the hooks during one part of a ratio round.
@@ -353,9 +355,12 @@ pub fn run(plan: &Plan, bins: &Binaries, pins: Pinning) -> Result<Results> {
     for (load, cfg) in &plan.profiles {
         check_stop()?;
         let what = format!("profile of {} under ({})", load.name(), cfg.key);
-        if let Some((progs, secs)) = stage(&what, &mut failures, || profile(&ctx, *load, cfg, plan.secs)) {
+        if let Some((progs, secs, sample)) =
+            stage(&what, &mut failures, || profile(&ctx, *load, cfg, plan.secs))
+        {
             eprintln!("  {what}: {progs:?}");
-            profiles.push(Profile { load: *load, config: *cfg, progs, secs });
+            let requests = load.is_http().then(|| sample.throughput.map(|t| (t * secs) as u64)).flatten();
+            profiles.push(Profile { load: *load, config: *cfg, progs, secs, requests });
         }
     }
     let mut ratio = None;
@@ -479,17 +484,17 @@ fn start_times(
 }
 
 /// One run of `load` under the agent of `cfg` with BPF run-time accounting on: the agent's
-/// programs' runs and run time, and the run's seconds.
-fn profile(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<(Vec<ProgRun>, f64)> {
+/// programs' runs and run time, the run's seconds and what the load measured.
+fn profile(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<(Vec<ProgRun>, f64, Sample)> {
     let configs::Setup::Agent(spec) = cfg.setup else { bail!("profiles are of agent configurations") };
     let _on = bpfstats::StatsOn::enable()?;
     let veths = ctx.bed.pod_veths();
     let (out, _) = ctx.agents.run(spec, &veths, |pid| {
         let before = bpfstats::programs_of(pid)?;
         let started = Instant::now();
-        load.run(ctx.bed, secs)?;
+        let sample = load.run(ctx.bed, secs)?;
         let secs = started.elapsed().as_secs_f64();
-        Ok((bpfstats::delta(&before, &bpfstats::programs_of(pid)?), secs))
+        Ok((bpfstats::delta(&before, &bpfstats::programs_of(pid)?), secs, sample))
     })?;
     Ok(out)
 }

@@ -622,7 +622,8 @@ fn profile_table(s: &mut String, profiles: &[Profile]) {
         "ns/run includes the accounting itself (two clock reads per run). CPU: run time per second \
          of the load, in ms (1,000 = one CPU). Per packet: the program's run time divided by the \
          packets delivered to the pods (the classifier's egress runs): what each hook adds to a \
-         packet.",
+         packet. Per request (HTTP loads): all the programs' run time divided by the requests the \
+         client made (its requests per second times the run's seconds).",
         &[
             (L, "load"),
             (L, "config"),
@@ -631,6 +632,7 @@ fn profile_table(s: &mut String, profiles: &[Profile]) {
             (R, "ns/run"),
             (R, "CPU ms/s"),
             (R, "ns per packet"),
+            (R, "ns per request"),
         ],
     );
     for p in profiles {
@@ -639,7 +641,7 @@ fn profile_table(s: &mut String, profiles: &[Profile]) {
         for prog in &p.progs {
             let _ = writeln!(
                 s,
-                "| {} | ({}) {} | {} | {} | {:.0} | {:.1} | {} |",
+                "| {} | ({}) {} | {} | {} | {:.0} | {:.1} | {} | |",
                 p.load.name(),
                 p.config.key,
                 p.config.label,
@@ -656,9 +658,13 @@ fn profile_table(s: &mut String, profiles: &[Profile]) {
         }
         let total: u64 = p.progs.iter().map(|r| r.run_time_ns).sum();
         if packets > 0 && p.progs.len() > 1 {
+            let per_request = p
+                .requests
+                .filter(|r| *r > 0)
+                .map_or("-".into(), |r| format!("{:.0}", total as f64 / r as f64));
             let _ = writeln!(
                 s,
-                "| {} | ({}) | all | | | {:.1} | {:.0} |",
+                "| {} | ({}) | all | | | {:.1} | {:.0} | {per_request} |",
                 p.load.name(),
                 p.config.key,
                 total as f64 / 1e6 / p.secs.max(1e-9),

@@ -74,10 +74,12 @@ enum mirror_limits {
     H2_TABLE_RING = 128,
     /* Bytes of a Huffman-coded string decoded (enough for H2_TEXT characters but the rarest). */
     H2_HUFFMAN_IN = 128,
-    /* h2_conns entries (HTTP/2 connections followed at once) and h2_streams entries (requests
-     * awaiting their responses or trailers). */
-    H2_CONNS_MAX = 4096,
-    H2_STREAMS_MAX = 16384,
+    /* h2_conns entries (HTTP/2 connections followed at once: 2 KiB each) and h2_streams
+     * entries (requests awaiting their responses or trailers: 240 bytes each); LRU maps, so a
+     * connection pushed out is followed again from its next block (its earlier table entries
+     * then unresolved). Their 6.7 MiB are in the agent's fixed memory (capacity.rs). */
+    H2_CONNS_MAX = 2048,
+    H2_STREAMS_MAX = 8192,
     /* flow_cache slots of each CPU (a power of two): 4096 x 128 bytes, 512 KiB per CPU. */
     FLOW_CACHE_SLOTS = 4096,
     /* Packets of one direction a cached flow counts before its counts are written back to
