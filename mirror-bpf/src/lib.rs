@@ -13,6 +13,7 @@ pub mod datapath;
 pub mod error;
 pub mod event;
 pub mod flow;
+pub mod grpc;
 pub mod latency;
 mod netlink;
 pub mod probes;
@@ -34,14 +35,13 @@ pub use datapath::{Datapath, DatapathOptions};
 pub use error::{Error, Result};
 pub use event::{HttpProto, Side, TriggerEvent};
 pub use flow::{DirStats, Flow, FlowKey, MirrorMark, NatTuples};
+pub use grpc::GrpcCodes;
 pub use latency::{HistKind, Histogram};
 /// The ring buffer of trigger events returned by [`Datapath::events`].
 pub use libbpf_rs::RingBuffer as EventRing;
 pub use probes::{NetCpuTime, TraceGroup, Tracing};
 pub use replay::{ReplayHook, ReplayedRequest};
-pub use rule::{
-    GrpcCodes, Limits, RequestFilter, Rule, RuleError, RuleId, StatusMatch, Trigger, TriggerKind,
-};
+pub use rule::{Limits, RequestFilter, Rule, RuleError, RuleId, StatusMatch, Trigger, TriggerKind};
 pub use rule_maps::RuleInfo;
 pub use settings::MirrorDelivery;
 pub use settings::TimingGroup;

@@ -187,7 +187,7 @@ fn filter_value(action: types::rule_action, rule: &Rule) -> types::rule_filter {
 
 /// "status 500", or the name of another kind's pseudo-status.
 fn key_name(status: u16) -> String {
-    use crate::rule::{grpc_status_name, GRPC_STATUS_BASE};
+    use crate::grpc::{grpc_status_name, GRPC_STATUS_BASE};
     if (GRPC_STATUS_BASE..100).contains(&status) {
         let code = status - GRPC_STATUS_BASE;
         return format!(
