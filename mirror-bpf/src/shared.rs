@@ -32,7 +32,7 @@ plain_types! {
     http_stream = 24,
     http_request = 104,
     flow_timing = 544,
-    http_scratch = 1624,
+    http_scratch = 1616,
     skb_stamp = 24,
     hist_key = 8,
     hist_cache_entry = 32,

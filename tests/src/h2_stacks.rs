@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 
 use crate::netns::{Netns, Pod};
 use crate::proc::{wait_until, Proc};
-use crate::servers::find_program;
+use crate::servers::{self, find_program};
 
 /// The sources: `tests/h2`.
 pub fn sources() -> PathBuf {
@@ -343,43 +343,25 @@ impl GrpcCall {
 /// else 404, each with the client's port in `x-peer-port`. Config, pid, logs under `dir`.
 pub fn nginx_h2c(pod: &Pod, ports: &[u16], dir: &Path) -> Daemon {
     let dir = dir.join(format!("nginx-h2c-{}", pod.ns.name()));
-    std::fs::create_dir_all(&dir).expect("creating the nginx dir");
     let d = dir.display();
     let listen: String = ports
         .iter()
-        .map(|p| format!("        listen {}:{p} http2;\n        listen [{}]:{p} http2;\n", pod.v4, pod.v6))
+        .map(|p| format!("listen {}:{p} http2;\n        listen [{}]:{p} http2;\n        ", pod.v4, pod.v6))
         .collect();
-    std::fs::write(dir.join("big"), vec![b'x'; 256 << 10]).expect("writing the large body");
-    let conf = format!(
-        r#"daemon off;
-master_process off;
-worker_processes 1;
-pid {d}/nginx.pid;
-error_log {d}/error.log;
-events {{ worker_connections 256; }}
-http {{
-    access_log off;
-    keepalive_timeout 600s;
-    keepalive_requests 1000000;
-    client_body_temp_path {d}/body;
-    proxy_temp_path {d}/proxy;
-    fastcgi_temp_path {d}/fastcgi;
-    uwsgi_temp_path {d}/uwsgi;
-    scgi_temp_path {d}/scgi;
-    server {{
-{listen}        add_header x-peer-port $remote_port always;
+    let server = format!(
+        r#"{listen}add_header x-peer-port $remote_port always;
         location = /ok {{ return 200 "ok\n"; }}
         location = /fail {{ return 500 "fail\n"; }}
         location = /big {{ alias {d}/big; }}
-        location / {{ return 404 "none\n"; }}
-    }}
-}}
-"#
+        location / {{ return 404 "none\n"; }}"#
     );
-    let conf_path = dir.join("nginx.conf");
-    std::fs::write(&conf_path, conf).expect("writing nginx.conf");
-    let mut cmd = pod.ns.command("nginx");
-    cmd.arg("-p").arg(&dir).arg("-c").arg(&conf_path).arg("-e").arg(dir.join("error.log"));
+    let mut cmd = servers::nginx_command(
+        &pod.ns,
+        &dir,
+        "keepalive_timeout 600s;\n    keepalive_requests 1000000;",
+        &server,
+    );
+    std::fs::write(dir.join("big"), vec![b'x'; 256 << 10]).expect("writing the large body");
     let log = dir.join("error.log");
     Daemon::start("nginx (h2c)", &pod.ns, &mut cmd, ports, || {
         std::fs::read_to_string(&log).unwrap_or_default()

@@ -19,24 +19,14 @@ pub struct Server {
 /// How long a server may take to listen.
 const STARTUP: Duration = Duration::from_secs(10);
 
-impl Server {
-    /// nginx on `port` of `pod`, with its config, pid, logs and temp paths under `dir`.
-    pub fn nginx(pod: &Pod, port: u16, dir: &Path) -> Server {
-        Self::nginx_with(pod, port, dir, "")
-    }
-
-    /// Like [`Server::nginx`], keeping a connection open for as many requests as it is sent
-    /// (nginx closes one after 1,000 by default): a load that must stay on its connections.
-    pub fn nginx_long_lived(pod: &Pod, port: u16, dir: &Path) -> Server {
-        Self::nginx_with(pod, port, dir, "keepalive_requests 100000000;\n    keepalive_timeout 600s;")
-    }
-
-    fn nginx_with(pod: &Pod, port: u16, dir: &Path, http: &str) -> Server {
-        let dir = dir.join(format!("nginx-{}-{port}", pod.ns.name()));
-        std::fs::create_dir_all(&dir).expect("creating the nginx dir");
-        let d = dir.display();
-        let conf = format!(
-            r#"daemon off;
+/// nginx in `ns` with one worker and no access log, its configuration, pid, logs and temp
+/// paths under `dir` (created): `http` added to its http block, `server` the body of its one
+/// server block. The command that runs it in the foreground.
+pub fn nginx_command(ns: &Netns, dir: &Path, http: &str, server: &str) -> Command {
+    std::fs::create_dir_all(dir).expect("creating the nginx dir");
+    let d = dir.display();
+    let conf = format!(
+        r#"daemon off;
 master_process off;
 worker_processes 1;
 pid {d}/nginx.pid;
@@ -51,22 +41,43 @@ http {{
     uwsgi_temp_path {d}/uwsgi;
     scgi_temp_path {d}/scgi;
     server {{
-        listen {v4}:{port};
+        {server}
+    }}
+}}
+"#
+    );
+    let conf_path = dir.join("nginx.conf");
+    std::fs::write(&conf_path, conf).expect("writing nginx.conf");
+    let mut cmd = ns.command("nginx");
+    cmd.arg("-p").arg(dir).arg("-c").arg(&conf_path).arg("-e").arg(dir.join("error.log"));
+    cmd
+}
+
+impl Server {
+    /// nginx on `port` of `pod`, with its config, pid, logs and temp paths under `dir`.
+    pub fn nginx(pod: &Pod, port: u16, dir: &Path) -> Server {
+        Self::nginx_with(pod, port, dir, "")
+    }
+
+    /// Like [`Server::nginx`], keeping a connection open for as many requests as it is sent
+    /// (nginx closes one after 1,000 by default): a load that must stay on its connections.
+    pub fn nginx_long_lived(pod: &Pod, port: u16, dir: &Path) -> Server {
+        Self::nginx_with(pod, port, dir, "keepalive_requests 100000000;\n    keepalive_timeout 600s;")
+    }
+
+    fn nginx_with(pod: &Pod, port: u16, dir: &Path, http: &str) -> Server {
+        let dir = dir.join(format!("nginx-{}-{port}", pod.ns.name()));
+        let server = format!(
+            r#"listen {v4}:{port};
         listen [{v6}]:{port};
         location /foo {{ return 200 "foo\n"; }}
         location /bar {{ return 500 "bar\n"; }}
         location = /ok {{ return 200 "ok\n"; }}
-        location = /fail {{ return 500 "fail\n"; }}
-    }}
-}}
-"#,
+        location = /fail {{ return 500 "fail\n"; }}"#,
             v4 = pod.v4,
             v6 = pod.v6,
         );
-        let conf_path = dir.join("nginx.conf");
-        std::fs::write(&conf_path, conf).expect("writing nginx.conf");
-        let mut cmd = pod.ns.command("nginx");
-        cmd.arg("-p").arg(&dir).arg("-c").arg(&conf_path).arg("-e").arg(dir.join("error.log"));
+        let mut cmd = nginx_command(&pod.ns, &dir, http, &server);
         let server = Server { proc: Proc::spawn(&format!("nginx in {}", pod.ns.name()), &mut cmd) };
         server.ready(&pod.ns, port, || std::fs::read_to_string(dir.join("error.log")).unwrap_or_default())
     }

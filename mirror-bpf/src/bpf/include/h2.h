@@ -239,7 +239,7 @@ __noinline int h2_block(struct http_scratch *s)
 
     if (!s || !cnt)
         return 0;
-    struct h2_conn *c = h2_conn_get(&s->meta.key, 0);
+    struct h2_conn *c = h2_conn_get(&s->meta.key, 1);
     if (!c)
         return 0;
     struct h2_dir *d = &c->dir[s->meta.dir & 1];
@@ -310,10 +310,6 @@ static __always_inline int h2_header_frame(struct __sk_buff *skb, struct http_sc
         /* Its block began in a HEADERS frame without END_HEADERS: lost and counted there. */
         return 0;
     }
-    struct h2_conn *c = h2_conn_get(&m->key, 1);
-    if (!c)
-        return 0;
-    struct h2_dir *d = &c->dir[dir];
     if (pay > len)
         return 0;
     __u32 here = len - pay;
@@ -326,14 +322,17 @@ static __always_inline int h2_header_frame(struct __sk_buff *skb, struct http_sc
         h2_block_of(&s->h2, n, flen, type, flags, stream);
         return 0;
     }
-    if (flen > H2_BLOCK_MAX || !here) {
-        /* Too large to keep (or nothing of it here yet: kept from the next segment on would
-         * need its position; rare): its fields are lost. */
-        if (flen > H2_BLOCK_MAX) {
-            hpack_lost(d);
-            cnt->v[STAT_H2_LOST]++;
-            return 0;
-        }
+    /* The block ends in a later segment: the table state is needed here (h2_block looks it up
+     * for a block read at once). */
+    struct h2_conn *c = h2_conn_get(&m->key, 1);
+    if (!c)
+        return 0;
+    struct h2_dir *d = &c->dir[dir];
+    if (flen > H2_BLOCK_MAX) {
+        /* Too large to keep: its fields are lost. */
+        hpack_lost(d);
+        cnt->v[STAT_H2_LOST]++;
+        return 0;
     }
     /* Kept until the frame ends (here < flen <= H2_BLOCK_MAX). */
     __u64 k = here;
@@ -345,11 +344,24 @@ static __always_inline int h2_header_frame(struct __sk_buff *skb, struct http_sc
     d->block_len = k;
     d->block_total = flen;
     d->block_stream = stream;
-    /* PRIORITY (0x20) kept as 0x2, a flag HEADERS and PUSH_PROMISE do not define. */
-    d->block_flags = (type << 4 | (flags & 0xd) | (flags & H2_PRIORITY_FLAG ? 0x2 : 0)) & 0xff;
+    d->block_type = type;
+    d->block_flags = flags;
     s->pos.state = HTTP2_BLOCK;
     s->pos.off = len;
     return 0;
+}
+
+/*
+ * h2_block_lost - a header block kept across segments cannot be read (its state is not what it
+ * should be, or a load failed): the table state of @d is lost, and the direction's framing.
+ */
+static __always_inline void h2_block_lost(struct h2_dir *d, struct http_pos *pos,
+                                          struct counters *cnt)
+{
+    hpack_lost(d);
+    pos->state = HTTP_SCAN;
+    pos->stop = 1;
+    cnt->v[STAT_H2_LOST]++;
 }
 
 /*
@@ -377,10 +389,7 @@ static __always_inline int h2_block_rest(struct __sk_buff *skb, struct http_scra
     struct h2_dir *d = &c->dir[dir];
     __u32 have = d->block_len & 0xff, total = d->block_total;
     if (total > H2_BLOCK_MAX || have >= total) {
-        hpack_lost(d);
-        pos->state = HTTP_SCAN;
-        pos->stop = 1;
-        cnt->v[STAT_H2_LOST]++;
+        h2_block_lost(d, pos, cnt);
         return 0;
     }
     __u32 rest = total - have, avail = len - off;
@@ -409,14 +418,10 @@ static __always_inline int h2_block_rest(struct __sk_buff *skb, struct http_scra
     asm volatile("%0 &= 0x1ff" : "+r"(k));
     if (k < 1 || k > H2_BLOCK_MAX ||
         bpf_skb_load_bytes(skb, m->payload_off + off, &s->buf[have], k)) {
-        hpack_lost(d);
-        pos->state = HTTP_SCAN;
-        pos->stop = 1;
+        h2_block_lost(d, pos, cnt);
         return 0;
     }
-    __u32 flags = (d->block_flags & 0xd) | (d->block_flags & 0x2 ? H2_PRIORITY_FLAG : 0);
-    __u32 type = d->block_flags >> 4;
-    h2_block_of(&s->h2, total, total, type, flags, d->block_stream);
+    h2_block_of(&s->h2, total, total, d->block_type, d->block_flags, d->block_stream);
     pos->off = off + rest;
     pos->state = HTTP2_FRAME;
     return 0;

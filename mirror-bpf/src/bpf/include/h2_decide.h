@@ -119,8 +119,6 @@ __noinline int h2_request(struct __sk_buff *skb, struct http_scratch *s, struct 
     ns->req.head_len = ml + 1 + pl;
     ns->req.ts_ns = m->now;
     ns->req.replay = replay_keep(skb, s, 0, 0, t, set, cnt);
-    ns->response_ns = 0;
-    ns->status = 0;
     ns->dir = m->dir;
     t->req_dir = m->dir + 1;
     struct h2_stream_key *k = &h->key;
@@ -196,10 +194,6 @@ __noinline int h2_decide(struct __sk_buff *skb, struct http_scratch *s, struct f
     h->rule_grpc = 0;
     if (status >= 200) {
         cnt->v[STAT_H2_RESPONSES]++;
-        if (st) {
-            st->response_ns = now;
-            st->status = status;
-        }
         if (took) {
             if (fs) {
                 fs->http_time_sum_ns += took;

@@ -497,9 +497,10 @@ struct h2_dir {
     __u32 block_stream; /* HTTP2_BLOCK: the block's stream */
     __u16 block_len;    /* HTTP2_BLOCK: bytes kept in block */
     __u16 block_total;  /* HTTP2_BLOCK: bytes of the block in all (frame payload) */
-    __u8 block_flags;   /* HTTP2_BLOCK: the frame's type << 4 | its flags we need */
+    __u8 block_type;    /* HTTP2_BLOCK: the frame's type */
+    __u8 block_flags;   /* HTTP2_BLOCK: the frame's flags */
     __u8 next_entry;    /* the ent slot the next entry of interest takes */
-    __u8 _pad[2];
+    __u8 _pad;
     __u8 kinds[H2_TABLE_RING]; /* enum h2_field of insertion n at n % H2_TABLE_RING */
     struct h2_entry ent[H2_TABLE_ENTRIES];
     __u8 block[H2_BLOCK_MAX];
@@ -528,10 +529,8 @@ struct h2_stream_key {
 struct h2_stream {
     struct http_request req;    /* head: "METHOD path"; ts_ns; replay: its segment's slot */
     struct host_text authority; /* its :authority */
-    __u64 response_ns;          /* its response's HEADERS (0: not yet) */
-    __u16 status;               /* their :status */
     __u8 dir;                   /* enum flow_dir of the request */
-    __u8 _pad[5];
+    __u8 _pad[7];
 };
 
 /* Per-CPU scratch space of the HTTP/2 stage: what a header block says, as it is read. */
