@@ -219,6 +219,7 @@ async fn serve(
     let pods = Pods::new(cfg.pods.clone());
     pods.start(engine.attached());
     events.name_pods(pods.clone());
+    start_cluster(cfg, engine, &pods, events).await?;
     let listener = api::bind(&cfg.api.socket).await?;
     let handover = Arc::new(tokio::sync::Notify::new());
     let app = api::router(ApiState {
@@ -286,6 +287,27 @@ async fn serve(
         let _ = s.await;
     }
     Ok(stop)
+}
+
+/// Follows the cluster's rules when `cluster:` says so. With `mode: auto`, a client that
+/// cannot be made (a pod without its service account token) is said in the log and the agent
+/// goes on with its local rules; with `mode: on` it stops the start.
+async fn start_cluster(cfg: &Config, engine: &Engine, pods: &Pods, events: &Arc<EventLog>) -> anyhow::Result<()> {
+    if !cfg.cluster.enabled() {
+        tracing::info!(mode = ?cfg.cluster.mode, "cluster rules off: local rules only");
+        return Ok(());
+    }
+    let client = match crate::cluster::client(&cfg.cluster).await {
+        Ok(c) => c,
+        Err(e) if cfg.cluster.mode == crate::config::ClusterMode::Auto => {
+            tracing::warn!(error = format!("{e:#}"), "cluster rules off: no usable Kubernetes API configuration");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    let node = cfg.cluster.node_name();
+    crate::cluster::start(cfg.cluster.clone(), client, node, engine.clone(), pods.clone(), events.clone());
+    Ok(())
 }
 
 async fn on_link_event(

@@ -6,6 +6,7 @@ pub mod api;
 pub mod bpffs;
 pub mod capacity;
 pub mod capture;
+pub mod cluster;
 pub mod community_id;
 pub mod config;
 pub mod ctl;

@@ -19,6 +19,12 @@ pub struct SavedRule {
     pub slot: u32,
     /// Its canonical text.
     pub rule: String,
+    /// The cluster resource it comes from (`MirrorRule NAMESPACE/NAME`); none: a local rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// For a rule that applies to the pods it selects only: the interfaces of those pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selected: Option<Vec<u32>>,
 }
 
 /// The state file.
@@ -150,7 +156,15 @@ mod tests {
         let path = dir.path().join("state.yaml");
         let mut store = StateStore::open(&path).unwrap();
         assert!(store.first_start());
-        store.save_rules(vec![SavedRule { id: 1, slot: 0, rule: "status=500".into() }]).unwrap();
+        store
+            .save_rules(vec![SavedRule {
+                id: 1,
+                slot: 0,
+                rule: "status=500".into(),
+                source: None,
+                selected: None,
+            }])
+            .unwrap();
         store.set_created_qdisc(4, true).unwrap();
         store.set_created_sink(true).unwrap();
         let again = StateStore::open(&path).unwrap();
@@ -167,7 +181,13 @@ mod tests {
         let path = dir.path().join("sub/state.yaml");
         assert_eq!(SavedState::load(&path).unwrap(), None);
         let s = SavedState {
-            rules: vec![SavedRule { id: 3, slot: 1, rule: "status=500".into() }],
+            rules: vec![SavedRule {
+                id: 3,
+                slot: 1,
+                rule: "status=500".into(),
+                source: None,
+                selected: None,
+            }],
             created_qdiscs: vec![7],
             created_sink: true,
         };

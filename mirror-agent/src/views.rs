@@ -26,6 +26,10 @@ pub struct RuleView {
     pub kind: String,
     /// Flows it triggered.
     pub hits: u64,
+    /// Where it comes from: a cluster resource (`MirrorRule NAMESPACE/NAME`,
+    /// `ClusterMirrorRule NAME`); none: added on this node (configuration, mirrorctl).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 /// One direction of a flow.

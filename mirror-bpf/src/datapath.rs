@@ -4,6 +4,7 @@
 //! (`rule_maps`), flows ([`crate::flow`]), counters ([`crate::stats`]), latency
 //! histograms ([`crate::latency`]) and trigger events ([`crate::event`]).
 
+use std::collections::BTreeSet;
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,7 +18,8 @@ use crate::event::{self, TriggerEvent};
 use crate::flow::{self, Flow, FlowKey, MirrorMark};
 use crate::latency::{self, Histogram};
 use crate::rule::{Rule, RuleId};
-use crate::rule_maps::{InstalledRules, RuleInfo};
+use crate::rule_maps::{self, InstalledRules, RuleInfo};
+use crate::scopes::Reach;
 use crate::settings::MirrorDelivery;
 use crate::settings::{self, TimingGroup};
 use crate::shared::types;
@@ -242,6 +244,11 @@ impl<'obj> Datapath<'obj> {
             replay: opts.replay_requests != 0,
             replay_possible: opts.replay_requests != 0,
         };
+        if adopted {
+            // The earlier instance's scope ids mean nothing to this one's rule set: its
+            // interfaces' scopes go, and the interfaces select their rules again.
+            rule_maps::clear_scopes(&dp.skel.maps)?;
+        }
         dp.sync_rules()?;
         if fresh_settings {
             // The timing groups on by default; adopted settings are kept.
@@ -382,22 +389,41 @@ impl<'obj> Datapath<'obj> {
 
     // Rules.
 
-    /// Adds a rule with the next free id.
+    /// Adds a rule that reaches every interface, with the next free id.
     pub fn add_rule(&mut self, rule: Rule) -> Result<RuleId> {
+        self.add_rule_with(rule, Reach::Everywhere)
+    }
+
+    /// Adds a rule that reaches `reach`, with the next free id.
+    pub fn add_rule_with(&mut self, rule: Rule, reach: Reach) -> Result<RuleId> {
         let id = self.rules.next_id();
-        self.insert_rule(id, rule)?;
+        self.insert_rule_with(id, rule, reach)?;
         Ok(id)
     }
 
-    /// Adds a rule with a given id (to restore saved rules).
+    /// Adds a rule that reaches every interface, with a given id (to restore saved rules).
     pub fn insert_rule(&mut self, id: RuleId, rule: Rule) -> Result<()> {
-        self.rules.add(&self.skel.maps, id, None, rule, true)?;
+        self.insert_rule_with(id, rule, Reach::Everywhere)
+    }
+
+    /// Adds a rule that reaches `reach`, with a given id (to restore saved rules). A rule
+    /// already there with that id is replaced, and leaves the interfaces that selected it.
+    pub fn insert_rule_with(&mut self, id: RuleId, rule: Rule, reach: Reach) -> Result<()> {
+        self.rules.add(&self.skel.maps, id, None, rule, reach, true)?;
         self.sync_rules()
     }
 
-    /// Adds a saved rule with its id and hit-counter slot, keeping its hit count.
+    /// Adds a saved rule that reaches every interface, with its id and hit-counter slot,
+    /// keeping its hit count.
     pub fn restore_rule(&mut self, id: RuleId, slot: u32, rule: Rule) -> Result<()> {
-        self.rules.add(&self.skel.maps, id, Some(slot), rule, false)?;
+        self.restore_rule_with(id, slot, rule, Reach::Everywhere)
+    }
+
+    /// Adds a saved rule that reaches `reach`, with its id and hit-counter slot, keeping its hit
+    /// count. The interfaces select their rules again ([`Datapath::select`]): an adopted
+    /// instance's scopes were cleared at load.
+    pub fn restore_rule_with(&mut self, id: RuleId, slot: u32, rule: Rule, reach: Reach) -> Result<()> {
+        self.rules.add(&self.skel.maps, id, Some(slot), rule, reach, false)?;
         self.sync_rules()
     }
 
@@ -406,17 +432,51 @@ impl<'obj> Datapath<'obj> {
         self.rules.slot(id)
     }
 
+    /// Where a rule reaches (saved with it, for [`Datapath::restore_rule_with`]).
+    pub fn rule_reach(&self, id: RuleId) -> Option<Reach> {
+        self.rules.reach(id)
+    }
+
     /// Every rule with its id and slot, without reading the hit counters (what a saved state
-    /// needs to restore them).
+    /// needs to restore them, with [`Datapath::rule_reach`]).
     pub fn rule_slots(&self) -> Vec<(RuleId, u32, Rule)> {
         self.rules.slots()
     }
 
-    /// Removes a rule. Flows it already marked stay mirrored until their limits.
+    /// Removes a rule. Flows it already marked stay mirrored until their limits. A selected
+    /// rule leaves every interface that selected it.
     pub fn remove_rule(&mut self, id: RuleId) -> Result<Rule> {
         let rule = self.rules.remove(&self.skel.maps, id)?;
         self.sync_rules()?;
         Ok(rule)
+    }
+
+    /// Makes `rules` the selected rules ([`Reach::Selected`]) that apply on `ifindex`, the
+    /// host-side veth of a pod: there, and on flows whose server is that pod, they trigger
+    /// besides the rules that reach everywhere (the lowest id winning among both, as among
+    /// any rules). Empty: only the rules that reach everywhere. Fails for an unknown id or a
+    /// rule that reaches everywhere, and when the scope does not fit the rule maps, leaving
+    /// the interface's rules as they were. The same set again writes nothing.
+    pub fn select(&mut self, ifindex: u32, rules: &BTreeSet<RuleId>) -> Result<()> {
+        if self.rules.select(&self.skel.maps, ifindex, rules)? {
+            self.sync_rules()?;
+        }
+        Ok(())
+    }
+
+    /// No selected rule applies on `ifindex` any more (the interface is detached, or gone).
+    pub fn forget_iface(&mut self, ifindex: u32) -> Result<()> {
+        self.select(ifindex, &BTreeSet::new())
+    }
+
+    /// The selected rules that apply on `ifindex` (as selected, less the rules removed since).
+    pub fn selected(&self, ifindex: u32) -> BTreeSet<RuleId> {
+        self.rules.selected(ifindex)
+    }
+
+    /// Scopes in use: distinct sets of selected rules that some interface selects.
+    pub fn scopes(&self) -> usize {
+        self.rules.scopes()
     }
 
     // The request behind a trigger (see crate::replay).
@@ -432,16 +492,18 @@ impl<'obj> Datapath<'obj> {
     }
 
     /// Tells the classifier, after a change of rules, which flows keep their requests (for
-    /// replays, and for host= filters, which read the kept request even with replays off) and
-    /// which kinds of trigger to look for.
+    /// replays, and for host= filters, which read the kept request even with replays off),
+    /// which kinds of trigger to look for, and whether any interface selects rules.
     fn sync_rules(&self) -> Result<()> {
         let rules = self.rules.slots();
         let hosts = self.replay_possible && rules.iter().any(|(_, _, r)| r.filter.host.is_some());
         let mode = crate::replay::keep_mode(self.replay || hosts, rules.iter().map(|(_, _, r)| r));
         let kinds = self.rules.kinds();
+        let scoped = u32::from(self.rules.scopes() > 0);
         settings::update(&self.skel.maps.settings, |s| {
             s.replay_keep = mode;
             s.kinds = kinds;
+            s.scoped = scoped;
         })
     }
 

@@ -28,6 +28,9 @@ pub enum Error {
     /// No rule has this id.
     #[error("no rule with id {0}")]
     NoSuchRule(u32),
+    /// A rule reaches every interface: it is not selected per interface.
+    #[error("rule {0} applies everywhere: only selected rules are selected per interface")]
+    NotSelected(u32),
     /// Every rule slot is taken.
     #[error("too many rules: at most {0}")]
     TooManyRules(usize),

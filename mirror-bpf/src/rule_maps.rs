@@ -1,11 +1,14 @@
-//! The rules installed in the classifier: the rule set, the rule maps it is written to, and the
-//! per-CPU hit counters.
+//! The rules installed in the classifier: the rule set, the rule maps it is written to, the
+//! scopes interfaces select (`iface_scopes`), and the per-CPU hit counters.
+
+use std::collections::BTreeSet;
 
 use libbpf_rs::{MapCore, MapFlags, MapMut};
 
 use crate::error::{Context, Error, Result};
 use crate::rule::{Rule, RuleId};
 use crate::ruleset::{AddError, KeyWrite, RuleSet, ANY_PORT, FILTERED_MAX, FILTERS_MAX};
+use crate::scopes::{Reach, ScopeId, Scopes, Shrink, GLOBAL};
 use crate::shared::{bytes_of, read_plain, types};
 use crate::skel::classifier::ClassifierMaps;
 
@@ -20,16 +23,18 @@ pub struct RuleInfo {
     pub hits: u64,
 }
 
-/// The rule set, kept in step with the classifier's rule maps.
+/// The rule set and the interfaces' scopes, kept in step with the classifier's rule maps and
+/// `iface_scopes`.
 #[derive(Debug)]
 pub(crate) struct InstalledRules {
     set: RuleSet,
+    scopes: Scopes,
 }
 
 impl InstalledRules {
     /// No rules (the maps start empty, or keep adopted entries until rules are restored).
     pub(crate) fn new() -> Self {
-        Self { set: RuleSet::new() }
+        Self { set: RuleSet::new(), scopes: Scopes::default() }
     }
 
     /// The next free id.
@@ -37,36 +42,28 @@ impl InstalledRules {
         self.set.next_id()
     }
 
-    /// Adds (or replaces) rule `id`, in hit-counter `slot` if given; `reset_hits` zeroes its
-    /// counter first.
+    /// Adds (or replaces) rule `id`, reaching `reach`, in hit-counter `slot` if given;
+    /// `reset_hits` zeroes its counter first. A replaced rule leaves the scopes that selected
+    /// it, as a removed one does.
     pub(crate) fn add(
         &mut self,
         maps: &ClassifierMaps<'_>,
         id: RuleId,
         slot: Option<u32>,
         rule: Rule,
+        reach: Reach,
         reset_hits: bool,
     ) -> Result<()> {
         if self.set.get(id).is_some() {
             self.remove(maps, id)?;
         }
-        let writes = self.set.add(id, slot, rule).map_err(|e| match e {
-            AddError::NoSlot => Error::TooManyRules(types::mirror_limits::RULE_SLOTS.0 as usize - 1),
-            AddError::FilteredPerKey { port, status } => Error::RuleDoesNotFit(format!(
-                "at most {FILTERED_MAX} rules with method=, path= or host= may cover one {} and {}",
-                key_name(status),
-                if port == ANY_PORT { "any port".to_string() } else { format!("port {port}") }
-            )),
-            AddError::Filters => {
-                Error::RuleDoesNotFit(format!("at most {FILTERS_MAX} rules may have method=, path= or host="))
-            }
-        })?;
+        let writes = self.set.add_with(id, slot, rule, reach).map_err(fit_error)?;
         // Not installed in full: the rule is taken out again, so that the set says what the
         // maps hold.
         let installed = self.install(maps, id, &writes, reset_hits);
         if installed.is_err() {
             if let Some((_, undo)) = self.set.remove(id) {
-                let _ = self.apply(maps, &undo);
+                self.undo(maps, &undo);
             }
         }
         installed
@@ -102,8 +99,32 @@ impl InstalledRules {
         self.apply(maps, writes)
     }
 
-    /// Removes rule `id`.
+    /// Removes rule `id`; a selected rule first leaves every scope that holds it (see
+    /// [`Shrink`]: each scope's interfaces are moved before its entries go).
     pub(crate) fn remove(&mut self, maps: &ClassifierMaps<'_>, id: RuleId) -> Result<Rule> {
+        if self.set.get(id).is_none() {
+            return Err(Error::NoSuchRule(id));
+        }
+        for shrink in self.scopes.without(id) {
+            match shrink {
+                Shrink::Rekey(s) => {
+                    let writes = self.set.scope_unselect(s, id);
+                    self.apply(maps, &writes)?;
+                }
+                Shrink::Merge { scope, into, ifaces } => {
+                    for i in ifaces {
+                        write_iface(maps, i, into)?;
+                    }
+                    self.drop_scope(maps, scope)?;
+                }
+                Shrink::Empty { scope, ifaces } => {
+                    for i in ifaces {
+                        write_iface(maps, i, GLOBAL)?;
+                    }
+                    self.drop_scope(maps, scope)?;
+                }
+            }
+        }
         let (entry, writes) = self.set.remove(id).ok_or(Error::NoSuchRule(id))?;
         self.apply(maps, &writes)?;
         if !entry.rule.filter.is_empty() {
@@ -115,6 +136,74 @@ impl InstalledRules {
         Ok(entry.rule)
     }
 
+    /// Makes `rules` (selected rules, by id) the rules selected on `ifindex`: the interface
+    /// takes the scope of exactly that set, created when no interface has it yet (its entries
+    /// written before the interface points to it); the scope it leaves is removed when no
+    /// other interface uses it. The same set again writes nothing. On a failure the maps say
+    /// what they said before. Returns whether anything changed.
+    pub(crate) fn select(
+        &mut self,
+        maps: &ClassifierMaps<'_>,
+        ifindex: u32,
+        rules: &BTreeSet<RuleId>,
+    ) -> Result<bool> {
+        for id in rules {
+            match self.set.get(*id) {
+                None => return Err(Error::NoSuchRule(*id)),
+                Some(e) if e.reach != Reach::Selected => return Err(Error::NotSelected(*id)),
+                Some(_) => {}
+            }
+        }
+        let mv = self.scopes.plan(ifindex, rules);
+        if mv.stays() {
+            return Ok(false);
+        }
+        if mv.create {
+            let writes = self.set.scope_create(mv.to, rules).map_err(fit_error)?;
+            if let Err(e) = self.apply(maps, &writes) {
+                let undo = self.set.scope_drop(mv.to);
+                self.undo(maps, &undo);
+                return Err(e);
+            }
+        }
+        if let Err(e) = write_iface(maps, ifindex, mv.to) {
+            if mv.create {
+                let undo = self.set.scope_drop(mv.to);
+                self.undo(maps, &undo);
+            }
+            return Err(e);
+        }
+        self.scopes.commit(&mv, rules);
+        if mv.drop {
+            // The interface has moved: a failure here leaves entries no interface looks up.
+            if let Err(e) = self.drop_scope(maps, mv.from) {
+                tracing::warn!(scope = mv.from, error = %e, "removing the entries of an unused scope");
+            }
+        }
+        Ok(true)
+    }
+
+    /// Clears the entries of scope `s`, which no interface points to any more. An id whose
+    /// entries could not all be cleared is never handed out again.
+    fn drop_scope(&mut self, maps: &ClassifierMaps<'_>, s: ScopeId) -> Result<()> {
+        let writes = self.set.scope_drop(s);
+        let done = self.apply(maps, &writes);
+        if done.is_err() {
+            self.scopes.retire(s);
+        }
+        done
+    }
+
+    /// Scopes other than 0 in use.
+    pub(crate) fn scopes(&self) -> usize {
+        self.scopes.len()
+    }
+
+    /// The selected rules of the scope of `ifindex` (empty: scope 0).
+    pub(crate) fn selected(&self, ifindex: u32) -> BTreeSet<RuleId> {
+        self.scopes.rules_of(self.scopes.scope_of(ifindex))
+    }
+
     /// The bits (`1 << enum trigger_kind`) of the kinds the rules have.
     pub(crate) fn kinds(&self) -> u32 {
         self.set.kinds()
@@ -123,6 +212,11 @@ impl InstalledRules {
     /// The hit-counter slot of a rule.
     pub(crate) fn slot(&self, id: RuleId) -> Option<u32> {
         self.set.get(id).map(|e| e.slot)
+    }
+
+    /// Where a rule reaches.
+    pub(crate) fn reach(&self, id: RuleId) -> Option<Reach> {
+        self.set.get(id).map(|e| e.reach)
     }
 
     /// Every rule with its id and slot.
@@ -141,23 +235,28 @@ impl InstalledRules {
             .collect()
     }
 
+    /// Writes `writes` in order, stopping at the first failure, then the port bitmap.
     fn apply(&self, maps: &ClassifierMaps<'_>, writes: &[KeyWrite]) -> Result<()> {
-        for ((port, status), action) in writes {
-            // `None`: no rule covers the key any more (the set says so, whatever kind they were).
-            if *port == ANY_PORT {
-                let key = u32::from(*status).to_ne_bytes();
-                maps.status_rules.update(&key, bytes_of(&action.unwrap_or_default()), MapFlags::ANY)
-            } else {
-                let key = types::port_status_key { port: *port, status: *status };
-                match action {
-                    None => maps.port_rules.delete(bytes_of(&key)),
-                    Some(a) => maps.port_rules.update(bytes_of(&key), bytes_of(a), MapFlags::ANY),
-                }
+        let done = writes.iter().try_for_each(|w| write_key(maps, w));
+        let bits = self.write_port_bits(maps, writes);
+        done.and(bits)
+    }
+
+    /// Writes `writes` back after a failure: every one is tried (an entry the failed writes
+    /// never made is absent already), so that the maps say what the set says.
+    fn undo(&self, maps: &ClassifierMaps<'_>, writes: &[KeyWrite]) {
+        for w in writes {
+            if let Err(e) = write_key(maps, w) {
+                tracing::debug!(error = %e, "undoing a rule entry");
             }
-            .context(|| format!("writing the rule entry for port {port} status {status}"))?;
         }
-        // The bitmap word of every port touched, recomputed from the rule set.
-        let mut words: Vec<u16> = writes.iter().map(|((p, _), _)| *p / 64).collect();
+        let _ = self.write_port_bits(maps, writes);
+    }
+
+    /// The bitmap word of every port `writes` touch, recomputed from the rule set: whether a
+    /// port's keys are worth a lookup.
+    fn write_port_bits(&self, maps: &ClassifierMaps<'_>, writes: &[KeyWrite]) -> Result<()> {
+        let mut words: Vec<u16> = writes.iter().map(|((_, p, _), _)| *p / 64).collect();
         words.sort_unstable();
         words.dedup();
         for w in words {
@@ -168,6 +267,70 @@ impl InstalledRules {
                 .context(|| format!("writing the port bitmap word {w}"))?;
         }
         Ok(())
+    }
+}
+
+/// Writes one rule-map entry: scope 0's any-port keys in the status_rules array (`None`: a
+/// zeroed entry), every other key in port_rules (`None`: deleted).
+fn write_key(maps: &ClassifierMaps<'_>, ((scope, port, status), action): &KeyWrite) -> Result<()> {
+    if *scope == GLOBAL && *port == ANY_PORT {
+        let key = u32::from(*status).to_ne_bytes();
+        maps.status_rules.update(&key, bytes_of(&action.unwrap_or_default()), MapFlags::ANY)
+    } else {
+        let key = types::port_status_key { port: *port, status: *status, scope: *scope };
+        match action {
+            None => maps.port_rules.delete(bytes_of(&key)),
+            Some(a) => maps.port_rules.update(bytes_of(&key), bytes_of(a), MapFlags::ANY),
+        }
+    }
+    .context(|| format!("writing the rule entry for port {port} status {status} in scope {scope}"))
+}
+
+/// Points `ifindex` to scope `s` in iface_scopes (0: its entry deleted, absent already is fine).
+fn write_iface(maps: &ClassifierMaps<'_>, ifindex: u32, s: ScopeId) -> Result<()> {
+    let key = ifindex.to_ne_bytes();
+    if s == GLOBAL {
+        match maps.iface_scopes.delete(&key) {
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    } else {
+        maps.iface_scopes.update(&key, &s.to_ne_bytes(), MapFlags::ANY)
+    }
+    .context(|| format!("pointing interface {ifindex} to rule scope {s}"))
+}
+
+/// Clears what an earlier instance left of its scopes (adopted maps): every interface's entry
+/// and every entry of a scope other than 0. Scope ids are this instance's own: they start
+/// afresh, and the interfaces select their rules again.
+pub(crate) fn clear_scopes(maps: &ClassifierMaps<'_>) -> Result<()> {
+    let ifaces: Vec<Vec<u8>> = maps.iface_scopes.keys().collect();
+    for k in ifaces {
+        let _ = maps.iface_scopes.delete(&k);
+    }
+    let size = std::mem::size_of::<types::port_status_key>();
+    let keys: Vec<Vec<u8>> = maps.port_rules.keys().filter(|k| k.len() == size).collect();
+    for k in keys {
+        let key: types::port_status_key = read_plain(&k);
+        if key.scope != GLOBAL {
+            maps.port_rules.delete(&k).context(|| "clearing an earlier instance's rule scopes".into())?;
+        }
+    }
+    Ok(())
+}
+
+/// The error of a rule (or a scope) that does not fit the rule maps.
+fn fit_error(e: AddError) -> Error {
+    match e {
+        AddError::NoSlot => Error::TooManyRules(types::mirror_limits::RULE_SLOTS.0 as usize - 1),
+        AddError::FilteredPerKey { port, status } => Error::RuleDoesNotFit(format!(
+            "at most {FILTERED_MAX} rules with method=, path= or host= may cover one {} and {}",
+            key_name(status),
+            if port == ANY_PORT { "any port".to_string() } else { format!("port {port}") }
+        )),
+        AddError::Filters => {
+            Error::RuleDoesNotFit(format!("at most {FILTERS_MAX} rules may have method=, path= or host="))
+        }
     }
 }
 

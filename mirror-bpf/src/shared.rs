@@ -25,7 +25,7 @@ plain_types! {
     rule_action = 40,
     rule_entry = 96,
     rule_filter = 176,
-    port_status_key = 4,
+    port_status_key = 8,
     mirror_mark = 112,
     ct_tuple = 36,
     flow_nat = 120,

@@ -3,7 +3,8 @@
 //! mirror sink, the oracle that says which captured packets the mirror must carry, and
 //! mirror-agent with mirrorctl run as an operator runs them; kube-proxy's Service NAT in the
 //! node and the oracle of a mirror across it; a node of containerd and the CNI bridge plugin
-//! whose pods are made through the CRI, as a kubelet makes them.
+//! whose pods are made through the CRI, as a kubelet makes them; a Kubernetes control plane
+//! (etcd and kube-apiserver, no kubelet) in a namespace of its own, for the agent's API clients.
 //!
 //! Everything runs in namespaces created here (198.18.0.0/15 and 2001:2::/48 only) and is
 //! removed on drop, panics included.
@@ -12,6 +13,7 @@ pub mod agent;
 pub mod capture;
 pub mod client;
 pub mod containerd;
+pub mod control_plane;
 pub mod crowd;
 pub mod flood;
 pub mod footprint;

@@ -109,7 +109,10 @@ fn the_image_installs_upgrades_and_uninstalls_as_the_daemonset_runs_it() {
             ("/run", host_run.clone()),
         ]),
         config_maps: BTreeMap::from([("mirror-agent", config.clone())]),
-        fields: BTreeMap::from([("status.hostIP", node_ip.clone())]),
+        fields: BTreeMap::from([
+            ("status.hostIP", node_ip.clone()),
+            ("spec.nodeName", "e2e-node".to_string()),
+        ]),
         netns_path: topo.node.path(),
     };
     let unique = format!("mirror-e2e-{}", std::process::id());

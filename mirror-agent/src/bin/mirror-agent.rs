@@ -30,10 +30,18 @@ struct Args {
     /// Check the configuration and exit.
     #[arg(long)]
     check: bool,
+    /// Print the CustomResourceDefinitions of the cluster's mirror rules (deploy/crds.yaml)
+    /// and exit.
+    #[arg(long)]
+    crds: bool,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.crds {
+        print!("{}", mirror_agent::cluster::crd::crds_yaml());
+        return ExitCode::SUCCESS;
+    }
     let cfg = match &args.config {
         Some(p) => Config::load(p).map_err(|e| format!("config {}: {e}", p.display())),
         None => Ok(Config::default()),

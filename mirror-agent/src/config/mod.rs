@@ -16,10 +16,12 @@ use mirror_bpf::{AttachMode, DatapathOptions, MirrorMethod, TimingGroup, Tracing
 
 use crate::capacity::Host;
 
+mod cluster;
 mod host;
 mod pods;
 mod tunnel;
 mod validate;
+pub use cluster::{Cluster, ClusterMode};
 pub use pods::{metric_label, CriSockets, Pods};
 pub use tunnel::{Budget, Tunnel};
 
@@ -484,6 +486,8 @@ pub struct Config {
     pub events: Events,
     /// Where pods are named from, and their labels shown.
     pub pods: Pods,
+    /// The mirror rules of the Kubernetes API.
+    pub cluster: Cluster,
     /// Logging.
     pub log: Log,
     /// On SIGTERM, leave the data path attached and pinned for the next agent.

@@ -61,6 +61,7 @@ impl Config {
         }
         self.mirror.tunnel.validate(self.mirror.create)?;
         self.pods.validate()?;
+        self.cluster.validate()?;
         self.mirror.budget.validate()?;
         if self.mirror.method == MethodCfg::Mirred && self.attach.mode == AttachModeCfg::Tcx {
             return Err(err(

@@ -152,8 +152,18 @@ fn print_latency(hists: &[HistogramView], by_interface: bool) {
     }
 }
 
+/// `mirrorctl rules list`: the source is `local` (this node's configuration or mirrorctl) or
+/// the cluster resource the rule comes from.
+const RULE_COLUMNS: [&str; 5] = ["ID", "KIND", "HITS", "SOURCE", "RULE"];
+
 fn rule_rows(rules: &[RuleView]) -> Vec<Vec<String>> {
-    rules.iter().map(|r| vec![r.id.to_string(), r.kind.clone(), r.hits.to_string(), r.rule.clone()]).collect()
+    rules
+        .iter()
+        .map(|r| {
+            let source = r.source.clone().unwrap_or_else(|| "local".into());
+            vec![r.id.to_string(), r.kind.clone(), r.hits.to_string(), source, r.rule.clone()]
+        })
+        .collect()
 }
 
 /// Runs one mirrorctl command.
@@ -207,7 +217,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             if json {
                 print_json(&rules)?;
             } else {
-                print!("{}", table::render(&["ID", "KIND", "HITS", "RULE"], &rule_rows(&rules)));
+                print!("{}", table::render(&RULE_COLUMNS, &rule_rows(&rules)));
             }
         }
         Command::Rules { command: RulesCommand::Del { id } } => {
@@ -400,12 +410,21 @@ mod tests {
     #[test]
     fn rules_list_names_the_kind() {
         let rule: mirror_bpf::Rule = "grpc-status=internal".parse().unwrap();
-        let view = RuleView { id: 4, rule: rule.to_string(), kind: rule.kind().name().into(), hits: 2 };
-        let text = table::render(&["ID", "KIND", "HITS", "RULE"], &rule_rows(&[view]));
+        let view = RuleView {
+            id: 4,
+            rule: rule.to_string(),
+            kind: rule.kind().name().into(),
+            hits: 2,
+            source: None,
+        };
+        let cluster = RuleView { id: 5, source: Some("MirrorRule shop/checkout".into()), ..view.clone() };
+        let text = table::render(&RULE_COLUMNS, &rule_rows(&[view, cluster]));
         assert!(
-            text.ends_with(
-                "4   grpc-status  2     grpc-status=INTERNAL packets=10000 bytes=0 duration=60s\n"
-            ),
+            text.contains("4   grpc-status  2     local                     grpc-status=INTERNAL packets=10000 bytes=0 duration=60s\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("5   grpc-status  2     MirrorRule shop/checkout  grpc-status=INTERNAL"),
             "{text}"
         );
     }

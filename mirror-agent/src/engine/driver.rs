@@ -9,9 +9,12 @@ use std::time::Instant;
 use anyhow::Context;
 use tokio::sync::watch;
 
-use mirror_bpf::{AttachMode, Datapath, MirrorDelivery, MirrorMethod, ReplayHook, Rule, TraceGroup, Tracing};
+use mirror_bpf::{
+    AttachMode, Datapath, MirrorDelivery, MirrorMethod, Reach, ReplayHook, Rule, TraceGroup, Tracing,
+};
 
 use super::attached::{Attached, AttachedLinks};
+use super::cluster_rules::{ClusterRules, Installed, WantedRule};
 use super::cpu::CpuSampler;
 use super::events::Events;
 use super::{view, AddedRule, EngineConfig, EngineStatus, Stopped};
@@ -35,6 +38,8 @@ pub(super) struct Driver {
     cpu: CpuSampler,
     /// The replay program on the sink's egress (requests behind triggers), when attached.
     replay: Option<ReplayHook>,
+    /// The rules of the cluster's rule resources.
+    cluster: ClusterRules,
 }
 
 impl Driver {
@@ -49,15 +54,23 @@ impl Driver {
         // The object lives as long as the process: one per agent.
         let storage = Box::leak(Box::new(MaybeUninit::uninit()));
         let mut dp = Datapath::load(storage, &cfg.datapath)?;
+        let mut cluster = ClusterRules::default();
         for r in state.rules() {
             let rule: Rule =
                 r.rule.parse().with_context(|| format!("saved rule {} in the state file", r.id))?;
+            let reach = if r.selected.is_some() { Reach::Selected } else { Reach::Everywhere };
             if dp.adopted() {
-                dp.restore_rule(r.id, r.slot, rule)?;
+                dp.restore_rule_with(r.id, r.slot, rule.clone(), reach)?;
             } else {
-                dp.insert_rule(r.id, rule)?;
+                dp.insert_rule_with(r.id, rule.clone(), reach)?;
+            }
+            // A cluster rule keeps working, as it was, until the API says otherwise.
+            if let Some(key) = &r.source {
+                let ifaces = r.selected.iter().flatten().copied().collect();
+                cluster.restored(r.id, key.clone(), rule, reach, ifaces);
             }
         }
+        cluster.reselect(&mut dp);
         let path =
             dp.loaded_programs().map_or("all", |(m, _)| if m == AttachMode::Tcx { "tcx" } else { "tc" });
         tracing::info!(
@@ -114,6 +127,7 @@ impl Driver {
             tracing,
             cpu: CpuSampler::default(),
             replay: None,
+            cluster,
         };
         for (g, on) in d.cfg.groups.clone() {
             d.set_group(g, on)?;
@@ -188,6 +202,7 @@ impl Driver {
     pub(super) fn detach(&mut self, ifindex: u32) -> anyhow::Result<bool> {
         let Some(a) = self.attached.remove(ifindex) else { return Ok(false) };
         let res = self.dp.detach(a.att);
+        self.cluster.forget_iface(&mut self.dp, ifindex);
         self.state.set_created_qdisc(ifindex, false)?;
         match res {
             Ok(()) => tracing::info!(name = %a.name, ifindex, "detached"),
@@ -268,16 +283,26 @@ impl Driver {
             .dp
             .rule_slots()
             .into_iter()
-            .map(|(id, slot, rule)| SavedRule { id, slot, rule: rule.to_string() })
+            .map(|(id, slot, rule)| SavedRule {
+                id,
+                slot,
+                rule: rule.to_string(),
+                source: self.cluster.source(id).map(Into::into),
+                selected: self.cluster.selected_ifaces(id),
+            })
             .collect();
         self.state.save_rules(rules)
     }
 
     pub(super) fn add_rule(&mut self, rule: Rule) -> anyhow::Result<AddedRule> {
         let present = self.dp.rule_slots();
-        if let Some((id, _, _)) = present.iter().find(|(_, _, r)| *r == rule) {
+        // The same local rule: a cluster rule of the same text is another rule (it goes with
+        // its resource).
+        if let Some((id, _, _)) =
+            present.iter().find(|(id, _, r)| *r == rule && self.cluster.source(*id).is_none())
+        {
             let hits = self.dp.rules()?.into_iter().find(|r| r.id == *id).map_or(0, |r| r.hits);
-            return Ok(AddedRule { view: rule_view(*id, &rule, hits), created: false });
+            return Ok(AddedRule { view: rule_view(*id, &rule, hits, None), created: false });
         }
         // Checked before anything is written: a map that fills halfway would leave the rule
         // partly installed.
@@ -287,18 +312,43 @@ impl Driver {
         )?;
         let id = self.dp.add_rule(rule.clone())?;
         self.save_rules()?;
-        Ok(AddedRule { view: rule_view(id, &rule, 0), created: true })
+        Ok(AddedRule { view: rule_view(id, &rule, 0, None), created: true })
     }
 
     pub(super) fn del_rule(&mut self, id: u32) -> anyhow::Result<RuleView> {
+        if let Some(source) = self.cluster.source(id) {
+            anyhow::bail!(
+                "rule {id} comes from the cluster's {source}: delete or change that resource (kubectl), \
+                 and every node follows"
+            );
+        }
         let hits = self.dp.rules()?.into_iter().find(|r| r.id == id).map_or(0, |r| r.hits);
         let rule = self.dp.remove_rule(id)?;
         self.save_rules()?;
-        Ok(rule_view(id, &rule, hits))
+        Ok(rule_view(id, &rule, hits, None))
     }
 
     pub(super) fn rules(&self) -> anyhow::Result<Vec<RuleView>> {
-        Ok(self.dp.rules()?.into_iter().map(|r| rule_view(r.id, &r.rule, r.hits)).collect())
+        Ok(self
+            .dp
+            .rules()?
+            .into_iter()
+            .map(|r| rule_view(r.id, &r.rule, r.hits, self.cluster.source(r.id)))
+            .collect())
+    }
+
+    /// Installs the cluster's rules for this node (and removes those it no longer lists).
+    pub(super) fn set_cluster_rules(
+        &mut self,
+        want: Vec<WantedRule>,
+    ) -> anyhow::Result<Vec<(String, Installed)>> {
+        let fits = |rules: &[&Rule]| {
+            crate::rules::check_fits(rules.iter().copied(), RuleCapacity::classifier())
+                .map_err(|e| e.to_string())
+        };
+        let out = self.cluster.apply(&mut self.dp, &want, fits);
+        self.save_rules()?;
+        Ok(out)
     }
 
     fn set_group(&mut self, group: Group, on: bool) -> anyhow::Result<()> {
@@ -389,6 +439,12 @@ impl Driver {
 }
 
 /// A rule as the API shows it.
-fn rule_view(id: u32, rule: &mirror_bpf::Rule, hits: u64) -> RuleView {
-    RuleView { id, rule: rule.to_string(), kind: rule.kind().name().into(), hits }
+fn rule_view(id: u32, rule: &mirror_bpf::Rule, hits: u64, source: Option<&str>) -> RuleView {
+    RuleView {
+        id,
+        rule: rule.to_string(),
+        kind: rule.kind().name().into(),
+        hits,
+        source: source.map(Into::into),
+    }
 }

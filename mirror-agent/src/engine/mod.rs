@@ -10,6 +10,7 @@
 //! time.
 
 mod attached;
+mod cluster_rules;
 mod cpu;
 mod driver;
 mod events;
@@ -28,6 +29,7 @@ use crate::event_log::EventLog;
 use crate::groups::Group;
 use crate::state::StateStore;
 use crate::views::{CpuShareView, FlowView, GroupView, HistogramView, InterfaceView, LatencyView, RuleView};
+pub use cluster_rules::{Installed, WantedRule};
 use driver::Driver;
 
 /// How the engine is set up.
@@ -99,6 +101,7 @@ enum Cmd {
     SetMirror { ifindex: u32, delivery: MirrorDelivery, sink: u32, reply: Reply<()> },
     AddRule { rule: Rule, reply: Reply<AddedRule> },
     DelRule { id: u32, reply: Reply<RuleView> },
+    SetClusterRules { want: Vec<WantedRule>, reply: Reply<Vec<(String, Installed)>> },
     Rules { reply: Reply<Vec<RuleView>> },
     Flows { reply: Reply<Vec<FlowView>> },
     Latency { reply: Reply<Vec<HistogramView>> },
@@ -187,6 +190,13 @@ impl Engine {
         self.call(|reply| Cmd::DelRule { id, reply }).await
     }
 
+    /// Installs the cluster's rules for this node, each under its resource's key, and removes
+    /// the cluster rules it does not list (never a local one); hands each interface its
+    /// selected rules. One result per wanted rule.
+    pub async fn set_cluster_rules(&self, want: Vec<WantedRule>) -> anyhow::Result<Vec<(String, Installed)>> {
+        self.call(|reply| Cmd::SetClusterRules { want, reply }).await
+    }
+
     /// The rules.
     pub async fn rules(&self) -> anyhow::Result<Vec<RuleView>> {
         self.call(|reply| Cmd::Rules { reply }).await
@@ -267,6 +277,9 @@ fn handle(d: &mut Driver, cmd: Cmd) {
         }
         Cmd::DelRule { id, reply } => {
             let _ = reply.send(d.del_rule(id));
+        }
+        Cmd::SetClusterRules { want, reply } => {
+            let _ = reply.send(d.set_cluster_rules(want));
         }
         Cmd::Rules { reply } => {
             let _ = reply.send(d.rules());

@@ -13,9 +13,9 @@
  * its own. The globals are not pinned: each load starts them afresh.
  *
  * Not here: what the programs advance themselves (mark_epoch, timing_next, replay_next:
- * counters user space only starts), the rules (status_rules, port_rules, port_rule_bits) and
- * the attached interfaces (attached_ifaces, attach_epoch), beside the maps they belong to in
- * maps.h and shared_maps.h. Map sizes are set before load too (maps.h says which), two of
+ * counters user space only starts), the rules (status_rules, port_rules, port_rule_bits, and
+ * iface_scopes: which interfaces select which rules) and the attached interfaces
+ * (attached_ifaces, attach_epoch), beside the maps they belong to in maps.h and shared_maps.h. Map sizes are set before load too (maps.h says which), two of
  * them from the knobs below: flows_max and replay_requests.
  *
  * The classifier and the tracing programs are two objects: each gets the globals of its own
@@ -49,8 +49,9 @@ volatile __u32 stack_stamps SEC(".data") = 0;
 
 /* Key: 0. Value: struct settings (types.h): mirror_ifindex (the sink of mirror.interface),
  * timing (latency.http, latency.handshake), replay_keep (from the rules, when
- * mirror.replay_requests keeps any), replay_ifindex (where replays run). Read per packet,
- * changed by user space at any time. */
+ * mirror.replay_requests keeps any), replay_ifindex (where replays run), kinds and scoped (from
+ * the rules and the interfaces that select some). Read per packet, changed by user space at
+ * any time. */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
     __uint(max_entries, 1);

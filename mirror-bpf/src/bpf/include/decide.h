@@ -13,6 +13,7 @@
 
 #include "maps.h"
 #include "rule.h"
+#include "scope.h"
 #include "timing.h"
 #include "trigger.h"
 
@@ -20,7 +21,8 @@
  * decide_response - a final response with @status of s->meta's flow, @took ns after the
  * request it answers (0: unknown; the request in s->req, its entry @src in the flow timing
  * entry @owner: the flow's own @t, or across NAT the other key's): when a rule matches, mark
- * the flow and report (mirror_trigger).
+ * the flow and report (mirror_trigger). Seen at ingress, the response comes from the pod behind
+ * the veth: the rules it selects apply (scope.h).
  * @t: the flow's shared entry (may be NULL).
  * @return 1 when this response marked the flow.
  */
@@ -31,7 +33,8 @@ static __always_inline int decide_response(struct __sk_buff *skb, struct http_sc
 {
     struct pkt_meta *m = &s->meta;
     const struct flow_key *kept = owner ? &owner->key : &m->key;
-    struct rule_action *ra = rule_lookup(m->src_port, status, took, src, kept, NULL);
+    __u32 scope = rule_scope(skb->ifindex, s->pos.hook, SIDE_SERVER);
+    struct rule_action *ra = rule_lookup(m->src_port, status, scope, took, src, kept, NULL);
 
     if (!ra)
         return 0;
@@ -97,6 +100,7 @@ __noinline int decide_reset(struct __sk_buff *skb, struct http_scratch *s,
 
     if (!skb || !s || !set || !(set->kinds & (1 << TRIGGER_RESET)))
         return 0;
+    __u32 ifindex = skb->ifindex;
     struct pkt_meta *m = &s->meta;
     struct flow_timing *t = timing_find(fs, &m->key), *owner = t;
     if ((!owner || !owner->req_tail) && nat_peer(skb, m, t, &s->peer, 1))
@@ -106,8 +110,11 @@ __noinline int decide_reset(struct __sk_buff *skb, struct http_scratch *s,
     __u32 at = owner->req_head != owner->req_tail ? owner->req_head : owner->req_tail - 1;
     struct http_request *req = &owner->req[at % HTTP_PIPELINE];
     __u64 took = req->ts_ns && m->now >= req->ts_ns ? m->now - req->ts_ns : 0;
+    /* Who reset says whether the pod behind the veth is the server (scope.h). */
+    __u32 by = reset_side(m, owner);
+    __u32 scope = reset_scope(ifindex, hook, by);
     struct rule_action *ra =
-        rule_lookup(server_port(owner), TRIGGER_RESET, took, req, &owner->key, NULL);
+        rule_lookup(server_port(owner), TRIGGER_RESET, scope, took, req, &owner->key, NULL);
     if (!ra)
         return 0;
     struct trigger_info *ti = &s->trigger;
@@ -115,7 +122,7 @@ __noinline int decide_reset(struct __sk_buff *skb, struct http_scratch *s,
     ti->status = 0;
     ti->hook = hook;
     ti->kind = TRIGGER_RESET;
-    ti->by = reset_side(m, owner);
+    ti->by = by;
     ti->proto = HTTP_PROTO_1;
     ti->stream = 0;
     ti->replay = req->replay;

@@ -15,6 +15,7 @@
 
 #include "maps.h"
 #include "rule.h"
+#include "scope.h"
 #include "timing.h"
 #include "trigger.h"
 #include "replay.h"
@@ -61,8 +62,8 @@ __noinline int h2_rule(struct __sk_buff *skb, struct http_scratch *s, struct flo
     /* No :authority (the HTTP/1.1 request of an h2c upgrade): its Host header, from its kept
      * segment (filter.h). */
     struct rule_action *ra =
-        rule_lookup(s->meta.src_port, status, ti->took, found ? &st->req : NULL, &h->key.key,
-                    st->authority.len ? &st->authority : NULL);
+        rule_lookup(s->meta.src_port, status, h->rule_scope, ti->took, found ? &st->req : NULL,
+                    &h->key.key, st->authority.len ? &st->authority : NULL);
 
     if (!ra)
         return 0;
@@ -80,13 +81,13 @@ __noinline int h2_rule(struct __sk_buff *skb, struct http_scratch *s, struct flo
 }
 
 /*
- * h2_covered - could a rule match @status (or pseudo-status) from server port @port? Two array
- * lookups: what a response of a status no rule names costs.
+ * h2_covered - could a rule of @scope match @status (or pseudo-status) from server port @port?
+ * Two array lookups: what a response of a status no rule names costs.
  */
-static __always_inline int h2_covered(__u16 port, __u16 status)
+static __always_inline int h2_covered(__u16 port, __u16 status, __u32 scope)
 {
     struct rule_entry *scoped;
-    struct rule_entry *global = rule_entries(port, status, &scoped);
+    struct rule_entry *global = rule_entries(port, status, scope, &scoped);
 
     return scoped ||
            (global && (global->any.rule_id || global->slow.rule_id || global->filtered[0]));
@@ -172,7 +173,11 @@ __noinline int h2_decide(struct __sk_buff *skb, struct http_scratch *s, struct f
     s->trigger.took = took;
     __u16 port = m->src_port;
     __u32 grpc_code = GRPC_STATUS_BASE + ((grpc - 1) & (GRPC_STATUS_CODES - 1));
-    int want = (status >= 200 && h2_covered(port, status)) || (grpc && h2_covered(port, grpc_code));
+    /* Seen at ingress, the answer comes from the pod behind the veth: its rules (scope.h). */
+    __u32 scope = rule_scope(skb->ifindex, s->pos.hook, SIDE_SERVER);
+    h->rule_scope = scope;
+    int want = (status >= 200 && h2_covered(port, status, scope)) ||
+               (grpc && h2_covered(port, grpc_code, scope));
     if (want) {
         /* The request, for the rules' filters and the event. */
         struct h2_stream *rq = &h->stream;

@@ -22,6 +22,7 @@
 #include "method.h"
 #include "timing.h"
 #include "decide.h"
+#include "scope.h"
 #include "noresponse.h"
 #include "replay.h"
 #include "h2.h"
@@ -441,6 +442,7 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
             __u32 kept = replay_keep(skb, s, pos->off, loaded, t, set, cnt);
             timing_request(t, s, avail, m->now, set, kept);
             t->req_ifindex = skb->ifindex;
+            t->req_hook = pos->hook;
             if (set && (set->kinds & (1 << TRIGGER_NORESPONSE)))
                 noresponse_arm(fs, &m->key);
         }

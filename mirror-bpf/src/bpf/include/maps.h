@@ -144,7 +144,11 @@ struct {
     __type(value, struct rule_entry);
 } status_rules SEC(".maps");
 
-/* Key: struct port_status_key. Value: struct rule_entry. Rules scoped to a server port. */
+/*
+ * Key: struct port_status_key. Value: struct rule_entry. Rules scoped to a server port; and in
+ * each scope of selected rules (scope.h), every key of its rules, any port's too, compiled with
+ * the rules that reach everywhere: a lookup in a scope needs no other.
+ */
 struct {
     __uint(type, BPF_MAP_TYPE_HASH);
     __uint(max_entries, 65536);
@@ -162,6 +166,18 @@ struct {
     __type(key, __u32);
     __type(value, __u64);
 } port_rule_bits SEC(".maps");
+
+/*
+ * Key: ifindex. Value: the scope of the rules the pod behind it selects (scope.h): the
+ * port_status_key.scope of its entries in port_rules. No entry: scope 0, the rules that reach
+ * everywhere. Read only while settings.scoped says some interface has an entry.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, IFACE_SCOPES_MAX);
+    __type(key, __u32);
+    __type(value, __u32);
+} iface_scopes SEC(".maps");
 
 /*
  * Key: rule slot. Value: struct rule_filter, a rule with request filters (filter.h), listed by

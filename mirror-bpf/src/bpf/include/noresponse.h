@@ -24,6 +24,7 @@
 
 #include "maps.h"
 #include "rule.h"
+#include "scope.h"
 #include "timing.h"
 #include "trigger.h"
 
@@ -92,8 +93,12 @@ __noinline int noresponse_check(__u32 slot, __u64 now)
     if (!ts || ts > now)
         return !ts; /* not timed (latency.http off) */
     __u64 waited = now - ts;
+    /* The scope of the interface of the latest request, when it went into the pod there (its
+     * server); a request between two pods of the node, seen at its client's, finds scope 0
+     * (scope.h). */
+    __u32 scope = rule_scope(t->req_ifindex, t->req_hook, SIDE_CLIENT);
     struct rule_action *ra =
-        rule_lookup(server_port(t), TRIGGER_NORESPONSE, waited, req, &t->key, NULL);
+        rule_lookup(server_port(t), TRIGGER_NORESPONSE, scope, waited, req, &t->key, NULL);
     if (!ra)
         return 0;
     noresponse_mark(t, req, ra, waited, now);

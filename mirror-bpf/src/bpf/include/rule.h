@@ -5,7 +5,9 @@
  * port, a given time after its request, for a given request. Looked up by (port, status) and by
  * status in maps user space writes (rule_maps.rs), the kinds other than a status under their
  * pseudo-status (enum trigger_kind): constant in the number of rules. The rules with request
- * filters of a key are tried first (filter.h), then the others.
+ * filters of a key are tried first (filter.h), then the others. Each lookup is made in one scope
+ * (scope.h): 0, the rules that reach everywhere, in status_rules and port_rules; or a scope of
+ * selected rules, whose keys (any port's too) are all in port_rules.
  */
 #ifndef MIRROR_RULE_H
 #define MIRROR_RULE_H
@@ -38,9 +40,9 @@ static __always_inline struct rule_action *rule_pick(struct rule_entry *e, __u64
     return NULL;
 }
 
-/* rule_entries - the entries of (@port, @status): port-scoped in @scoped (NULL when the port
- * has no rules of its own), global returned. */
-static __always_inline struct rule_entry *rule_entries(__u16 port, __u16 status,
+/* rule_entries - the entries of (@port, @status) in @scope: port-scoped in @scoped (NULL when
+ * the port has no rules of its own), any port's returned. */
+static __always_inline struct rule_entry *rule_entries(__u16 port, __u16 status, __u32 scope,
                                                        struct rule_entry **scoped)
 {
     __u32 word = port / 64, idx = status;
@@ -48,27 +50,31 @@ static __always_inline struct rule_entry *rule_entries(__u16 port, __u16 status,
 
     *scoped = NULL;
     if (bits && (*bits & (1ULL << (port % 64)))) {
-        struct port_status_key k = {.port = port, .status = status};
+        struct port_status_key k = {.port = port, .status = status, .scope = scope};
         *scoped = bpf_map_lookup_elem(&port_rules, &k);
+    }
+    if (scope) {
+        struct port_status_key k = {.port = 0, .status = status, .scope = scope};
+        return bpf_map_lookup_elem(&port_rules, &k);
     }
     return bpf_map_lookup_elem(&status_rules, &idx);
 }
 
 /*
- * rule_lookup - the rule matching @status (or a kind's pseudo-status) from server port @port,
- * @took ns after the request @req (may be NULL) kept under @key (its :authority @host for
- * HTTP/2, else NULL). Port-scoped rules win
- * over global ones. Cost: two array lookups, a hash lookup only for ports that have port-scoped
- * rules, and the filters of the key's rules that have any.
+ * rule_lookup - the rule of @scope (scope.h) matching @status (or a kind's pseudo-status) from
+ * server port @port, @took ns after the request @req (may be NULL) kept under @key (its
+ * :authority @host for HTTP/2, else NULL). Port-scoped rules win over any port's. Cost: two
+ * array lookups (in a scope other than 0, a hash lookup instead of the second), a hash lookup
+ * only for ports that have port-scoped rules, and the filters of the key's rules that have any.
  * @return the action, or NULL.
  */
-static __always_inline struct rule_action *rule_lookup(__u16 port, __u16 status, __u64 took,
-                                                       const struct http_request *req,
+static __always_inline struct rule_action *rule_lookup(__u16 port, __u16 status, __u32 scope,
+                                                       __u64 took, const struct http_request *req,
                                                        const struct flow_key *key,
                                                        const struct host_text *host)
 {
     struct rule_entry *scoped;
-    struct rule_entry *global = rule_entries(port, status, &scoped);
+    struct rule_entry *global = rule_entries(port, status, scope, &scoped);
 
     if (scoped) {
         struct rule_action *ra = rule_pick(scoped, took, req, key, host);

@@ -36,6 +36,8 @@ enum mirror_limits {
     RULE_FILTER_TEXT = 64,
     /* Rule hit counters are indexed by rule slot; 0 is never used. */
     RULE_SLOTS = 16384,
+    /* Interfaces that may select rules at once (iface_scopes entries). */
+    IFACE_SCOPES_MAX = 4096,
     /* port_rule_bits: one bit per port, 64 per word. */
     PORT_BITMAP_WORDS = 65536 / 64,
     /* Latency histogram buckets: 8 per power of two of nanoseconds, up to 2^34 ns (17 s). */
@@ -354,10 +356,15 @@ enum http_method {
     HTTP_METHOD_TRACE = 256,
 };
 
-/* port_rules key: a rule scoped to a server port. */
+/*
+ * port_rules key: the rules of a server port, in scope 0 (the rules that reach everywhere); or
+ * in a scope of selected rules (scope.h), of a port or of any port (0), the rules that reach
+ * everywhere compiled in with them.
+ */
 struct port_status_key {
-    __u16 port;
-    __u16 status;
+    __u16 port;   /* 0: any port (scope > 0 only: scope 0's are in status_rules) */
+    __u16 status; /* or a kind's pseudo-status */
+    __u32 scope;  /* iface_scopes value of the interfaces it applies on (0: every interface) */
 };
 
 /* A flow marked for mirroring, shared by all CPUs. packets/bytes grow atomically. */
@@ -427,7 +434,9 @@ struct flow_timing {
     struct flow_key key; /* the flow that owns the slot (zero: free) */
     __u32 ref;           /* used since the allocator last passed (a second chance: timing.h) */
     __u8 h2;             /* bit d: direction d was found speaking HTTP/2 (h2.h) */
-    __u8 _pad0[3];
+    __u8 req_hook;       /* enum hook_kind where the latest request was seen: at HOOK_EGRESS of
+                          * req_ifindex it went into the pod behind it, its server (scope.h) */
+    __u8 _pad0[2];
     __u64 syn_ns;    /* SYN, until the handshake completes */
     __u64 synack_ns; /* SYN/ACK */
     __u32
@@ -558,8 +567,8 @@ struct h2_scratch {
     __s32 field_result; /* hpack_field's last result (0: a field read, 1: the end) */
     __u16 rule_status;  /* h2_decide: a :status some rule covers (0: none) */
     __u16 rule_grpc;    /* h2_decide: a grpc-status pseudo-status some rule covers (0: none) */
-    __u32 _pad2;
-    __u8 hdr[24]; /* a frame header: bytes kept from earlier segments, then these */
+    __u32 rule_scope;   /* h2_decide: the scope whose rules h2_rule looks up (scope.h) */
+    __u8 hdr[24];       /* a frame header: bytes kept from earlier segments, then these */
     __u8 method[16];
     __u8 path[H2_TEXT];
     __u8 text[H2_TEXT + 8]; /* a string decoded (Huffman) or copied */
@@ -739,7 +748,7 @@ struct settings {
     __u32 replay_keep;    /* enum replay_keep: which flows keep their requests */
     __u32 replay_ifindex; /* where the replay program runs (the sink's egress; 0: no replays) */
     __u32 kinds;          /* bit (1 << enum trigger_kind) of each kind some rule has */
-    __u32 _pad;
+    __u32 scoped;         /* some interface selects rules: iface_scopes has entries (scope.h) */
 };
 
 /* Which flows keep the segment of their latest request for a replay (settings.replay_keep). */

@@ -1,0 +1,132 @@
+//! A rule resource's fields as the agent's rule: each field becomes the `mirrorctl rules add`
+//! token it stands for, the text is parsed as every rule is ([`crate::rules::parse`]), and an
+//! error names the field (`spec.status: '5xz' is not a status ...`). Also when a rule ends
+//! (`expiresAt`, `ttl`).
+
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use mirror_bpf::Rule;
+
+use super::crd::RuleFields;
+
+/// The rule of `f`, or why it is none, in words naming the field.
+pub fn rule_of(f: &RuleFields) -> Result<Rule, String> {
+    let mut tokens: Vec<(&str, String)> = Vec::new();
+    let mut push = |field: &'static str, prefix: &str, value: &Option<String>| -> Result<(), String> {
+        if let Some(v) = value {
+            if v.trim().is_empty() {
+                return Err(format!("spec.{field}: empty"));
+            }
+            if v.chars().any(char::is_whitespace) {
+                return Err(format!("spec.{field}: '{v}' has a blank in it"));
+            }
+            tokens.push((field, format!("{prefix}{v}")));
+        }
+        Ok(())
+    };
+    push("port", "port=", &f.port.map(|p| p.to_string()))?;
+    push("status", "status=", &f.status)?;
+    push("grpcStatus", "grpc-status=", &f.grpc_status)?;
+    push("reset", "", &f.reset.filter(|r| *r).map(|_| "reset".to_string()))?;
+    push("noResponse", "noresponse>", &f.no_response)?;
+    push("latency", "latency>", &f.latency)?;
+    push("method", "method=", &f.method)?;
+    push("path", "path=", &f.path)?;
+    push("host", "host=", &f.host)?;
+    push("packets", "packets=", &f.packets.map(|p| p.to_string()))?;
+    push("bytes", "bytes=", &f.bytes.map(|p| p.to_string()))?;
+    push("duration", "duration=", &f.duration)?;
+    let triggers = ["status", "grpcStatus", "reset", "noResponse", "latency"];
+    if !tokens.iter().any(|(field, _)| triggers.contains(field)) {
+        return Err("no trigger: set one of spec.status, spec.grpcStatus, spec.reset, spec.noResponse, \
+                    spec.latency"
+            .into());
+    }
+    let text = tokens.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>().join(" ");
+    crate::rules::parse(&text).map_err(|e| {
+        // The field whose token the error is at.
+        let mut at = 0;
+        let field = tokens
+            .iter()
+            .find(|(_, t)| {
+                let start = at;
+                at += t.len() + 1;
+                (start..at).contains(&e.offset)
+            })
+            .map_or("", |(f, _)| *f);
+        if field.is_empty() {
+            format!("{}: {}", e.token, e.reason)
+        } else {
+            format!("spec.{field}: '{}': {}", e.token, e.reason)
+        }
+    })
+}
+
+/// When the rule ends: the earlier of `expiresAt` and its creation plus `ttl` (none: never).
+pub fn expiry(f: &RuleFields, created: Option<&Time>) -> Result<Option<SystemTime>, String> {
+    let mut end: Option<SystemTime> = f.expires_at.as_ref().map(|t| SystemTime::from(t.0));
+    if let Some(ttl) = &f.ttl {
+        let d: Duration = mirror_bpf::rule::parse_duration(ttl)
+            .map_err(|_| format!("spec.ttl: '{ttl}' is not a duration (e.g. 30m, 2h)"))?;
+        // A rule the API server has not stamped yet is as new as now.
+        let from = created.map_or_else(SystemTime::now, |t| SystemTime::from(t.0));
+        let by_ttl = from + d;
+        end = Some(end.map_or(by_ttl, |e| e.min(by_ttl)));
+    }
+    Ok(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(yaml: &str) -> RuleFields {
+        serde_yaml_ng::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn fields_become_the_rule_syntax() {
+        let r =
+            rule_of(&fields("status: 5xx\nport: 8080\nmethod: POST\npath: /api/\npackets: 50\n")).unwrap();
+        assert_eq!(
+            r.to_string(),
+            "port=8080 status=5xx method=POST path=/api/ packets=50 bytes=0 duration=60s"
+        );
+        let r = rule_of(&fields("grpcStatus: internal,unavailable\nlatency: 1s\n")).unwrap();
+        assert!(r.to_string().starts_with("grpc-status=INTERNAL,UNAVAILABLE latency>1s"), "{r}");
+        assert_eq!(rule_of(&fields("reset: true\n")).unwrap().to_string().split(' ').next(), Some("reset"));
+        assert!(rule_of(&fields("noResponse: 2s\n")).unwrap().to_string().starts_with("noresponse>2s"));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = rule_of(&fields("status: 5xz\n")).unwrap_err();
+        assert!(e.starts_with("spec.status: 'status=5xz': "), "{e}");
+        let e = rule_of(&fields("status: \"500\"\nduration: 48h\n")).unwrap_err();
+        assert!(e.starts_with("spec.duration: 'duration=48h': longer than 24h"), "{e}");
+        let e = rule_of(&fields("grpcStatus: bogus\n")).unwrap_err();
+        assert!(e.starts_with("spec.grpcStatus: "), "{e}");
+        let e = rule_of(&fields("port: 80\n")).unwrap_err();
+        assert!(e.starts_with("no trigger"), "{e}");
+        let e = rule_of(&fields("status: \"500\"\npath: /a b\n")).unwrap_err();
+        assert_eq!(e, "spec.path: '/a b' has a blank in it");
+        let e = rule_of(&fields("reset: false\n")).unwrap_err();
+        assert!(e.starts_with("no trigger"), "{e}");
+    }
+
+    #[test]
+    fn the_earlier_end_wins() {
+        let created = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap());
+        let f = fields("status: \"500\"\nttl: 1h\n");
+        let end = expiry(&f, Some(&created)).unwrap().unwrap();
+        assert_eq!(end, SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_003_600));
+        let f = fields("status: \"500\"\nttl: 1h\nexpiresAt: \"2027-01-15T08:00:30Z\"\n");
+        let at = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        assert_eq!(expiry(&f, Some(&created)).unwrap(), Some(at(1_800_000_030)));
+        let f = fields("status: \"500\"\nexpiresAt: \"2027-01-15T08:00:00Z\"\n");
+        assert_eq!(expiry(&f, None).unwrap(), Some(at(1_800_000_000)));
+        assert!(expiry(&fields("status: \"500\"\nttl: soon\n"), None).unwrap_err().starts_with("spec.ttl"));
+        assert_eq!(expiry(&fields("status: \"500\"\n"), None).unwrap(), None);
+    }
+}

@@ -1,0 +1,8 @@
+//go:build tools
+
+// The packages built here, named so that `go mod tidy` keeps them.
+package kube
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+)
