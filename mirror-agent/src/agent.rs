@@ -292,7 +292,12 @@ async fn serve(
 /// Follows the cluster's rules when `cluster:` says so. With `mode: auto`, a client that
 /// cannot be made (a pod without its service account token) is said in the log and the agent
 /// goes on with its local rules; with `mode: on` it stops the start.
-async fn start_cluster(cfg: &Config, engine: &Engine, pods: &Pods, events: &Arc<EventLog>) -> anyhow::Result<()> {
+async fn start_cluster(
+    cfg: &Config,
+    engine: &Engine,
+    pods: &Pods,
+    events: &Arc<EventLog>,
+) -> anyhow::Result<()> {
     if !cfg.cluster.enabled() {
         tracing::info!(mode = ?cfg.cluster.mode, "cluster rules off: local rules only");
         return Ok(());
@@ -300,7 +305,10 @@ async fn start_cluster(cfg: &Config, engine: &Engine, pods: &Pods, events: &Arc<
     let client = match crate::cluster::client(&cfg.cluster).await {
         Ok(c) => c,
         Err(e) if cfg.cluster.mode == crate::config::ClusterMode::Auto => {
-            tracing::warn!(error = format!("{e:#}"), "cluster rules off: no usable Kubernetes API configuration");
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "cluster rules off: no usable Kubernetes API configuration"
+            );
             return Ok(());
         }
         Err(e) => return Err(e),

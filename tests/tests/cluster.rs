@@ -341,7 +341,7 @@ fn rules_follow_the_cluster() {
         "  status: \"500\"\n  podSelector:\n    matchLabels: {app: cart}\n",
     ));
     until_all(&nodes, PROPAGATION, "the hot rule", |n| n.rule(hot).is_some());
-    let before = cp.audit_counts(AGENT);
+    let (before, cpu0) = (cp.audit_counts(AGENT), cp.cpu_time());
     let window = Duration::from_secs(12);
     let t0 = Instant::now();
     let mut sent = 0;
@@ -352,7 +352,7 @@ fn rules_follow_the_cluster() {
         }
     }
     std::thread::sleep(Duration::from_secs(1));
-    let after = cp.audit_counts(AGENT);
+    let (after, cpu1) = (cp.audit_counts(AGENT), cp.cpu_time());
     let patches = |c: &BTreeMap<(String, String), u64>| {
         c.get(&("patch".to_string(), "mirrorrules.mirror.ebpf.io/status".to_string())).copied().unwrap_or(0)
     };
@@ -361,14 +361,27 @@ fn rules_follow_the_cluster() {
     report.push((
         format!("hot rule, {sent} triggers in {secs:.0} s on 2 nodes: status writes"),
         format!(
-            "{hot_writes} ({:.2}/s per agent; bound 1/{}s)",
+            "{hot_writes} ({:.2}/s per agent; bound 1/{}s); API server + etcd CPU {} ms",
             hot_writes as f64 / secs / 2.0,
-            STATUS_INTERVAL.as_secs()
+            STATUS_INTERVAL.as_secs(),
+            (cpu1 - cpu0).as_millis()
         ),
     ));
     // At most one write per interval per node, and one more for the state each started with.
     let bound = 2 * ((secs / STATUS_INTERVAL.as_secs_f64() * 1.12).ceil() as u64 + 1);
     assert!(hot_writes <= bound, "{hot_writes} status writes in {secs:.1} s, bound {bound}");
+
+    // Quiet: the rules set, no trigger. What do two agents cost the API server then?
+    std::thread::sleep(STATUS_INTERVAL * 2);
+    let (before, cpu0, t0) = (cp.audit_counts(AGENT), cp.cpu_time(), Instant::now());
+    std::thread::sleep(Duration::from_secs(20));
+    let (after, cpu1) = (cp.audit_counts(AGENT), cp.cpu_time());
+    let quiet = total(&after) - total(&before);
+    report.push((
+        format!("quiet {:.0} s: the agents' requests, API server + etcd CPU", t0.elapsed().as_secs_f64()),
+        format!("{quiet} requests, {} ms CPU", (cpu1 - cpu0).as_millis()),
+    ));
+    assert!(quiet <= 2, "{quiet} requests from idle agents: {after:?}");
 
     // The API server away 30 s: rules keep working, the status resumes, nothing doubles.
     let ids: Vec<u64> = nodes.iter().map(|n| n.rule(hot).unwrap()["id"].as_u64().unwrap()).collect();
@@ -431,6 +444,11 @@ fn rules_follow_the_cluster() {
 
     // What two agents cost the API server over the whole test.
     let counts = cp.audit_counts(AGENT);
+    let mem = cp.memory();
+    report.push((
+        "API server / etcd resident memory at the end".into(),
+        format!("{} MB / {} MB", mem.apiserver >> 20, mem.etcd >> 20),
+    ));
     println!("\nrequests of the agents' service account (2 agents), whole test:");
     for ((verb, resource), n) in &counts {
         println!("  {verb:<8} {resource:<45} {n}");
