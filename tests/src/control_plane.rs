@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use mirror_bpf::testing::in_ci;
 use serde_json::{json, Value};
 
-use crate::h2_stacks::cache_dir;
+use crate::h2_stacks::{cache_dir, run_ok};
 use crate::netns::{nsenter, Netns};
 use crate::proc::{wait_until, Proc};
 use crate::servers::find_program;
@@ -304,7 +304,7 @@ impl ControlPlane {
         if self.ca.is_empty() {
             self.ca = read_ca(&self.dir.path().join("pki/apiserver.crt"));
             std::fs::write(self.ca_path(), &self.ca).expect("writing the CA");
-            write_kubeconfig(&self.admin_kubeconfig, &self.ca, &self.admin_token, ADMIN);
+            write_kubeconfig(&self.admin_kubeconfig, &self.ca_path(), &self.admin_token, ADMIN);
         }
         // Through the CA, as every client: the certificate names the address.
         self.kubectl_ok(&["get", "--raw", "/readyz"]);
@@ -525,7 +525,7 @@ impl ControlPlane {
         ]);
         let n = self.kubeconfigs.fetch_add(1, Ordering::Relaxed);
         let path = self.dir.path().join(format!("sa-{ns}-{name}-{n}.kubeconfig"));
-        write_kubeconfig(&path, &self.ca, token.trim(), &format!("system:serviceaccount:{ns}:{name}"));
+        write_kubeconfig(&path, &self.ca_path(), token.trim(), &format!("system:serviceaccount:{ns}:{name}"));
         path
     }
 
@@ -710,63 +710,22 @@ fn read_ca(cert: &Path) -> String {
     ca
 }
 
-/// A kubeconfig for [`ADDRESS`] with the CA and a bearer token; owner-only.
-fn write_kubeconfig(path: &Path, ca: &str, token: &str, user: &str) {
+/// A kubeconfig for [`ADDRESS`] with the CA's file and a bearer token; owner-only.
+fn write_kubeconfig(path: &Path, ca: &Path, token: &str, user: &str) {
     let server = format!("https://{ADDRESS}:{PORT}");
     let text = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n  - name: e2e\n    cluster:\n      server: {server}\n      \
-         certificate-authority-data: {ca}\nusers:\n  - name: \"{user}\"\n    user:\n      token: {token}\n\
+         certificate-authority: {ca}\nusers:\n  - name: \"{user}\"\n    user:\n      token: {token}\n\
          contexts:\n  - name: e2e\n    context:\n      cluster: e2e\n      user: \"{user}\"\n\
          current-context: e2e\n",
-        ca = base64(ca.as_bytes())
+        ca = ca.display()
     );
     write_private(path, &text);
-}
-
-/// Standard base64 with padding.
-fn base64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-/// Runs `cmd`; panics with its output unless it succeeds.
-#[track_caller]
-fn run_ok(what: &str, cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("running {what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn base64_matches_the_standard_encoding() {
-        assert_eq!(base64(b""), "");
-        assert_eq!(base64(b"f"), "Zg==");
-        assert_eq!(base64(b"fo"), "Zm8=");
-        assert_eq!(base64(b"foo"), "Zm9v");
-        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
-    }
 
     #[test]
     fn prometheus_labels_are_read_with_their_escapes() {

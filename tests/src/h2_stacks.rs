@@ -67,7 +67,7 @@ fn hash_files(files: &[PathBuf]) -> String {
 
 /// Runs `cmd`; panics with its output unless it succeeds.
 #[track_caller]
-fn run_ok(what: &str, cmd: &mut Command) -> Output {
+pub(crate) fn run_ok(what: &str, cmd: &mut Command) -> Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("running {what}: {e}"));
     assert!(
         out.status.success(),

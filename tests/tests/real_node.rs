@@ -571,7 +571,10 @@ fn the_daemonset_agent_names_containerd_pods_through_the_nodes_run() {
             ("/run", node.run_dir()),
         ]),
         config_maps: BTreeMap::from([("mirror-agent", config)]),
-        fields: BTreeMap::from([("status.hostIP", containerd::GATEWAY4.to_string())]),
+        fields: BTreeMap::from([
+            ("status.hostIP", containerd::GATEWAY4.to_string()),
+            ("spec.nodeName", "e2e-node".to_string()),
+        ]),
         netns_path: node.node.path(),
     };
     Container::run_to_end(&m.podman_args("mount-bpffs", &kube_node));

@@ -136,11 +136,13 @@ pub struct RuleStatus {
     /// The rule as the agents read it (`mirrorctl rules add` syntax).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
-    /// `Valid`: whether the spec is a rule (when not, why, in words).
+    /// `Valid`: whether the spec is a rule (when not, why, in words); `Expired`: whether its
+    /// time is over.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<RuleCondition>,
-    /// One entry per node whose agent read the rule, written by that agent.
+    /// One entry per node that has something to say of the rule (pods it selects there, hits,
+    /// or a rule it could not install), written by that node's agent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
     pub nodes: Vec<NodeStatus>,
@@ -170,9 +172,8 @@ pub struct RuleCondition {
 pub struct NodeStatus {
     /// The node.
     pub node: String,
-    /// `Active` (installed), `Invalid` (not a rule: see `message`), `Rejected` (a rule this
-    /// node could not install: see `message`), `Expired`, `OtherNodes` (its node selector
-    /// leaves this node out).
+    /// `Active` (installed), or `Rejected` (a rule this node could not install: see
+    /// `message`).
     pub state: String,
     /// Why, in words, when not `Active`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,16 +1,19 @@
-//! Each rule's status, written back by every agent for its own node: one entry of
-//! `status.nodes` (state, why in words, rule id, pods selected, hits, latest trigger), the
-//! rule's text and its `Valid` condition (the same from every agent: they depend on the spec
-//! only). Written with server-side apply under a field manager per node, so that each agent
-//! owns its entry and never overwrites another's.
+//! Each rule's status, written back by every agent for its own node: the rule's text and its
+//! `Valid` and `Expired` conditions (the same from every agent: they depend on the spec only,
+//! so the API server finds all but the first write unchanged and tells no watcher), and this
+//! node's entry of `status.nodes` (state, why in words, rule id, pods selected, hits, latest
+//! trigger) where the node has something to say: pods selected, hits, or a rule it could not
+//! install. Written with server-side apply under a field manager per node, so that each agent
+//! owns its entry (and removes it by leaving it out) and never overwrites another's.
 //!
-//! How often: a change of state (installed, invalid, rejected, expired, left to other nodes,
-//! its id or pods) at once; a change of hits or latest trigger only after the rule's interval
-//! since this agent's last write of it: the larger of `cluster.status_interval` and (nodes in
-//! the rule's status) / `cluster.status_writes_per_second`, with a tenth of jitter. So the
-//! writes of one hot rule over the whole cluster stay near `status_writes_per_second`
-//! however many nodes it triggers on. A failed write (the API server away) is tried again
-//! after 1 s, doubling up to 5 s.
+//! How often: a change of state (installed, rejected, its id or pods) at once; a change of hits
+//! or latest trigger only after the rule's interval since this agent's last write of it, with a
+//! tenth of jitter: the largest of `cluster.status_interval`, (nodes in the rule's status) /
+//! `cluster.status_writes_per_second` (so a hot rule's writes over the whole cluster stay near
+//! that rate however many nodes it triggers on), and what keeps the watch traffic of those
+//! writes under [`WATCH_BYTES_PER_SECOND`]: every agent watches the rules, so each write of a
+//! rule listing n nodes is sent n times, about n x [`ENTRY_BYTES`] each. A failed write (the API
+//! server away) is tried again after 1 s, doubling up to 5 s.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -28,6 +31,11 @@ use mirror_bpf::Reach;
 
 /// The latest trigger of each rule id, as the event follower records them.
 pub type Triggers = Arc<Mutex<HashMap<u32, LastTrigger>>>;
+
+/// About what one node's entry adds to a rule (JSON, with its managed-fields record).
+pub const ENTRY_BYTES: f64 = 400.0;
+/// The watch traffic a rule's hit updates may cause over the cluster, bytes per second.
+pub const WATCH_BYTES_PER_SECOND: f64 = 4_000_000.0;
 
 /// Retry after a failed write: from this, doubling.
 const RETRY_MIN: Duration = Duration::from_secs(1);
@@ -171,11 +179,29 @@ impl StatusWriter {
                 observed_generation: Some(p.generation),
             },
         };
-        let mut status = json!({ "conditions": [condition], "nodes": [entry] });
+        let expired = RuleCondition {
+            type_: "Expired".into(),
+            status: if p.verdict == Verdict::Expired { "True" } else { "False" }.into(),
+            reason: if p.verdict == Verdict::Expired { "TimeIsOver" } else { "Running" }.into(),
+            message: match p.expires {
+                Some(t) => format!(
+                    "ends at {}",
+                    chrono::DateTime::<chrono::Utc>::from(t)
+                        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
+                None => "no end set (ttl, expiresAt)".into(),
+            },
+            observed_generation: Some(p.generation),
+        };
+        let mut status = json!({ "conditions": [condition, expired], "nodes": [entry] });
         if let Some(t) = &p.text {
             status["rule"] = json!(t);
         }
         let pp = PatchParams::apply(&self.manager).force();
+        if !entry_worth_writing(e, counts.0) {
+            // Nothing to say from this node: our entry, if any, goes.
+            status["nodes"] = json!([]);
+        }
         let (kind, namespace, name) = split_key(&p.key);
         let mut body = json!({
             "apiVersion": format!("{}/{}", super::crd::GROUP, super::crd::VERSION),
@@ -246,9 +272,19 @@ fn nodes_in_status(stores: &Stores, key: &str) -> usize {
 }
 
 /// The least time between two writes of one rule by one agent, without jitter, when the
-/// rule's status lists `nodes` nodes: each agent takes its share of `per_second`.
+/// rule's status lists `nodes` nodes: each agent takes its share of `per_second`, and of
+/// [`WATCH_BYTES_PER_SECOND`] (n writers x n watchers x an object of n entries).
 pub fn spacing(min: Duration, per_second: f64, nodes: usize) -> Duration {
-    min.max(Duration::from_secs_f64(nodes as f64 / per_second))
+    let n = nodes as f64;
+    let by_rate = n / per_second;
+    let by_watch = n * n * n * ENTRY_BYTES / WATCH_BYTES_PER_SECOND;
+    min.max(Duration::from_secs_f64(by_rate.max(by_watch)))
+}
+
+/// Whether this node has something to say of a rule: pods it selects here, hits, or a rule it
+/// could not install.
+fn entry_worth_writing(e: &Essential, hits: u64) -> bool {
+    e.state == "Rejected" || (e.state == "Active" && (e.pods > 0 || hits > 0))
 }
 
 /// A number in [0, 1) from the clock: jitter needs no better.
@@ -266,11 +302,15 @@ mod tests {
     fn a_hot_rule_costs_the_same_on_any_number_of_nodes() {
         let min = Duration::from_secs(10);
         assert_eq!(spacing(min, 2.0, 2), min);
-        assert_eq!(spacing(min, 2.0, 1000), Duration::from_secs(500));
-        // Over the cluster: nodes / spacing writes per second.
+        assert_eq!(spacing(min, 2.0, 40), Duration::from_secs(20));
+        assert_eq!(spacing(min, 2.0, 100), Duration::from_secs(100));
+        assert_eq!(spacing(min, 2.0, 1000), Duration::from_secs(100_000));
+        // Over the cluster: nodes / spacing writes per second, each sent to every node.
         for nodes in [1usize, 20, 100, 1000, 5000] {
             let rate = nodes as f64 / spacing(min, 2.0, nodes).as_secs_f64();
             assert!(rate <= 2.0 + 1e-9, "{nodes} nodes: {rate} writes/s");
+            let watched = rate * nodes as f64 * nodes as f64 * ENTRY_BYTES;
+            assert!(watched <= WATCH_BYTES_PER_SECOND * 1.0001, "{nodes} nodes: {watched} B/s");
         }
     }
 
