@@ -211,16 +211,6 @@ fn unselecting_or_removing_the_rule_stops_it() {
     );
 }
 
-/// A RST|ACK from the server (`from_server`) or the client of connection `cport`.
-fn rst(cport: u16, from_server: bool) -> Vec<u8> {
-    let flags = tcp_flags::RST | tcp_flags::ACK;
-    if from_server {
-        PacketBuilder::ipv4(V4_SERVER, V4_CLIENT).tcp(PORT_HTTP, cport, flags).build()
-    } else {
-        PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).tcp(cport, PORT_HTTP, flags).build()
-    }
-}
-
 #[test]
 fn a_selected_reset_rule_applies_where_its_pod_is_the_server() {
     let Some(mut bed) = Bed::new(&["sa", "sb"]) else { return };
@@ -240,7 +230,7 @@ fn a_selected_reset_rule_applies_where_its_pod_is_the_server() {
         assert_eq!(bed.run(ifindex, pod_serves, &fixtures::v4_request(cport, PORT_HTTP, REQ_GET_BAR)), 0);
         // The reset leaves the pod at ingress, enters it at egress.
         let from_pod = server_resets == pod_serves;
-        let n = bed.run(ifindex, !from_pod, &rst(cport, server_resets));
+        let n = bed.run(ifindex, !from_pod, &fixtures::v4_rst(cport, server_resets));
         assert_eq!(n, u64::from(want), "{cport}");
         let events = bed.take();
         assert_eq!(events.len(), usize::from(want), "{cport}: {events:?}");

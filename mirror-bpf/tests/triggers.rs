@@ -47,16 +47,6 @@ fn to_client(cport: u16, seq: u32, text: &[u8]) -> Vec<u8> {
         .build()
 }
 
-/// A RST|ACK from the server (`from_server`) or the client of connection `cport`.
-fn rst(cport: u16, from_server: bool) -> Vec<u8> {
-    let flags = tcp_flags::RST | tcp_flags::ACK;
-    if from_server {
-        PacketBuilder::ipv4(V4_SERVER, V4_CLIENT).tcp(PORT_HTTP, cport, flags).build()
-    } else {
-        PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).tcp(cport, PORT_HTTP, flags).build()
-    }
-}
-
 /// The classifier with `rules`, and its events as they come.
 struct Bed {
     dp: Dp,
@@ -92,18 +82,18 @@ fn a_reset_marks_an_established_http_connection_and_says_who_reset() {
     // The server resets while a request is pending.
     ingress(dp, &fixtures::v4_request(45000, PORT_HTTP, b"POST /api/pay HTTP/1.1\r\nHost: x\r\n\r\n"));
     sleep(Duration::from_millis(2));
-    let d = ingress(dp, &rst(45000, true));
+    let d = ingress(dp, &fixtures::v4_rst(45000, true));
     assert_eq!((d.get(S::STAT_TRIGGERS), d.get(S::STAT_RESET_TRIGGERS)), (1, 1), "{d:?}");
     assert_eq!(d.get(S::STAT_MIRROR_NO_TARGET), 1, "the RST itself is a packet of the marked flow");
     // The client resets after its answer: the request behind it is the latest.
     ingress(dp, &fixtures::v4_request(45001, PORT_HTTP, REQ_GET_BAR));
     ingress(dp, &fixtures::v4_response(PORT_HTTP, 45001, RESP_200));
-    let d = ingress(dp, &rst(45001, false));
+    let d = ingress(dp, &fixtures::v4_rst(45001, false));
     assert_eq!(d.get(S::STAT_RESET_TRIGGERS), 1, "{d:?}");
     // A RST with no request before it (a refused SYN, a port scan) is not an HTTP failure.
     let syn = PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).tcp(45002, PORT_HTTP, tcp_flags::SYN).build();
     ingress(dp, &syn);
-    let d = ingress(dp, &rst(45002, true));
+    let d = ingress(dp, &fixtures::v4_rst(45002, true));
     assert_eq!(d.get(S::STAT_TRIGGERS), 0, "{d:?}");
 
     let events = bed.take();
@@ -130,7 +120,7 @@ fn a_reset_marks_an_established_http_connection_and_says_who_reset() {
 fn without_a_reset_rule_a_reset_costs_nothing_and_marks_nothing() {
     let Some(bed) = Bed::new(&["status=500"]) else { return };
     ingress(&bed.dp, &fixtures::v4_request(45100, PORT_HTTP, REQ_GET_BAR));
-    let d = ingress(&bed.dp, &rst(45100, true));
+    let d = ingress(&bed.dp, &fixtures::v4_rst(45100, true));
     assert_eq!((d.get(S::STAT_TRIGGERS), d.get(S::STAT_CT_LOOKUPS)), (0, 0), "{d:?}");
     assert!(bed.take().is_empty());
 }

@@ -204,6 +204,16 @@ pub fn v4_request(cport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
         .build()
 }
 
+/// A RST|ACK from the server (`from_server`) or the client of connection `cport` to port 80.
+pub fn v4_rst(cport: u16, from_server: bool) -> Vec<u8> {
+    let flags = tcp_flags::RST | tcp_flags::ACK;
+    if from_server {
+        PacketBuilder::ipv4(V4_SERVER, V4_CLIENT).tcp(PORT_HTTP, cport, flags).build()
+    } else {
+        PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).tcp(cport, PORT_HTTP, flags).build()
+    }
+}
+
 /// An IPv4 connection from client port `.0` to the HTTP port; each direction's stream starts
 /// at sequence number 1000.
 struct Conn(u16);
