@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use libbpf_rs::MapCore;
 use mirror_bpf::testing::h2::{self, Block, Conn, Indexing};
-use mirror_bpf::testing::{self, consts::*, fixtures, packet::*, SkbContext, VERDICT_CONTINUE};
+use mirror_bpf::testing::{self, consts::*, fixtures, SkbContext, VERDICT_CONTINUE};
 use mirror_bpf::types::stat_idx as S;
 use mirror_bpf::{
     Datapath, DatapathOptions, Error, EventRing, Reach, RuleId, Side, TriggerEvent, TriggerKind,
