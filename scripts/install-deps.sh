@@ -19,6 +19,7 @@ PACKAGES=(
     tcpdump tshark                                                 # captures on the mirror
     tmux                                                           # mirrorctl top's test (a terminal)
     curl nginx-light python3 iperf3 wrk sockperf                   # servers, clients, load
+    openssl                                                        # the test API server's signing key
     nghttp2-client python3-grpcio python3-h2                       # HTTP/2 and gRPC test: nghttp, h2load; grpcio; an h2c server
     python3-pip python3-prometheus-client                          # checks: Community IDs, /metrics parsed
     procps psmisc util-linux coreutils git                         # sysctl, taskset, nsenter, timeout

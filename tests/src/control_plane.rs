@@ -56,12 +56,13 @@ const BUILD_TIMEOUT: Duration = Duration::from_secs(3600);
 /// TokenRequest refuses shorter tokens.
 const MIN_TOKEN: Duration = Duration::from_secs(600);
 
-/// Whether this machine can run a control plane: kubectl, curl and openssl on the PATH, and a
+/// Whether this machine can run a control plane: curl and openssl on the PATH (kubectl is built
+/// with the API server, of its version), and a
 /// Go toolchain of 1.26 or newer (`go` or /usr/local/go/bin/go) to build it once. Without them
 /// the test fails in CI and says that it did not run elsewhere.
 #[track_caller]
 pub fn available() -> bool {
-    let mut missing: Vec<String> = ["kubectl", "curl", "openssl"]
+    let mut missing: Vec<String> = ["curl", "openssl"]
         .iter()
         .filter(|t| find_program(t, &format!("/usr/bin/{t}")).is_none())
         .map(|t| t.to_string())
@@ -387,7 +388,7 @@ impl ControlPlane {
     /// a node's that [`ControlPlane::connect`] joined), its discovery cache in the plane's dir.
     /// No request timeout (for watches): add `--request-timeout` where a bound is wanted.
     pub fn kubectl_command(&self, netns_path: &str, kubeconfig: &Path) -> Command {
-        let mut c = nsenter(netns_path, "kubectl");
+        let mut c = nsenter(netns_path, binaries().join("kubectl"));
         c.arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--cache-dir={}", self.dir.path().join("kubectl-cache").display()))
             .env_remove("KUBECONFIG");

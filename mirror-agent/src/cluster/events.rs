@@ -28,20 +28,8 @@ use crate::views::EventView;
 /// One Event per pod and rule at most this often.
 const PER_POD_RULE: Duration = Duration::from_secs(60);
 
-/// Records each trigger as its rule's latest; no Events.
-pub fn follow_triggers(log: Arc<EventLog>, _engine: Engine, triggers: Triggers) {
-    tokio::spawn(async move {
-        let mut after = 0;
-        loop {
-            for ev in log.wait_after(after, 1024, Duration::from_secs(30)).await {
-                after = after.max(ev.seq);
-                record(&triggers, &ev);
-            }
-        }
-    });
-}
-
-/// Records each trigger and sends it as an Event on its pod.
+/// Records each trigger as its rule's latest and, with `cluster.events`, sends it as an Event
+/// on its pod.
 #[allow(clippy::too_many_arguments)]
 pub fn start(
     client: Client,
@@ -56,6 +44,7 @@ pub fn start(
     let recorder =
         Recorder::new(client, Reporter { controller: "mirror-agent".into(), instance: Some(node.clone()) });
     let mut limiter = Limiter::new(cfg.events_per_minute);
+    let events = cfg.events;
     tokio::spawn(async move {
         let mut after = 0;
         let mut sources: HashMap<u32, String> = HashMap::new();
@@ -63,6 +52,9 @@ pub fn start(
             for ev in log.wait_after(after, 1024, Duration::from_secs(30)).await {
                 after = after.max(ev.seq);
                 record(&triggers, &ev);
+                if !events {
+                    continue;
+                }
                 let Some(pod) = pods.by_ifindex(ev.ifindex) else { continue };
                 let Some(ns) = pod.namespace.clone() else { continue };
                 let api = api_pods.state().into_iter().find(|a| {
@@ -110,22 +102,11 @@ fn record(triggers: &Triggers, ev: &EventView) {
     let t = LastTrigger {
         time: ev.time.clone(),
         pod: ev.pod.clone().unwrap_or_else(|| ev.interface.clone()),
-        trigger: trigger_text(ev),
+        trigger: crate::ctl::trigger_text(Some(&ev.kind), ev.status, ev.by.as_deref()),
         request: ev.method.as_ref().map(|m| format!("{m} {}", ev.target.as_deref().unwrap_or_default())),
         flow: format!("{} -> {}", ev.client_side.client, ev.server_side.server),
     };
     triggers.lock().expect("triggers").insert(ev.rule_id, t);
-}
-
-/// `500`, `grpc 13 INTERNAL`, `reset`, `noresponse`.
-fn trigger_text(ev: &EventView) -> String {
-    match ev.kind.as_str() {
-        "status" => ev.status.to_string(),
-        "grpc-status" => format!("grpc {} {}", ev.status, ev.status_name.as_deref().unwrap_or_default())
-            .trim_end()
-            .to_string(),
-        k => k.to_string(),
-    }
 }
 
 /// What `kubectl describe pod` shows.
@@ -142,7 +123,7 @@ fn note(ev: &EventView, source: &str, node: &str, repeats: u64) -> String {
             "grpc-status" => "gRPC status",
             _ => "trigger",
         },
-        trigger_text(ev),
+        crate::ctl::trigger_text(Some(&ev.kind), ev.status, ev.by.as_deref()),
         ev.client_side.client,
         ev.server_side.server,
         ev.rule_id,

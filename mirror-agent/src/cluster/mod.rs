@@ -105,20 +105,16 @@ pub fn start(cfg: ClusterCfg, client: Client, node: String, engine: Engine, pods
     };
     let status = status::StatusWriter::new(client.clone(), node.clone(), &cfg);
     let triggers = status.triggers();
-    if cfg.events {
-        events::start(
-            client.clone(),
-            node.clone(),
-            &cfg,
-            log,
-            pods.clone(),
-            stores.pods.clone(),
-            engine.clone(),
-            triggers,
-        );
-    } else {
-        events::follow_triggers(log, engine.clone(), triggers);
-    }
+    events::start(
+        client.clone(),
+        node.clone(),
+        &cfg,
+        log,
+        pods.clone(),
+        stores.pods.clone(),
+        engine.clone(),
+        triggers,
+    );
     tokio::spawn(run(engine, pods, stores, changed, status, node));
 }
 

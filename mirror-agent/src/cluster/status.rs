@@ -70,8 +70,6 @@ pub struct StatusWriter {
     writes_per_second: f64,
     triggers: Triggers,
     written: HashMap<String, Written>,
-    /// Status writes done (succeeded) since the start.
-    pub writes: u64,
 }
 
 impl StatusWriter {
@@ -87,7 +85,6 @@ impl StatusWriter {
             writes_per_second: cfg.status_writes_per_second,
             triggers: Triggers::default(),
             written: HashMap::new(),
-            writes: 0,
         }
     }
 
@@ -131,7 +128,7 @@ impl StatusWriter {
                 (Err(_), Some(r)) => Some((r * 2).min(RETRY_MAX)),
             };
             match &result {
-                Ok(()) => self.writes += 1,
+                Ok(()) => {}
                 Err(e) if retry == Some(RETRY_MIN) => {
                     tracing::warn!(rule = %p.key, error = %e, "writing the rule's status: trying again")
                 }
