@@ -29,8 +29,8 @@ fn main() {
     };
     for name in &names {
         let ifindex = mirror_bpf::testing::ifindex(name);
-        links.push(attach_tcx(ingress, ifindex).expect("attach ingress"));
-        links.push(attach_tcx(egress, ifindex).expect("attach egress"));
+        links.push(attach_tcx(ingress, ifindex, false).expect("attach ingress"));
+        links.push(attach_tcx(egress, ifindex, true).expect("attach egress"));
     }
     println!("attached");
     let _ = std::io::stdin().read_to_end(&mut Vec::new());

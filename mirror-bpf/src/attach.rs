@@ -7,10 +7,9 @@ use std::io;
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use libbpf_rs::{AsRawLibbpf, Link, MapCore, MapFlags, Program, TcHookBuilder, TC_EGRESS, TC_INGRESS};
+use libbpf_rs::{MapCore, MapFlags, Program, TcHookBuilder, TC_EGRESS, TC_INGRESS};
 
 use crate::error::{Context, Error, Result};
 use crate::netlink;
@@ -18,6 +17,7 @@ use crate::rcu::Expedited;
 use crate::settings;
 use crate::shared::types::hook_kind;
 use crate::skel::classifier::ClassifierSkel;
+pub use crate::tcx_link::TcxLink;
 
 /// How to attach.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -68,7 +68,8 @@ pub const LINKS_DIR: &str = "links";
 
 #[derive(Debug)]
 enum Hook {
-    Tcx(#[allow(dead_code)] Link),
+    /// The link, and where it is pinned (if it is).
+    Tcx(TcxLink, Option<PathBuf>),
     Tc { egress: bool, prio: u16 },
 }
 
@@ -122,25 +123,9 @@ fn tcx_missing(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP | libc::EPERM))
 }
 
-/// Attaches `prog` with a TCX link at the head of its hook on `ifindex` (the program's
-/// expected attach type says which hook).
-pub fn attach_tcx(prog: &Program<'_>, ifindex: u32) -> io::Result<Link> {
-    // SAFETY: bpf_tcx_opts is a plain C struct; all-zero is its documented default.
-    let mut opts: libbpf_sys::bpf_tcx_opts = unsafe { std::mem::zeroed() };
-    opts.sz = std::mem::size_of::<libbpf_sys::bpf_tcx_opts>() as _;
-    // Before every other program: we only observe and always pass packets on.
-    opts.flags = libbpf_sys::BPF_F_BEFORE;
-    // SAFETY: the program pointer is valid while `prog` is borrowed; opts outlives the call.
-    // (The kernel creates the link under the RTNL lock and waits for an RCU grace period
-    // there: about 15 ms in a VM, during which other link changes on the node wait too.)
-    let link = unsafe {
-        libbpf_sys::bpf_program__attach_tcx(prog.as_libbpf_object().as_ptr(), ifindex as i32, &opts)
-    };
-    match NonNull::new(link) {
-        // SAFETY: libbpf returned a valid, owned link that we hand over to Link.
-        Some(ptr) => Ok(unsafe { Link::from_ptr(ptr) }),
-        None => Err(io::Error::last_os_error()),
-    }
+/// Attaches `prog` with a TCX link at the head of the ingress (or `egress`) hook of `ifindex`.
+pub fn attach_tcx(prog: &Program<'_>, ifindex: u32, egress: bool) -> io::Result<TcxLink> {
+    TcxLink::attach(prog, ifindex, egress)
 }
 
 /// The lowest priority no filter uses on that hook: we run before any filter added later
@@ -249,8 +234,8 @@ impl Attacher<'_, '_> {
     }
 
     /// A TCX link pinned by an earlier instance now runs our program: no moment unclassified.
-    fn adopt_tcx(prog: &Program<'_>, pin: &Path) -> Result<Link> {
-        let mut link = Link::open(pin).context(|| format!("opening {}", pin.display()))?;
+    fn adopt_tcx(prog: &Program<'_>, pin: &Path) -> Result<TcxLink> {
+        let link = TcxLink::open(pin).context(|| format!("opening {}", pin.display()))?;
         link.update_prog(prog).context(|| format!("updating the program of {}", pin.display()))?;
         Ok(link)
     }
@@ -263,7 +248,7 @@ impl Attacher<'_, '_> {
         // Held over both hooks: two grace periods, one switch.
         let guard = pins.iter().any(|p| !p.as_ref().is_some_and(|p| p.exists())).then(|| self.expedite());
         att.timings.expedited = guard.as_ref().is_some_and(|g| g.as_ref().is_some_and(Expedited::switched));
-        for (prog, pin) in progs.into_iter().zip(pins) {
+        for ((prog, pin), egress) in progs.into_iter().zip(pins).zip([false, true]) {
             let link = match &pin {
                 Some(p) if p.exists() => {
                     let t = Instant::now();
@@ -273,7 +258,7 @@ impl Attacher<'_, '_> {
                 }
                 _ => {
                     let t = Instant::now();
-                    let mut link = attach_tcx(prog, ifindex)
+                    let link = attach_tcx(prog, ifindex, egress)
                         .context(|| format!("attaching TCX to ifindex {ifindex}"))?;
                     att.timings.hooks += t.elapsed();
                     if let Some(p) = &pin {
@@ -286,7 +271,7 @@ impl Attacher<'_, '_> {
                     link
                 }
             };
-            att.hooks.push(Hook::Tcx(link));
+            att.hooks.push(Hook::Tcx(link, pin));
         }
         drop(guard);
         Ok(())
@@ -378,13 +363,15 @@ impl Attacher<'_, '_> {
     fn detach_hooks(&self, att: &mut Attachment) -> Result<()> {
         let ifindex = att.ifindex;
         let mut first_err = None;
-        let _expedited = att.hooks.iter().any(|h| matches!(h, Hook::Tcx(_))).then(|| self.expedite());
+        let _expedited = att.hooks.iter().any(|h| matches!(h, Hook::Tcx(..))).then(|| self.expedite());
         for hook in att.hooks.drain(..) {
-            if let Hook::Tcx(mut link) = hook {
+            if let Hook::Tcx(link, pin) = hook {
                 // Pinned or not, the link goes now.
-                let _ = link.unpin();
+                if let Some(p) = pin {
+                    let _ = std::fs::remove_file(p);
+                }
                 if let Err(e) = link.detach() {
-                    first_err.get_or_insert(Error::Bpf {
+                    first_err.get_or_insert(Error::Io {
                         what: format!("detaching TCX from ifindex {ifindex}"),
                         cause: e,
                     });
@@ -450,7 +437,7 @@ impl Attacher<'_, '_> {
             if keep(ifindex) {
                 continue;
             }
-            if let Ok(link) = Link::open(e.path()) {
+            if let Ok(link) = TcxLink::open(&e.path()) {
                 expedited.get_or_insert_with(|| self.expedite());
                 // Already gone with its interface, or detached now.
                 let _ = link.detach();

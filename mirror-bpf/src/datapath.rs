@@ -10,13 +10,17 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
-use libbpf_rs::{MapCore, OpenObject, RingBuffer};
+use std::os::fd::{AsFd, AsRawFd};
+
+use libbpf_rs::{MapCore, MapFlags, OpenObject, RingBuffer};
 
 use crate::attach::{AttachMode, Attacher, Attachment, MirrorMethod, LINKS_DIR};
 use crate::error::{Context, Error, Result};
 use crate::event::{self, TriggerEvent};
 use crate::flow::{self, Flow, FlowKey, MirrorMark};
 use crate::latency::{self, Histogram};
+use crate::programs::ProgramStats;
+use crate::protocols::{Protocol, Protocols};
 use crate::rule::{Rule, RuleId};
 use crate::rule_maps::{self, InstalledRules, RuleInfo};
 use crate::scopes::Reach;
@@ -56,6 +60,9 @@ pub struct DatapathOptions {
     /// [`crate::replay::SLOT_BYTES`] each: a flow keeps its slot until as many flows started
     /// requests after it.
     pub replay_requests: u32,
+    /// The protocol programs loaded (`protocols`; all of them unless set): a protocol left out
+    /// costs nothing to verify nor per packet.
+    pub protocols: Protocols,
 }
 
 impl DatapathOptions {
@@ -93,6 +100,7 @@ impl Default for DatapathOptions {
             only: None,
             expedite_rcu: None,
             replay_requests: Self::REPLAY_REQUESTS,
+            protocols: Protocols::default(),
         }
     }
 }
@@ -113,6 +121,11 @@ pub struct Datapath<'obj> {
     /// Whether request_replay has slots to keep requests in (`replay_requests` is not 0):
     /// whether [`Datapath::set_replay`] can switch replays on.
     replay_possible: bool,
+    /// The protocol programs loaded.
+    protocols: Protocols,
+    /// What loading cost each program, and how long the whole load took.
+    programs: Vec<ProgramStats>,
+    load_time: Duration,
 }
 
 /// The classifier's `.data` (its knobs, `include/config.h`), which libbpf maps for us.
@@ -127,19 +140,29 @@ fn route_libbpf_logs() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         fn log(_level: libbpf_rs::PrintLevel, msg: String) {
+            crate::programs::note_log(&msg);
             tracing::debug!(target: "libbpf", "{}", msg.trim_end());
         }
         libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, log)));
     });
 }
 
-/// Maps never pinned nor adopted: the no-response tick's timer and bitmap (include/noresponse.h).
-const THIS_LOAD_ONLY: [&str; 2] = ["noresponse_timer", "pending_flows"];
+/// Maps never pinned nor adopted: the no-response tick's timer and bitmap (include/noresponse.h),
+/// and the program array of this load's protocol programs (include/dispatch.h), pinned under a
+/// name of its own instead ([`PROTO_PROGS_PIN`]).
+const THIS_LOAD_ONLY: [&str; 3] = ["noresponse_timer", "pending_flows", "proto_progs"];
+
+/// The pin of a load's program array of protocol programs: `<this>-<map id>` (bpffs refuses dots). Pinned, it keeps
+/// its programs while links pinned by this load outlive the agent (until the next one adopts
+/// them and removes it: [`Datapath::drop_stale_links`]).
+const PROTO_PROGS_PIN: &str = "proto_progs";
 
 impl<'obj> Datapath<'obj> {
     /// Opens and loads the classifier with the given map sizes. `storage` holds libbpf's object.
     pub fn load(storage: &'obj mut MaybeUninit<OpenObject>, opts: &DatapathOptions) -> Result<Self> {
         route_libbpf_logs();
+        let started = std::time::Instant::now();
+        opts.protocols.check().map_err(|why| Error::Unsupported(format!("protocols: {why}")))?;
         let mut open =
             ClassifierSkelBuilder::default().open(storage).context(|| "opening the classifier".into())?;
         let only = opts.only.map(|(mode, method)| (mode.resolve(method), method));
@@ -156,6 +179,17 @@ impl<'obj> Datapath<'obj> {
             p.tcx_replay.set_autoload(tcx);
             p.tc_replay.set_autoload(!tcx);
         }
+        open.progs.proto_http1.set_autoload(opts.protocols.contains(Protocol::Http1));
+        open.progs.proto_http2.set_autoload(opts.protocols.contains(Protocol::Http2));
+        for mut prog in open.open_object_mut().progs_mut() {
+            crate::programs::ask_stats(&mut prog);
+        }
+        let rodata = open
+            .maps
+            .rodata_data
+            .as_deref_mut()
+            .ok_or_else(|| Error::Unsupported("the classifier's .rodata is not mapped".into()))?;
+        rodata.protocols_enabled = opts.protocols.bits();
         DatapathOptions::check_replay_requests(opts.replay_requests)
             .map_err(|why| Error::Unsupported(format!("replay_requests: {why}")))?;
         let maps = &mut open.maps;
@@ -234,7 +268,27 @@ impl<'obj> Datapath<'obj> {
                 }
             }
         }
+        for protocol in opts.protocols.iter() {
+            let prog = skel
+                .object()
+                .progs()
+                .find(|p| p.name() == protocol.program())
+                .ok_or_else(|| Error::Unsupported(format!("no program {}", protocol.program())))?;
+            skel.maps
+                .proto_progs
+                .update(&protocol.index().to_ne_bytes(), &prog.as_fd().as_raw_fd().to_ne_bytes(), MapFlags::ANY)
+                .context(|| format!("adding the {protocol} program to proto_progs"))?;
+        }
+        if let Some(dir) = &opts.pin_path {
+            let id = skel.maps.proto_progs.info().map(|i| i.info.id).context(|| "reading proto_progs".into())?;
+            let path = dir.join(format!("{PROTO_PROGS_PIN}-{id}"));
+            skel.maps.proto_progs.pin(&path).context(|| format!("pinning {}", path.display()))?;
+        }
+        let programs = crate::programs::stats(skel.object());
         let dp = Self {
+            protocols: opts.protocols,
+            programs,
+            load_time: started.elapsed(),
             skel,
             rules: InstalledRules::new(),
             pin_path: opts.pin_path.clone(),
@@ -262,6 +316,35 @@ impl<'obj> Datapath<'obj> {
         self.only
     }
 
+    /// The protocol programs loaded.
+    pub fn protocols(&self) -> Protocols {
+        self.protocols
+    }
+
+    /// Every program loaded, with what the verifier made of it.
+    pub fn programs(&self) -> &[ProgramStats] {
+        &self.programs
+    }
+
+    /// How long the load took (every program verified, maps created or adopted).
+    pub fn load_time(&self) -> Duration {
+        self.load_time
+    }
+
+    /// The pins of program arrays left by earlier loads ([`PROTO_PROGS_PIN`]), this load's
+    /// aside.
+    fn stale_proto_progs(&self) -> Vec<PathBuf> {
+        let Some(dir) = &self.pin_path else { return Vec::new() };
+        let ours = self.skel.maps.proto_progs.info().map(|i| format!("{PROTO_PROGS_PIN}-{}", i.info.id)).ok();
+        let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+        entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&format!("{PROTO_PROGS_PIN}-")) && Some(n) != ours.as_ref())
+            .map(|n| dir.join(n))
+            .collect()
+    }
+
     /// Whether the maps were adopted from pins left by an earlier instance.
     pub fn adopted(&self) -> bool {
         self.adopted
@@ -282,6 +365,12 @@ impl<'obj> Datapath<'obj> {
             if path.exists() {
                 std::fs::remove_file(&path).context(|| format!("unpinning {}", path.display()))?;
             }
+        }
+        for path in self.stale_proto_progs() {
+            let _ = std::fs::remove_file(path);
+        }
+        if let Ok(id) = self.skel.maps.proto_progs.info().map(|i| i.info.id) {
+            let _ = std::fs::remove_file(dir.join(format!("{PROTO_PROGS_PIN}-{id}")));
         }
         let links = dir.join(LINKS_DIR);
         if links.exists() {
@@ -383,8 +472,13 @@ impl<'obj> Datapath<'obj> {
 
     /// Detaches and unpins the TCX links pinned for interfaces `keep` rejects (left by an
     /// earlier instance for interfaces that vanished or no longer match). Returns how many.
+    /// The program arrays pinned by earlier loads go too: every link left is ours now.
     pub fn drop_stale_links(&self, keep: impl Fn(u32) -> bool) -> Result<usize> {
-        self.attacher().drop_stale_links(keep)
+        let dropped = self.attacher().drop_stale_links(keep)?;
+        for path in self.stale_proto_progs() {
+            std::fs::remove_file(&path).context(|| format!("unpinning {}", path.display()))?;
+        }
+        Ok(dropped)
     }
 
     // Rules.

@@ -17,6 +17,8 @@ pub mod grpc;
 pub mod latency;
 mod netlink;
 pub mod probes;
+pub mod programs;
+pub mod protocols;
 pub mod rcu;
 pub mod replay;
 pub mod rule;
@@ -27,6 +29,7 @@ pub mod settings;
 mod shared;
 pub mod skel;
 pub mod stats;
+mod tcx_link;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -41,6 +44,8 @@ pub use latency::{HistKind, Histogram};
 /// The ring buffer of trigger events returned by [`Datapath::events`].
 pub use libbpf_rs::RingBuffer as EventRing;
 pub use probes::{NetCpuTime, TraceGroup, Tracing};
+pub use programs::ProgramStats;
+pub use protocols::{Protocol, Protocols};
 pub use replay::{ReplayHook, ReplayedRequest};
 pub use rule::{Limits, RequestFilter, Rule, RuleError, RuleId, StatusMatch, Trigger, TriggerKind};
 pub use rule_maps::RuleInfo;

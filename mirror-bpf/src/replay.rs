@@ -5,9 +5,9 @@
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use libbpf_rs::{Link, TcHookBuilder, TC_EGRESS};
+use libbpf_rs::{TcHookBuilder, TC_EGRESS};
 
-use crate::attach::{attach_tcx, free_prio, TC_HANDLE};
+use crate::attach::{attach_tcx, free_prio, TcxLink, TC_HANDLE};
 use crate::error::{Context, Error, Result};
 use crate::netlink;
 use crate::rule::Rule;
@@ -80,7 +80,7 @@ pub(crate) fn keep_mode<'a>(on: bool, rules: impl IntoIterator<Item = &'a Rule>)
 
 #[derive(Debug)]
 enum Hook {
-    Tcx(Link),
+    Tcx(TcxLink, Option<PathBuf>),
     Tc { prio: u16, created_qdisc: bool },
 }
 
@@ -96,7 +96,7 @@ pub struct ReplayHook {
 impl ReplayHook {
     /// Whether the program runs from a TCX link (else a cls_bpf filter).
     pub fn tcx(&self) -> bool {
-        matches!(self.hook, Hook::Tcx(_))
+        matches!(self.hook, Hook::Tcx(..))
     }
 }
 
@@ -119,12 +119,12 @@ pub(crate) fn attach(
         let pin = link_pin(pin_path, ifindex);
         let link = match &pin {
             Some(p) if p.exists() => {
-                let mut link = Link::open(p).context(|| format!("opening {}", p.display()))?;
+                let link = TcxLink::open(p).context(|| format!("opening {}", p.display()))?;
                 link.update_prog(prog).context(what)?;
                 link
             }
             _ => {
-                let mut link = attach_tcx(prog, ifindex).context(what)?;
+                let link = attach_tcx(prog, ifindex, true).context(what)?;
                 if let Some(p) = &pin {
                     let dir = p.parent().unwrap_or(p);
                     std::fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
@@ -133,7 +133,7 @@ pub(crate) fn attach(
                 link
             }
         };
-        return Ok(ReplayHook { ifindex, hook: Hook::Tcx(link) });
+        return Ok(ReplayHook { ifindex, hook: Hook::Tcx(link, pin) });
     }
     let prog = &skel.progs.tc_replay;
     let mut qdisc = TcHookBuilder::new(prog.as_fd()).ifindex(ifindex as i32).hook(TC_EGRESS);
@@ -161,9 +161,11 @@ pub(crate) fn detach(skel: &ClassifierSkel<'_>, hook: ReplayHook) -> Result<()> 
     let ifindex = hook.ifindex;
     let gone = |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc::ENODEV | libc::ENOENT));
     match hook.hook {
-        Hook::Tcx(mut link) => {
-            let _ = link.unpin();
-            link.detach().map_err(|cause| Error::Bpf {
+        Hook::Tcx(link, pin) => {
+            if let Some(p) = pin {
+                let _ = std::fs::remove_file(p);
+            }
+            link.detach().map_err(|cause| Error::Io {
                 what: format!("detaching the replay program from ifindex {ifindex}"),
                 cause,
             })

@@ -6,7 +6,8 @@ use std::os::fd::{FromRawFd, OwnedFd};
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::query::ProgInfoIter;
-use libbpf_rs::{libbpf_sys, Link};
+use libbpf_rs::libbpf_sys;
+use mirror_bpf::attach::TcxLink;
 use mirror_bpf::skel::baseline::BaselineSkel;
 use mirror_e2e::netns::Netns;
 
@@ -99,7 +100,7 @@ impl Baseline {
 /// A baseline attached (see [`Baseline`]); detached when dropped.
 pub struct BaselineAttached {
     which: Baseline,
-    _links: Vec<Link>,
+    _links: Vec<TcxLink>,
     _skel: BaselineSkel<'static>,
 }
 
@@ -118,8 +119,8 @@ impl BaselineAttached {
                 Baseline::Floor => [&p.tcx_floor_ingress, &p.tcx_floor_egress],
                 Baseline::Cached => [&p.tcx_cached_ingress, &p.tcx_cached_egress],
             };
-            for prog in progs {
-                let link = mirror_bpf::attach::attach_tcx(prog, ifindex)
+            for (prog, egress) in progs.into_iter().zip([false, true]) {
+                let link = mirror_bpf::attach::attach_tcx(prog, ifindex, egress)
                     .with_context(|| format!("attaching the {which:?} program to {veth}"))?;
                 links.push(link);
             }

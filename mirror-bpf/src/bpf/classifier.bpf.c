@@ -33,6 +33,9 @@
 #include "include/http.h"
 #include "include/replay.h"
 #include "include/ifaces.h"
+#include "include/stream.h"
+#include "include/dispatch.h"
+#include "include/finish.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -71,6 +74,7 @@ enum replay_keep _replay_keep = 0;
 enum trigger_kind _trigger_kind = 0;
 enum trigger_side _trigger_side = 0;
 enum http_method _http_method = 0;
+enum proto_prog _proto_prog = 0;
 struct rule_filter _rule_filter = {};
 enum http_proto _http_proto = 0;
 enum h2_field _h2_field = 0;
@@ -99,38 +103,39 @@ static __always_inline int egress_seen(struct __sk_buff *skb)
 }
 
 /*
- * classify - everything the classifier does for one packet. A global function: verified once
- * for all six entry programs. Its stages (parse, NAT, handshake, each HTTP message, header
- * lines, chunks, trigger) are global functions verified once too; the parts of a message with
- * one caller (request queue, response time, replay copy) are inlined into http_message, where
- * a call per message cost more than their separate verification saved.
+ * classify_head - what every packet costs before its payload is followed: count it, parse it
+ * (parse.h), account it in this CPU's flow cache slot (flow.h), learn a new flow's other tuple
+ * across NAT (nat.h), time a handshake (timing.h), and choose the protocol program that follows
+ * its payload, if any (dispatch.h). A global function: verified once per entry program.
  * @hook: enum hook_kind, where the program is attached.
  * @method: enum mirror_method, whether the copy is made here (clone) or by act_mirred.
- * @return 1 when the packet is to be mirrored.
+ * @return enum dispatch_next, or the enum proto_prog to tail call.
  */
-__noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
+__noinline int classify_head(struct __sk_buff *skb, __u32 hook, __u32 method)
 {
     __u32 zero = 0;
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
 
     if (!skb || !cnt)
-        return 0;
+        return NEXT_SKIP;
     cnt->v[STAT_PACKETS]++;
     cnt->v[STAT_BYTES] += skb->len;
     if (hook == HOOK_INGRESS && stack_stamps)
         stack_stamp_tc(skb);
 
-    struct http_scratch *hs = bpf_map_lookup_elem(&http_scratch, &zero);
+    struct http_scratch *hs = scratch_get();
     if (!hs)
-        return 0;
+        return NEXT_SKIP;
     /* Not zeroed: the parser writes every field a TCP packet's stages read (the key's
      * padding too). */
     struct pkt_meta *m = &hs->meta;
     int res = parse_packet(skb, m);
     if (res != PARSE_TCP) {
         cnt->v[res == PARSE_OTHER ? STAT_NON_TCP : STAT_MALFORMED]++;
-        return 0;
+        return NEXT_SKIP;
     }
+    m->hook = hook;
+    m->method = method;
 
     /* One time per packet serves flow times, mark limits and timing: its sender's stamp
      * when it has one, else one clock read (clock.h). */
@@ -143,21 +148,27 @@ __noinline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
     if (created && (m->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
         nat_learn(skb, m);
 
-    /* HTTP is looked at even on marked flows: their response times count too. */
+    /* A payload is followed even on marked flows: their response times count too. */
     if (m->payload_len)
-        http_segment(skb, hs, fs, hook, cnt);
-    else if (handshake_packet(m, fs))
+        return dispatch_next(fs, m->dir, bpf_map_lookup_elem(&settings, &zero));
+    if (handshake_packet(m, fs))
         timing_handshake(skb, m, fs);
-    if (m->tcp_flags & TCP_FLAG_RST)
-        decide_reset(skb, hs, fs, hook);
+    return NEXT_FINISH;
+}
 
-    struct mirror_mark *mk = mark_lookup(fs, &m->key);
-    if (!mk || !mark_admit(mk, skb->len, now, cnt))
+/*
+ * classify - an entry program's work: the head, then the protocol program (a tail call: it
+ * finishes the packet itself), or, when there is none, the finish here.
+ * @return 1 when the packet is to be mirrored (it was not handed to a protocol program).
+ */
+static __always_inline int classify(struct __sk_buff *skb, __u32 hook, __u32 method)
+{
+    int next = classify_head(skb, hook, method);
+
+    if (next == NEXT_SKIP)
         return 0;
-    /* Marked without a packet (noresponse.h): this first packet after it brings the request. */
-    if (mk->replay_due)
-        replay_due(skb, mk);
-    return mirror_copy(skb, method, cnt);
+    dispatch(skb, next);
+    return packet_finish(skb);
 }
 
 /* clsact + cls_bpf in direct-action mode. */
@@ -176,15 +187,19 @@ int tc_egress_mirror(struct __sk_buff *skb)
     return TC_ACT_UNSPEC;
 }
 
-/* TCX links (kernel 6.6+), attached at the head of the chain. */
-SEC("tcx/ingress")
+/*
+ * TCX links (kernel 6.6+), attached at the head of the chain. Loaded as plain tc programs
+ * (expected attach type none) and attached as TCX by user space: a program array holds
+ * programs of one attach type only, and these share theirs with the tc ones.
+ */
+SEC("tc")
 int tcx_ingress_mirror(struct __sk_buff *skb)
 {
     classify(skb, HOOK_INGRESS, MIRROR_CLONE);
     return TCX_NEXT;
 }
 
-SEC("tcx/egress")
+SEC("tc")
 int tcx_egress_mirror(struct __sk_buff *skb)
 {
     if (!egress_seen(skb))
@@ -208,6 +223,35 @@ int tc_egress_mirred(struct __sk_buff *skb)
     if (egress_seen(skb))
         return CLS_NO_MATCH;
     return classify(skb, HOOK_EGRESS, MIRROR_MIRRED) ? CLS_MATCH : CLS_NO_MATCH;
+}
+
+/*
+ * The protocol programs, tail-called by the entry programs above (dispatch.h) with the packet
+ * parsed in the scratch area, each verified on its own. Each ends the packet's path (finish.h)
+ * and returns the entry program's verdict.
+ */
+SEC("tc")
+int proto_http1(struct __sk_buff *skb)
+{
+    struct http_scratch *hs = scratch_get();
+
+    if (!hs)
+        return TC_ACT_UNSPEC;
+    if (http1_stage(skb, hs) == PROG_HTTP2)
+        bpf_tail_call_static(skb, &proto_progs, PROG_HTTP2);
+    return verdict(hs->meta.method, packet_finish(skb));
+}
+
+SEC("tc")
+int proto_http2(struct __sk_buff *skb)
+{
+    struct http_scratch *hs = scratch_get();
+
+    if (!hs)
+        return TC_ACT_UNSPEC;
+    if (h2_stage(skb, hs) == PROG_HTTP1)
+        bpf_tail_call_static(skb, &proto_progs, PROG_HTTP1);
+    return verdict(hs->meta.method, packet_finish(skb));
 }
 
 /*

@@ -47,6 +47,10 @@ volatile __u32 mirror_deliver SEC(".data") = 0;
  * stamped at tc ingress for the kernel stack latency (a plain load per packet). */
 volatile __u32 stack_stamps SEC(".data") = 0;
 
+/* protocols, set before load (a .rodata constant: the verifier drops what a protocol left out
+ * would run): bit (1 << enum proto_prog) of each protocol program loaded. */
+const volatile __u32 protocols_enabled = 0;
+
 /* Key: 0. Value: struct settings (types.h): mirror_ifindex (the sink of mirror.interface),
  * timing (latency.http, latency.handshake), replay_keep (from the rules, when
  * mirror.replay_requests keeps any), replay_ifindex (where replays run), kinds and scoped (from

@@ -112,14 +112,15 @@ __noinline int flow_cache_fill(struct flow_cache_slot *c, const struct flow_key 
 
 /*
  * flow_account - count the packet of @m in this CPU's cache slot of its flow, which it takes
- * on a miss (flow_cache_fill).
+ * on a miss (flow_cache_fill); the slot's index is kept in m->slot for the later stages.
  * @created: set when this packet created the flow (on any CPU).
  * @return the flow's slot, or NULL (never, unless the cache is smaller than the CPUs).
  */
-static __always_inline struct flow_cache_slot *flow_account(const struct pkt_meta *m, __u32 len,
+static __always_inline struct flow_cache_slot *flow_account(struct pkt_meta *m, __u32 len,
                                                             __u64 now, int *created)
 {
-    struct flow_cache_slot *c = flow_cache_slot_of(&m->key);
+    __u32 idx = m->slot = flow_cache_index(&m->key);
+    struct flow_cache_slot *c = bpf_map_lookup_elem(&flow_cache, &idx);
 
     if (!c)
         return NULL;

@@ -43,6 +43,8 @@
 #define H2_FRAME_DEFAULT_MAX 16384
 
 #include "h2_decide.h"
+#include "stream.h"
+#include "dispatch.h"
 
 /* A frame header, read. */
 struct h2_frame_hdr {
@@ -544,6 +546,44 @@ __noinline int h2_segment(struct __sk_buff *skb, struct http_scratch *s, struct 
     if (pos->unframed)
         h2_lost(&s->meta, cnt);
     return pos->triggered;
+}
+
+/*
+ * h2_stage - the HTTP/2 program's work on one segment of s->meta's direction: its frames from
+ * the position on (h2_segment), then where the stream stands (stream.h). The position comes
+ * from the HTTP/1 program when it found HTTP/2 starting in this segment (pos.handed), else from
+ * the direction's state. A global function: verified once, in the HTTP/2 program.
+ * @return PROG_HTTP1 when the direction is no longer in HTTP/2 frames (its state says so: the
+ * position is handed to the HTTP/1 program, which looks for a message or a frame again), else
+ * NEXT_FINISH.
+ */
+__noinline int h2_stage(struct __sk_buff *skb, struct http_scratch *s)
+{
+    __u32 zero = 0;
+    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+
+    if (!skb || !s || !cnt)
+        return NEXT_FINISH;
+    struct pkt_meta *m = &s->meta;
+    struct http_pos *pos = &s->pos;
+    struct flow_cache_slot *fs = slot_get(m);
+    struct flow_timing *t = timing_find(fs, &m->key);
+
+    if (pos->handed) {
+        pos->handed = 0;
+    } else {
+        timing_used(t);
+        if (!stream_begin(s, t))
+            return NEXT_FINISH;
+        if (pos->state < HTTP2_FRAME) {
+            pos->handed = 1;
+            return PROG_HTTP1;
+        }
+    }
+    if (t)
+        h2_segment(skb, s, fs, t, cnt);
+    stream_end(s, fs, t);
+    return NEXT_FINISH;
 }
 
 #endif /* MIRROR_H2_H */

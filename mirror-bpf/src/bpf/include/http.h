@@ -26,12 +26,16 @@
 #include "noresponse.h"
 #include "replay.h"
 #include "h2.h"
+#include "stream.h"
+#include "dispatch.h"
 
 /* Bytes read to classify the start of a message; the shortest status line "HTTP/1.1 200" has 12. */
 #define HTTP_PEEK_LEN 16
 #define HTTP_STATUS_LINE_MIN 12
 /* http_chunk(): the size line ended the body (bit set on the returned length). */
 #define HTTP_CHUNK_LAST 0x80000000U
+/* The content type of a TLS handshake record, its first byte. */
+#define TLS_HANDSHAKE 0x16
 
 enum http_kind {
     HTTP_NONE = 0,
@@ -384,7 +388,14 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
         }
         return 0;
     }
-    if (kind == HTTP_NONE) {
+    if (kind == HTTP_NONE && pos->state == HTTP_SCAN && !pos->off && !kept && n >= 3 &&
+        s->peek[0] == TLS_HANDSHAKE && s->peek[1] == 3 && s->peek[2] <= 4) {
+        /* A TLS handshake record (ClientHello, ServerHello) opens the direction: encrypted
+         * from here on, never followed (stream_classify). */
+        pos->tls = 1;
+        return 0;
+    }
+    if (kind == HTTP_NONE && protocol_on(PROG_HTTP2)) {
         /* HTTP/2: its preface or first SETTINGS where a message was due, or frames again at a
          * segment's start where no message is known (a connection followed late, or lost). */
         int skip = h2_begins(__builtin_assume_aligned(s->peek, 8), n);
@@ -489,101 +500,59 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
 }
 
 /*
- * http_segment - the HTTP stage: every message (or chunk-size line) that starts in this
- * segment of @m's direction, in order (see http_message), then where the next one starts.
- * Inlined into classify: every call frame counts against the 512 bytes of stack of the chain.
- * @hs: this CPU's scratch area, the packet in hs->meta. @fs: this CPU's flow entry (may be
- * NULL). @hook: enum hook_kind, for events. @cnt: this CPU's counters.
- * @return 1 when a response marked the flow.
+ * http1_stage - the HTTP/1 program's work on one segment of s->meta's direction: every message
+ * (or chunk-size line) that starts in it, in order (see http_message), then where the next one
+ * starts (stream.h). A global function: verified once, in the HTTP/1 program.
+ * @return PROG_HTTP2 when the rest of the segment is HTTP/2 frames (the position is handed to
+ * the HTTP/2 program in s->pos), else 0 (the segment is done).
  */
-static __always_inline int http_segment(struct __sk_buff *skb, struct http_scratch *hs,
-                                        struct flow_cache_slot *fs, __u32 hook,
-                                        struct counters *cnt)
+__noinline int http1_stage(struct __sk_buff *skb, struct http_scratch *s)
 {
-    struct pkt_meta *m = &hs->meta;
-    __u32 len = m->payload_len, seq = m->seq, dir = m->dir & 1;
-    /* A direction taken for another protocol costs nothing more here. */
-    if (fs && fs->http_kind[dir] == HTTP_DIR_OTHER)
-        return 0;
+    __u32 zero = 0;
+    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+
+    if (!skb || !s || !cnt)
+        return NEXT_FINISH;
+    struct pkt_meta *m = &s->meta;
+    struct http_pos *pos = &s->pos;
+    struct flow_cache_slot *fs = slot_get(m);
     struct flow_timing *t = timing_find(fs, &m->key);
-    timing_used(t);
-    /* In the scratch area: this frame is on the deepest call chain (to a trigger). */
-    struct http_pos *pos = &hs->pos;
-    __builtin_memset(pos, 0, sizeof(*pos));
-    pos->hook = hook;
-    __u32 was = HTTP_SCAN;
+    __u32 len = m->payload_len;
 
-    if (t) {
-        struct http_stream *st = &t->stream[dir];
-        __s32 delta = (__s32)(st->next_seq - seq);
-        pos->state = was = st->state;
-        if (was == HTTP_CLOSE)
-            return 0;
-        if (was == HTTP_ANSWERED) {
-            /* Body, unless a request is pending: then a response may start the segment. */
-            if (t->req_head == t->req_tail)
-                return 0;
-        } else if (was == HTTP_PARTIAL || was == HTTP2_PARTIAL) {
-            /* The continuation starts right after the kept bytes; anything else: forget them. */
-            pos->partial = delta + (__s32)st->partial_len == 0;
-            pos->state = !pos->partial ? HTTP_SCAN : was == HTTP_PARTIAL ? HTTP_AT : HTTP2_FRAME;
-            pos->unframed = was == HTTP2_PARTIAL && !pos->partial;
-        } else if (was != HTTP_SCAN) {
-            if (delta < 0) {
-                /* Past the next message without having seen it: a gap. */
-                pos->unframed = 1;
-                pos->state = HTTP_SCAN;
-            } else if ((__u32)delta >= len) {
-                return 0; /* body only (or a retransmission of it) */
-            } else {
-                pos->off = delta;
-            }
-        }
+    if (pos->handed) {
+        /* From the HTTP/2 program: the direction's frames were lost, looked at from here. */
+        pos->handed = 0;
+    } else {
+        timing_used(t);
+        if (!stream_begin(s, t))
+            return NEXT_FINISH;
     }
-
-    if (was >= HTTP2_FRAME && pos->state == HTTP_SCAN) {
+    if (pos->was >= HTTP2_FRAME && pos->state == HTTP_SCAN) {
         /* A gap in HTTP/2 frames: looked at again from here as any stream is. */
         h2_lost(m, cnt);
         pos->unframed = 0;
+    } else if (pos->state >= HTTP2_FRAME) {
+        pos->handed = 1;
+        return PROG_HTTP2;
     }
-    if (pos->state < HTTP2_FRAME)
-        for (int i = 0; i < HTTP_SEGMENT_MSGS && !pos->stop && pos->off < len; i++)
-            http_message(skb, hs, fs, t, cnt);
+    for (int i = 0; i < HTTP_SEGMENT_MSGS && !pos->stop && pos->off < len; i++)
+        http_message(skb, s, fs, t, cnt);
     if (pos->state >= HTTP2_FRAME) {
-        /* HTTP/2, or found here to start (then the flow's entry may be new). */
-        if (pos->created)
-            t = timing_find(fs, &m->key);
-        if (t)
-            h2_segment(skb, hs, fs, t, cnt);
-    } else {
-        if (pos->off >= len)
-            pos->stop = 1;
-        /* Messages left unread in this segment: the framing is lost. */
-        if (!pos->stop && pos->off < len && pos->state != HTTP_SCAN) {
-            pos->unframed = 1;
-            pos->state = HTTP_SCAN;
-        }
-        if (pos->unframed)
-            cnt->v[STAT_HTTP_UNFRAMED]++;
+        /* HTTP/2 from here on (its preface, or the frames after an h2c upgrade). */
+        pos->handed = 1;
+        return PROG_HTTP2;
     }
-    if (fs && fs->http_kind[dir] == HTTP_DIR_UNKNOWN) {
-        if (pos->seen)
-            fs->http_kind[dir] = HTTP_DIR_SEEN;
-        else if (was == HTTP_SCAN && pos->state == HTTP_SCAN && !pos->kept &&
-                 ++fs->http_misses[dir] >= HTTP_GIVE_UP)
-            fs->http_kind[dir] = HTTP_DIR_OTHER;
+    if (pos->off >= len)
+        pos->stop = 1;
+    /* Messages left unread in this segment: the framing is lost. */
+    if (!pos->stop && pos->off < len && pos->state != HTTP_SCAN) {
+        pos->unframed = 1;
+        pos->state = HTTP_SCAN;
     }
-    if (pos->created)
-        t = timing_find(fs, &m->key);
-    /* Written only when there is something to say: a flow that is not HTTP never writes. */
-    if (t && !pos->kept && (pos->state != HTTP_SCAN || was != HTTP_SCAN) &&
-        !(pos->state == HTTP_ANSWERED && was == HTTP_ANSWERED)) {
-        struct http_stream *st = &t->stream[dir];
-        st->state = pos->state;
-        st->next_seq = seq + pos->off;
-        st->partial_len = 0;
-    }
-    return pos->triggered;
+    if (pos->unframed)
+        cnt->v[STAT_HTTP_UNFRAMED]++;
+    stream_end(s, fs, t);
+    return NEXT_FINISH;
 }
 
 #endif /* MIRROR_HTTP_H */

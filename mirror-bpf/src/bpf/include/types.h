@@ -250,11 +250,22 @@ struct flow_dir_stats {
     __u8 _pad[5];
 };
 
-/* What a direction of a flow is, for the HTTP stage. */
+/*
+ * The protocol programs, each at its index in proto_progs (dispatch.h); bit (1 << index) of
+ * protocols_enabled (config.h) says that the program was loaded (the protocols: setting).
+ */
+enum proto_prog {
+    PROG_HTTP1 = 0, /* HTTP/1.x messages (http.h), which also finds where HTTP/2 starts */
+    PROG_HTTP2 = 1, /* HTTP/2 frames, HPACK and gRPC (h2.h) */
+    PROGS_MAX = 4,
+};
+
+/* What a direction of a flow is, for the dispatcher (dispatch.h). */
 enum http_dir_kind {
     HTTP_DIR_UNKNOWN = 0,
     HTTP_DIR_SEEN = 1,  /* a request or status line was seen: always looked at */
-    HTTP_DIR_OTHER = 2, /* HTTP_GIVE_UP segments and never a message: no longer looked at */
+    HTTP_DIR_OTHER = 2, /* not followed: HTTP_GIVE_UP segments and never a message, or TLS */
+    HTTP_DIR_H2 = 3,    /* HTTP/2 frames: dispatched straight to the HTTP/2 program */
 };
 
 /* flow_table value: per CPU, summed in user space. */
@@ -598,8 +609,10 @@ struct pkt_meta {
     __u16 dst_port;    /* host order */
     __u8 dir;          /* enum flow_dir */
     __u8 tcp_flags;
-    __u8 _pad[2];
-    __u64 now; /* packet_time(), read once per packet (set by classify) */
+    __u8 hook;   /* enum hook_kind of the entry program (dispatch.h) */
+    __u8 method; /* enum mirror_method of the entry program: its verdict's kind */
+    __u32 slot;  /* this CPU's flow_cache index of the flow (flow_cache.h) */
+    __u64 now;   /* packet_time(), read once per packet (set by classify_head) */
 };
 
 /* Where the HTTP stage stands in one segment (carried from one http_message() to the next). */
@@ -617,7 +630,10 @@ struct http_pos {
     __u8 answered;  /* the response at off answered the only request pending */
     __u32 replay;   /* the request_replay slot number + 1 this segment was kept in (0: none):
                      * the other requests it carries share it */
-    __u32 _pad;
+    __u8 was;       /* the direction's state before this segment (stream.h) */
+    __u8 handed;    /* set up by the program that tail-called this one (stream.h) */
+    __u8 tls;       /* the segment starts a TLS record: the direction is not followed */
+    __u8 _pad;
 };
 
 /* Per-CPU scratch space of a conntrack lookup (too large for the stack). */

@@ -1,0 +1,90 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * This file contains the dispatcher: which protocol program follows a packet's payload, and the
+ * tail call to it. Each direction of a connection is classified once, and what it is kept in
+ * this CPU's flow cache slot (http_kind, types.h), which the packet's first lookup finds:
+ * unknown and HTTP/1.x directions go to the HTTP/1 program (which finds where HTTP/2 starts),
+ * HTTP/2 directions to the HTTP/2 program, and a direction not followed (TLS, or no message
+ * after HTTP_GIVE_UP segments) to none: it costs the flow cache's floor and nothing more.
+ *
+ * The programs sit in proto_progs, filled by user space with the protocols it loaded (the
+ * protocols: setting, protocols_enabled). A tail call whose program is missing falls through:
+ * the packet is then only accounted and, if its flow is marked, copied (finish.h). Each
+ * program is verified on its own, with the stages it calls.
+ */
+#ifndef MIRROR_DISPATCH_H
+#define MIRROR_DISPATCH_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+
+#include "types.h"
+#include "config.h"
+
+/*
+ * Key: enum proto_prog. Value: a program (fd from user space). Filled after load, never
+ * adopted from an earlier agent: its programs read this load's scratch layout.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+    __uint(max_entries, PROGS_MAX);
+    __type(key, __u32);
+    __type(value, __u32);
+} proto_progs SEC(".maps");
+
+/* What classify_head found a packet to need next. */
+enum dispatch_next {
+    NEXT_SKIP = -1,   /* not TCP, or malformed: nothing more to do */
+    NEXT_FINISH = -2, /* no protocol program: the reset, the mark and the copy (finish.h) */
+    /* >= 0: the enum proto_prog to tail call */
+};
+
+/* protocol_on - was the program of @prog (enum proto_prog) loaded? Known before verification. */
+static __always_inline int protocol_on(__u32 prog)
+{
+    return protocols_enabled & (1U << prog);
+}
+
+/*
+ * dispatch_next - the program that follows a payload of direction @dir of the flow in @fs (may
+ * be NULL), from what the direction was classified as.
+ * @set: the settings (may be NULL): no rule and no HTTP timing need HTTP followed.
+ */
+static __always_inline int dispatch_next(const struct flow_cache_slot *fs, __u32 dir,
+                                         const struct settings *set)
+{
+    if (!set || (!set->kinds && !(set->timing & TIMING_HTTP)))
+        return NEXT_FINISH;
+    __u8 kind = fs ? fs->http_kind[dir & 1] : HTTP_DIR_UNKNOWN;
+    if (kind == HTTP_DIR_OTHER)
+        return NEXT_FINISH;
+    if (kind == HTTP_DIR_H2 && protocol_on(PROG_HTTP2))
+        return PROG_HTTP2;
+    return protocol_on(PROG_HTTP1) ? PROG_HTTP1 : NEXT_FINISH;
+}
+
+/*
+ * dispatch - tail call the program @next names (enum proto_prog). Constant keys: the JIT makes
+ * each a direct jump. Returns only when there is no such program (the caller finishes).
+ */
+static __always_inline void dispatch(struct __sk_buff *skb, int next)
+{
+    if (next == PROG_HTTP1)
+        bpf_tail_call_static(skb, &proto_progs, PROG_HTTP1);
+    else if (next == PROG_HTTP2)
+        bpf_tail_call_static(skb, &proto_progs, PROG_HTTP2);
+}
+
+/*
+ * verdict - what an entry or protocol program returns: "continue" for the direct-action
+ * programs (TC_ACT_UNSPEC and TCX_NEXT are both -1), and for the classic filters carrying
+ * act_mirred a match when the packet is to be copied.
+ */
+static __always_inline int verdict(__u32 method, int mirrored)
+{
+    if (method == MIRROR_MIRRED)
+        return mirrored ? CLS_MATCH : CLS_NO_MATCH;
+    return TC_ACT_UNSPEC;
+}
+
+#endif /* MIRROR_DISPATCH_H */

@@ -1,0 +1,138 @@
+//! The protocol programs behind the classifier's dispatcher (`include/dispatch.h`), chosen at
+//! load (the `protocols:` setting): a protocol left out is neither verified nor run, and its
+//! connections cost what a connection that is not followed costs.
+
+use std::fmt;
+
+use crate::shared::types::proto_prog;
+
+/// A protocol the classifier follows, each in a program of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    /// HTTP/1.x: messages, framing, requests kept; also where HTTP/2 starts (prior knowledge or
+    /// an h2c upgrade), so HTTP/2 needs it.
+    Http1,
+    /// HTTP/2 in cleartext: frames, HPACK, gRPC status.
+    Http2,
+}
+
+impl Protocol {
+    /// Every protocol, in the order of their programs.
+    pub const ALL: [Protocol; 2] = [Protocol::Http1, Protocol::Http2];
+
+    /// Its name in the configuration and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Http1 => "http1",
+            Protocol::Http2 => "http2",
+        }
+    }
+
+    /// Its program's index in `proto_progs` (`enum proto_prog`).
+    pub fn index(self) -> u32 {
+        match self {
+            Protocol::Http1 => proto_prog::PROG_HTTP1.0,
+            Protocol::Http2 => proto_prog::PROG_HTTP2.0,
+        }
+    }
+
+    /// Its program's name in the classifier.
+    pub fn program(self) -> &'static str {
+        match self {
+            Protocol::Http1 => "proto_http1",
+            Protocol::Http2 => "proto_http2",
+        }
+    }
+
+    /// The protocol named `s` (as [`Protocol::name`] gives it); the error lists the names.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| {
+            let names: Vec<_> = Self::ALL.iter().map(|p| p.name()).collect();
+            format!("unknown protocol '{s}' (one of: {})", names.join(", "))
+        })
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A set of protocols: which programs are loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Protocols(u32);
+
+impl Default for Protocols {
+    /// All of them.
+    fn default() -> Self {
+        Self::from_iter(Protocol::ALL)
+    }
+}
+
+impl FromIterator<Protocol> for Protocols {
+    fn from_iter<I: IntoIterator<Item = Protocol>>(iter: I) -> Self {
+        Self(iter.into_iter().fold(0, |bits, p| bits | 1 << p.index()))
+    }
+}
+
+impl Protocols {
+    /// None: every connection is accounted and, when marked, copied; nothing is followed.
+    pub const NONE: Protocols = Protocols(0);
+
+    /// Whether `p` is in the set.
+    pub fn contains(self, p: Protocol) -> bool {
+        self.0 & (1 << p.index()) != 0
+    }
+
+    /// The protocols of the set, in order.
+    pub fn iter(self) -> impl Iterator<Item = Protocol> {
+        Protocol::ALL.into_iter().filter(move |p| self.contains(*p))
+    }
+
+    /// The bits of `protocols_enabled` (`include/config.h`).
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Checks that the set can work; the error says why not.
+    pub fn check(self) -> Result<(), String> {
+        if self.contains(Protocol::Http2) && !self.contains(Protocol::Http1) {
+            return Err("http2 needs http1: the HTTP/1 program finds where HTTP/2 starts".into());
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Protocols {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<_> = self.iter().map(Protocol::name).collect();
+        f.write_str(if names.is_empty() { "none" } else { "" })?;
+        f.write_str(&names.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_ones_are_listed() {
+        for p in Protocol::ALL {
+            assert_eq!(Protocol::parse(p.name()), Ok(p));
+        }
+        let err = Protocol::parse("http3").unwrap_err();
+        assert!(err.contains("'http3'") && err.contains("http1, http2"), "{err}");
+    }
+
+    #[test]
+    fn http2_alone_is_refused_with_the_reason() {
+        assert!(Protocols::default().check().is_ok());
+        assert!(Protocols::from_iter([Protocol::Http1]).check().is_ok());
+        assert!(Protocols::NONE.check().is_ok());
+        let err = Protocols::from_iter([Protocol::Http2]).check().unwrap_err();
+        assert!(err.contains("http2 needs http1"), "{err}");
+        assert_eq!(Protocols::default().to_string(), "http1, http2");
+        assert_eq!(Protocols::NONE.to_string(), "none");
+    }
+}
