@@ -267,6 +267,21 @@ async fn render(engine: &Engine, pods: &Pods, rule_text: bool) -> anyhow::Result
         "Kernel stack latency of sampled packets entering through an attached veth, per stage (stack group on)",
         family(|k| k.strip_prefix("stack_").map(|stage| vec![("stage".to_string(), stage.to_string())])),
     );
+    let insns = Family::<Vec<(String, String)>, Gauge<i64>>::default();
+    let verify = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
+    for p in &status.programs {
+        let labels = vec![label("program", p.name.clone())];
+        insns.get_or_create(&labels).set(i64::from(p.verified_insns));
+        if let Some(ms) = p.verify_ms {
+            verify.get_or_create(&labels).set(ms / 1e3);
+        }
+    }
+    reg.register(
+        "program_verified_instructions",
+        "Instructions the kernel's verifier processed for each program of the data path at load (limit 1,000,000)",
+        insns,
+    );
+    reg.register("program_verify_seconds", "The verifier's time on each program of the data path at load", verify);
     let (buckets, sum) = status.attach_buckets.clone();
     let count = buckets.iter().map(|(_, n)| n).sum();
     reg.register(

@@ -254,6 +254,23 @@ pub struct StatusView {
     /// The pods behind the attached veths.
     #[serde(default)]
     pub pods: Vec<PodView>,
+    /// The protocols the data path follows (`protocols:`), e.g. "http1, http2".
+    #[serde(default)]
+    pub protocols: String,
+    /// The data path's programs and what loading each cost.
+    #[serde(default)]
+    pub programs: Vec<ProgramView>,
+}
+
+/// One program of the data path, and what the verifier made of it at load.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProgramView {
+    /// Its name (`tcx_ingress_mirror`, `proto_http1`, ...).
+    pub name: String,
+    /// Instructions the verifier processed (its limit: 1,000,000).
+    pub verified_insns: u32,
+    /// The verifier's time on it, ms (when the kernel said).
+    pub verify_ms: Option<f64>,
 }
 
 /// One CPU's time in the network stack.

@@ -268,16 +268,19 @@ impl<'obj> Datapath<'obj> {
                 }
             }
         }
-        for protocol in opts.protocols.iter() {
+        // The protocols loaded, and the rare stages (always loaded).
+        let stages = opts.protocols.iter().map(|p| (p.index(), p.program()));
+        let stages = stages.chain([(types::proto_prog::PROG_RESET.0, "stage_reset")]);
+        for (index, name) in stages {
             let prog = skel
                 .object()
                 .progs()
-                .find(|p| p.name() == protocol.program())
-                .ok_or_else(|| Error::Unsupported(format!("no program {}", protocol.program())))?;
+                .find(|p| p.name() == name)
+                .ok_or_else(|| Error::Unsupported(format!("no program {name}")))?;
             skel.maps
                 .proto_progs
-                .update(&protocol.index().to_ne_bytes(), &prog.as_fd().as_raw_fd().to_ne_bytes(), MapFlags::ANY)
-                .context(|| format!("adding the {protocol} program to proto_progs"))?;
+                .update(&index.to_ne_bytes(), &prog.as_fd().as_raw_fd().to_ne_bytes(), MapFlags::ANY)
+                .context(|| format!("adding {name} to proto_progs"))?;
         }
         if let Some(dir) = &opts.pin_path {
             let id = skel.maps.proto_progs.info().map(|i| i.info.id).context(|| "reading proto_progs".into())?;
@@ -598,7 +601,16 @@ impl<'obj> Datapath<'obj> {
             s.replay_keep = mode;
             s.kinds = kinds;
             s.scoped = scoped;
-        })
+        })?;
+        if kinds & (1 << types::trigger_kind::TRIGGER_NORESPONSE.0) != 0 {
+            // The tick, unless it runs (it stops by itself once no such rule is left).
+            self.skel
+                .progs
+                .noresponse_tick_start
+                .test_run(libbpf_rs::ProgramInput::default())
+                .context(|| "starting the no-response tick".into())?;
+        }
+        Ok(())
     }
 
     /// Attaches the replay program to the egress of the mirror interface `ifindex` (TCX where

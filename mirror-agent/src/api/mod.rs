@@ -203,6 +203,8 @@ async fn status(State(s): State<ApiState>) -> ApiResult<StatusView> {
         tracing: st.tracing,
         net_cpu: st.net_cpu,
         pods: s.pods.list(),
+        protocols: st.protocols,
+        programs: st.programs,
     }))
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use mirror_bpf::{AttachMode, DatapathOptions, MirrorMethod, TimingGroup, Tracing};
+use mirror_bpf::{AttachMode, DatapathOptions, MirrorMethod, Protocol, Protocols, TimingGroup, Tracing};
 
 use crate::capacity::Host;
 
@@ -492,9 +492,26 @@ pub struct Config {
     pub log: Log,
     /// On SIGTERM, leave the data path attached and pinned for the next agent.
     pub keep_attached: bool,
+    /// The protocols followed, each a program of the data path loaded at start: `http1`,
+    /// `http2` (which needs `http1`). All of them unless set.
+    pub protocols: Vec<String>,
 }
 
 impl Config {
+    /// The protocols of `protocols:` (all when the key is absent); the error names the entry.
+    pub fn protocol_set(&self) -> Result<Protocols, ConfigError> {
+        if self.protocols.is_empty() {
+            return Ok(Protocols::default());
+        }
+        let mut set = Vec::new();
+        for (i, name) in self.protocols.iter().enumerate() {
+            set.push(Protocol::parse(name).map_err(|why| err(format!("protocols[{i}]"), why))?);
+        }
+        let set = Protocols::from_iter(set);
+        set.check().map_err(|why| err("protocols", why))?;
+        Ok(set)
+    }
+
     /// Reads a configuration file and checks it, against this host too (`host.rs`): what
     /// `--check` says, and what the agent checks before it loads anything.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {

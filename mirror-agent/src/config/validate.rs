@@ -122,6 +122,7 @@ impl Config {
         }
         DatapathOptions::check_replay_requests(self.mirror.replay_requests)
             .map_err(|why| err("mirror.replay_requests", why))?;
+        self.protocol_set()?;
         if self.latency.stack_sample == 0 {
             return Err(err("latency.stack_sample", "must be at least 1 (1: every packet)"));
         }
@@ -234,6 +235,8 @@ mod tests {
             ("flows:\n  max: 268435457\n", "flows.max", "268435456"),
             ("mirror:\n  interface: \"..\"\n", "mirror.interface", "not a link name"),
             ("mirror:\n  replay_requests: 1000\n", "mirror.replay_requests", "a power of two"),
+            ("protocols: [http1, http3]\n", "protocols[1]", "unknown protocol 'http3' (one of: http1, http2)"),
+            ("protocols: [http2]\n", "protocols", "http2 needs http1"),
             ("mirror:\n  replay_requests: 1048576\n", "mirror.replay_requests", "65536"),
             ("mirror:\n  interface: \"m\\t0\"\n", "mirror.interface", "not a link name"),
             (

@@ -255,7 +255,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 "attach latency: {} attachments, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
                 l.count, l.p50_ms, l.p99_ms, l.max_ms
             );
-            println!("tracing programs: {}\n", s.tracing);
+            println!("tracing programs: {}", s.tracing);
+            let programs: Vec<String> = s
+                .programs
+                .iter()
+                .map(|p| match p.verify_ms {
+                    Some(ms) => format!("{} {} ({ms:.0} ms)", p.name, p.verified_insns),
+                    None => format!("{} {}", p.name, p.verified_insns),
+                })
+                .collect();
+            println!("protocols: {}", if s.protocols.is_empty() { "-" } else { &s.protocols });
+            println!("programs, instructions verified (of 1,000,000): {}\n", programs.join(", "));
             let pod_of = |ifindex: u32| {
                 s.pods.iter().find(|p| p.ifindex == ifindex).map_or("-".to_string(), PodView::label)
             };

@@ -78,6 +78,9 @@ impl Driver {
             adopted = dp.adopted(),
             attach = path,
             tcx_in_kernel = mirror_bpf::tcx_supported(),
+            protocols = %dp.protocols(),
+            load_ms = dp.load_time().as_millis() as u64,
+            largest_program_insns = dp.programs().iter().map(|p| p.verified_insns).max().unwrap_or(0),
             "data path loaded"
         );
         dp.set_budget(cfg.budget)?;

@@ -73,6 +73,10 @@ pub struct EngineStatus {
     pub net_cpu: Vec<CpuShareView>,
     /// How the tracing programs run: "fexit + tp_btf", "tp_btf (this kernel refuses fexit: ...)", or why not.
     pub tracing: String,
+    /// The protocols followed.
+    pub protocols: String,
+    /// The data path's programs.
+    pub programs: Vec<crate::views::ProgramView>,
 }
 
 /// What adding a rule did.

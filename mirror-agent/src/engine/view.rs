@@ -138,5 +138,15 @@ pub(super) fn status(dp: &Datapath<'_>, p: StatusParts<'_>) -> anyhow::Result<En
         mirror_ifindex: dp.settings()?.mirror_ifindex,
         net_cpu: p.net_cpu.to_vec(),
         tracing: tracing(p.tracing),
+        protocols: dp.protocols().to_string(),
+        programs: dp
+            .programs()
+            .iter()
+            .map(|p| crate::views::ProgramView {
+                name: p.name.clone(),
+                verified_insns: p.verified_insns,
+                verify_ms: p.verify_time.map(|t| t.as_secs_f64() * 1e3),
+            })
+            .collect(),
     })
 }

@@ -36,6 +36,7 @@
 #include "include/stream.h"
 #include "include/dispatch.h"
 #include "include/finish.h"
+#include "include/decide.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -149,11 +150,12 @@ __noinline int classify_head(struct __sk_buff *skb, __u32 hook, __u32 method)
         nat_learn(skb, m);
 
     /* A payload is followed even on marked flows: their response times count too. */
+    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
     if (m->payload_len)
-        return dispatch_next(fs, m->dir, bpf_map_lookup_elem(&settings, &zero));
+        return dispatch_reset(m->tcp_flags, set, dispatch_next(fs, m->dir, set));
     if (handshake_packet(m, fs))
         timing_handshake(skb, m, fs);
-    return NEXT_FINISH;
+    return dispatch_reset(m->tcp_flags, set, NEXT_FINISH);
 }
 
 /*
@@ -242,6 +244,18 @@ int proto_http1(struct __sk_buff *skb)
     return verdict(hs->meta.method, packet_finish(skb));
 }
 
+/* The reset stage: a RST decided against the reset rules (decide.h), then finished. */
+SEC("tc")
+int stage_reset(struct __sk_buff *skb)
+{
+    struct http_scratch *hs = scratch_get();
+
+    if (!hs)
+        return TC_ACT_UNSPEC;
+    decide_reset(skb, hs, slot_get(&hs->meta), hs->meta.hook);
+    return verdict(hs->meta.method, packet_finish(skb));
+}
+
 SEC("tc")
 int proto_http2(struct __sk_buff *skb)
 {
@@ -252,6 +266,17 @@ int proto_http2(struct __sk_buff *skb)
     if (h2_stage(skb, hs) == PROG_HTTP1)
         bpf_tail_call_static(skb, &proto_progs, PROG_HTTP1);
     return verdict(hs->meta.method, packet_finish(skb));
+}
+
+/*
+ * noresponse_tick_start - starts the no-response tick (noresponse.h) unless it runs: run by
+ * user space (BPF_PROG_RUN) when the rules come to include a noresponse rule.
+ * @return 1 when started now, 0 when it ran already or could not start (counted).
+ */
+SEC("syscall")
+int noresponse_tick_start(void *ctx)
+{
+    return noresponse_start();
 }
 
 /*

@@ -20,6 +20,7 @@
 
 #include "types.h"
 #include "config.h"
+#include "parse.h"
 
 /*
  * Key: enum proto_prog. Value: a program (fd from user space). Filled after load, never
@@ -64,6 +65,17 @@ static __always_inline int dispatch_next(const struct flow_cache_slot *fs, __u32
 }
 
 /*
+ * dispatch_reset - a TCP RST (@flags) while some rule is a reset rule goes to the reset stage
+ * (its payload, which TCP discards, is not followed); else @next.
+ */
+static __always_inline int dispatch_reset(__u8 flags, const struct settings *set, int next)
+{
+    if ((flags & TCP_FLAG_RST) && set && (set->kinds & (1 << TRIGGER_RESET)))
+        return PROG_RESET;
+    return next;
+}
+
+/*
  * dispatch - tail call the program @next names (enum proto_prog). Constant keys: the JIT makes
  * each a direct jump. Returns only when there is no such program (the caller finishes).
  */
@@ -73,6 +85,8 @@ static __always_inline void dispatch(struct __sk_buff *skb, int next)
         bpf_tail_call_static(skb, &proto_progs, PROG_HTTP1);
     else if (next == PROG_HTTP2)
         bpf_tail_call_static(skb, &proto_progs, PROG_HTTP2);
+    else if (next == PROG_RESET)
+        bpf_tail_call_static(skb, &proto_progs, PROG_RESET);
 }
 
 /*

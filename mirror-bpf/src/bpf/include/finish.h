@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * This file contains the end of every packet's path, whichever program it ends in (the entry
- * program when no protocol program follows it, else the protocol program): a reset decided
- * (decide.h), then, when the flow is marked (mark.h), the copy to the mirror interface
+ * program when no other program follows it, else the protocol or reset program): when the
+ * flow is marked (mark.h), the copy to the mirror interface
  * (mirror.h) within the mark's and the node's budgets, the kept request first when the mark
  * was made without a packet (replay.h).
  */
@@ -12,13 +12,12 @@
 #include "maps.h"
 #include "mark.h"
 #include "mirror.h"
-#include "decide.h"
 #include "replay.h"
 #include "stream.h"
 
 /*
- * packet_finish - the reset, the mark and the copy of the packet in this CPU's scratch area. A
- * global function: verified once in each program that ends a packet's path.
+ * packet_finish - the mark and the copy of the packet in this CPU's scratch area. A global
+ * function: verified once in each program that ends a packet's path.
  * @return 1 when the packet is to be mirrored (copied here, or by act_mirred).
  */
 __noinline int packet_finish(struct __sk_buff *skb)
@@ -31,8 +30,6 @@ __noinline int packet_finish(struct __sk_buff *skb)
         return 0;
     struct pkt_meta *m = &hs->meta;
     struct flow_cache_slot *fs = slot_get(m);
-    if (m->tcp_flags & TCP_FLAG_RST)
-        decide_reset(skb, hs, fs, m->hook);
     struct mirror_mark *mk = mark_lookup(fs, &m->key);
     if (!mk || !mark_admit(mk, skb->len, m->now, cnt))
         return 0;

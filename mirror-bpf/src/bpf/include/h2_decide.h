@@ -102,7 +102,6 @@ __noinline int h2_request(struct __sk_buff *skb, struct http_scratch *s, struct 
                           __u32 stream)
 {
     __u32 zero = 0;
-    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
 
     if (!skb || !s || !t || !cnt)
@@ -119,7 +118,7 @@ __noinline int h2_request(struct __sk_buff *skb, struct http_scratch *s, struct 
     __builtin_memcpy(&ns->req.head[ml + 1], h->path, H2_TEXT);
     ns->req.head_len = ml + 1 + pl;
     ns->req.ts_ns = m->now;
-    ns->req.replay = replay_keep(skb, s, 0, 0, t, set, cnt);
+    ns->req.replay = replay_keep(skb, s, t, 0, 0);
     ns->dir = m->dir;
     t->req_dir = m->dir + 1;
     struct h2_stream_key *k = &h->key;

@@ -450,7 +450,7 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
             __u32 zero = 0;
             struct settings *set = bpf_map_lookup_elem(&settings, &zero);
             /* Kept before it is queued: the queue says whether it shares the flow's slot. */
-            __u32 kept = replay_keep(skb, s, pos->off, loaded, t, set, cnt);
+            __u32 kept = replay_keep(skb, s, t, pos->off, loaded);
             timing_request(t, s, avail, m->now, set, kept);
             t->req_ifindex = skb->ifindex;
             t->req_hook = pos->hook;

@@ -4,7 +4,8 @@
  * a noresponse rule's time. No packet may ever come to tell, so a timer decides. A flow whose
  * request is queued sets its flow_timing slot's bit in pending_flows (one load per request when
  * the bit is set already); one BPF timer, the tick, runs every NORESPONSE_TICK_NS while some
- * rule is a noresponse rule and looks at the flows whose bits are set, at most
+ * rule is a noresponse rule (started by user space when such a rule is added, stopping itself
+ * when none is left) and looks at the flows whose bits are set, at most
  * NORESPONSE_TICK_FLOWS per tick (a pass over many pending flows spans several ticks, and a tick
  * whose events would overflow the ring buffer stops there and goes on 1 ms later): a flow
  * with nothing pending loses its bit; one whose oldest pending request waited long enough for a
@@ -190,10 +191,11 @@ static int noresponse_tick(void *map, __u32 *key, struct noresponse_timer *nt)
 }
 
 /*
- * noresponse_start - start the tick (the first request while a noresponse rule exists).
- * A global function: verified once, run when the tick does not run.
+ * noresponse_start - start the tick, unless it runs. Run by user space (the noresponse_tick_start
+ * program) whenever the rules change to include a noresponse rule: the timer's callback, the
+ * tick and what it calls, are verified with that program, not with the HTTP program.
  */
-__noinline int noresponse_start(void)
+static __always_inline int noresponse_start(void)
 {
     __u32 zero = 0;
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
@@ -208,17 +210,17 @@ __noinline int noresponse_start(void)
         cnt->v[STAT_NORESPONSE_FAILED]++;
         return 0;
     }
-    return 0;
+    return 1;
 }
 
 /*
  * noresponse_arm - a request of @t's flow was queued: set its slot's pending bit (when not set
- * already) and make sure the tick runs. Inlined into http_message, its only caller.
+ * already), for the tick to look at. Inlined into http_message, its only caller.
  * @fs: this CPU's flow entry (may be NULL), which knows the flow's slot.
  */
 static __always_inline void noresponse_arm(struct flow_cache_slot *fs, const struct flow_key *key)
 {
-    __u32 slot, zero = 0;
+    __u32 slot;
 
     if (fs && fs->timing_slot) {
         slot = fs->timing_slot - 1;
@@ -232,9 +234,6 @@ static __always_inline void noresponse_arm(struct flow_cache_slot *fs, const str
     __u64 *bits = bpf_map_lookup_elem(&pending_flows, &word), bit = 1ULL << (slot % 64);
     if (bits && !(*bits & bit))
         __sync_fetch_and_or(bits, bit);
-    struct noresponse_timer *nt = bpf_map_lookup_elem(&noresponse_timer, &zero);
-    if (nt && !nt->running)
-        noresponse_start();
 }
 
 #endif /* MIRROR_NORESPONSE_H */

@@ -123,17 +123,19 @@ static __always_inline __u32 replay_from_scratch(struct __sk_buff *skb, struct r
  * at once has a slot of its own, so that a trigger replays the very request it concerns
  * (pipelining); a request sent when none is pending takes over the slot of the flow's latest
  * (one slot per flow, as long as its requests come one at a time); the requests of one segment
- * share its slot (the segment is kept once). Inlined into http_message,
- * its only caller (verified once with it).
+ * share its slot (the segment is kept once). A global function: verified once, its copy
+ * loops' exits not multiplied into its callers' paths.
  * @s: the scratch area, the request's first @loaded bytes in s->buf (0: s->buf holds something
  * else, the segment is read from the packet).
- * @set: the settings (may be NULL).
  * @return the slot's hand-out number + 1, for the request's entry (0: not kept).
  */
-static __always_inline __u32 replay_keep(struct __sk_buff *skb, struct http_scratch *s, __u32 off,
-                                         __u32 loaded, struct flow_timing *t,
-                                         const struct settings *set, struct counters *cnt)
+__noinline __u32 replay_keep(struct __sk_buff *skb, struct http_scratch *s, struct flow_timing *t,
+                             __u32 off, __u32 loaded)
 {
+    __u32 zero = 0;
+    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
+    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+
     if (!skb || !s || !t || !set || !cnt)
         return 0;
     struct pkt_meta *m = &s->meta;

@@ -251,12 +251,14 @@ struct flow_dir_stats {
 };
 
 /*
- * The protocol programs, each at its index in proto_progs (dispatch.h); bit (1 << index) of
- * protocols_enabled (config.h) says that the program was loaded (the protocols: setting).
+ * The programs the dispatcher tail-calls, each at its index in proto_progs (dispatch.h): the
+ * protocol programs, whose bit (1 << index) in protocols_enabled (config.h) says that they
+ * were loaded (the protocols: setting), and the rare stages, always loaded.
  */
 enum proto_prog {
     PROG_HTTP1 = 0, /* HTTP/1.x messages (http.h), which also finds where HTTP/2 starts */
     PROG_HTTP2 = 1, /* HTTP/2 frames, HPACK and gRPC (h2.h) */
+    PROG_RESET = 3, /* not a protocol: a TCP RST while some rule is a reset rule (decide.h) */
     PROGS_MAX = 4,
 };
 
