@@ -93,6 +93,9 @@ lint: deps
 # The node image from the binaries built here (quick): the local base image first (made once
 # per machine by debootstrap, no registry needed), then docker/Dockerfile's runtime-prebuilt
 # target; tagged as deploy/kustomization.yaml names it.
+# A rebuild moves the tag to the new image and leaves the one it replaces untagged (<none> in
+# podman images): that one is removed once the build has succeeded, if it differs from the new
+# one and has no other tag left; podman rmi refuses it while a container uses it, and it stays.
 IMAGE ?= localhost/mirror-agent:dev
 PODMAN ?= podman --runtime runc --cgroup-manager cgroupfs
 image: deps
@@ -101,8 +104,14 @@ image: deps
 	mkdir -p docker/prebuilt
 	strip -o docker/prebuilt/mirror-agent $${CARGO_TARGET_DIR:-target}/release/mirror-agent
 	strip -o docker/prebuilt/mirrorctl $${CARGO_TARGET_DIR:-target}/release/mirrorctl
+	old=$$($(PODMAN) image inspect --format '{{.ID}}' $(IMAGE) 2>/dev/null) || old=; \
 	$(PODMAN) build -f docker/Dockerfile --target runtime-prebuilt \
-		--build-arg RUNTIME_IMAGE=localhost/mirror-base:bookworm -t $(IMAGE) .
+		--build-arg RUNTIME_IMAGE=localhost/mirror-base:bookworm -t $(IMAGE) . || exit 1; \
+	new=$$($(PODMAN) image inspect --format '{{.ID}}' $(IMAGE)) || exit 1; \
+	if [ -n "$$old" ] && [ "$$old" != "$$new" ] && \
+		[ "$$($(PODMAN) image inspect --format '{{len .RepoTags}}' $$old 2>/dev/null)" = 0 ]; then \
+		$(PODMAN) rmi $$old >/dev/null 2>&1 || echo "kept the previous image $$old: podman rmi refused it" >&2; \
+	fi
 
 # The same image built from source in the builder stage, on public base images.
 image-source:

@@ -554,7 +554,16 @@ fn stage_profile(ctx: &Ctx<'_>, load: Load, cfg: &Config, secs: u32) -> Result<V
     let (out, _) = ctx.agents.run(spec, &veths, |_| {
         let rec = stageprof::Recording::start(secs)?;
         load.run(ctx.bed, secs)?;
-        rec.finish(&["tcx_ingress_mirror", "tcx_egress_mirror", "tc_ingress_mirror", "tc_egress_mirror"])
+        // The programs the entry programs tail-call replace their frames: entries of their own.
+        rec.finish(&[
+            "tcx_ingress_mirror",
+            "tcx_egress_mirror",
+            "tc_ingress_mirror",
+            "tc_egress_mirror",
+            "proto_http1",
+            "proto_http2",
+            "stage_reset",
+        ])
     })?;
     Ok(out)
 }

@@ -5,6 +5,7 @@
 use std::fmt::Write;
 
 use super::bpfstats::hook_total;
+use super::stageprof;
 use super::loads::{Latency, Load};
 use super::{AttachRun, Cell, Plan, Profile, Results};
 use crate::host::Host;
@@ -598,7 +599,9 @@ fn stages_table(s: &mut String, r: &Results) {
         ),
         &[(L, "entry program"), (L, "stage"), (R, "samples"), (R, "share of the entry's")],
     );
-    for st in &r.stages {
+    let all = r.stages.iter().find(|x| x.entry == stageprof::ALL_SAMPLES).map_or(0, |x| x.samples);
+    let ours: u64 = r.stages.iter().filter(|x| x.entry != stageprof::ALL_SAMPLES).map(|x| x.samples).sum();
+    for st in r.stages.iter().filter(|x| x.entry != stageprof::ALL_SAMPLES) {
         let total: u64 = r.stages.iter().filter(|x| x.entry == st.entry).map(|x| x.samples).sum();
         let _ = writeln!(
             s,
@@ -609,7 +612,12 @@ fn stages_table(s: &mut String, r: &Results) {
             100.0 * st.samples as f64 / total.max(1) as f64
         );
     }
-    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "\nThe classifier's programs (the helpers they call included): {ours} of {all} samples of every \
+         CPU, {:.2}% of all CPU time under the load.\n",
+        100.0 * ours as f64 / all.max(1) as f64
+    );
 }
 
 fn profile_table(s: &mut String, profiles: &[Profile]) {

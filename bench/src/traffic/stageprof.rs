@@ -64,6 +64,10 @@ impl Drop for Recording {
 
 const KALLSYMS: &str = "/proc/sys/net/core/bpf_jit_kallsyms";
 
+/// The pseudo-entry whose one share counts every sample of every CPU (the denominator of the
+/// programs' share of all CPU time).
+pub const ALL_SAMPLES: &str = "*";
+
 /// Samples of one stage under one entry program.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StageShare {
@@ -85,6 +89,9 @@ pub fn attribute(script: &str, entries: &[&str]) -> Vec<StageShare> {
     let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
     let mut frames: Vec<&str> = Vec::new();
     let mut flush = |frames: &mut Vec<&str>| {
+        if !frames.is_empty() {
+            *counts.entry((ALL_SAMPLES.to_string(), ALL_SAMPLES.to_string())).or_default() += 1;
+        }
         let names: Vec<&str> = frames.iter().filter_map(|s| bpf_name(s)).collect();
         if let Some(entry) = names.iter().find(|n| entries.contains(n)) {
             *counts.entry((entry.to_string(), names[0].to_string())).or_default() += 1;
@@ -139,8 +146,9 @@ mod tests {
         // A helper's sample counts with the stage that called it.
         assert_eq!(share("tcx_ingress_mirror", "classify"), Some(1));
         assert_eq!(share("tcx_egress_mirror", "classify"), Some(1));
-        // Samples outside our programs are not counted.
-        assert_eq!(got.iter().map(|x| x.samples).sum::<u64>(), 3);
+        // Samples outside our programs are not counted, only in the total of every sample.
+        assert_eq!(got.iter().filter(|x| x.entry != ALL_SAMPLES).map(|x| x.samples).sum::<u64>(), 3);
+        assert_eq!(share(ALL_SAMPLES, ALL_SAMPLES), Some(4));
     }
 
     #[test]
