@@ -369,9 +369,7 @@ impl<'obj> Datapath<'obj> {
                 std::fs::remove_file(&path).context(|| format!("unpinning {}", path.display()))?;
             }
         }
-        for path in self.stale_proto_progs() {
-            let _ = std::fs::remove_file(path);
-        }
+        // Only this load's program array: another's may be a newer agent's.
         if let Ok(id) = self.skel.maps.proto_progs.info().map(|i| i.info.id) {
             let _ = std::fs::remove_file(dir.join(format!("{PROTO_PROGS_PIN}-{id}")));
         }
