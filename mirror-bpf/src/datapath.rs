@@ -369,7 +369,11 @@ impl<'obj> Datapath<'obj> {
                 std::fs::remove_file(&path).context(|| format!("unpinning {}", path.display()))?;
             }
         }
-        // Only this load's program array: another's may be a newer agent's.
+        // Every program array left: this one's, and those of earlier loads whose links went
+        // with the detach (a stop that hands over keeps its pins and never comes here).
+        for path in self.stale_proto_progs() {
+            let _ = std::fs::remove_file(path);
+        }
         if let Ok(id) = self.skel.maps.proto_progs.info().map(|i| i.info.id) {
             let _ = std::fs::remove_file(dir.join(format!("{PROTO_PROGS_PIN}-{id}")));
         }

@@ -259,7 +259,7 @@ impl FromStr for Rule {
                 continue;
             }
             if let Some(v) = token.strip_prefix("noresponse>") {
-                let d = parse_duration(v).map_err(err)?;
+                let d = parse_wait(v).map_err(err)?;
                 if d.is_zero() {
                     return Err(err("noresponse>0 would mark every request: give a time (e.g. 2s)".into()));
                 }
@@ -269,7 +269,7 @@ impl FromStr for Rule {
                 continue;
             }
             if let Some(v) = token.strip_prefix("latency>") {
-                let d = parse_duration(v).map_err(err)?;
+                let d = parse_wait(v).map_err(err)?;
                 if d.is_zero() {
                     return Err(err("latency>0 matches everything: leave it out".into()));
                 }
@@ -278,11 +278,7 @@ impl FromStr for Rule {
                 }
                 continue;
             }
-            let (key, value) = token.split_once('=').ok_or_else(|| {
-                err("expected key=value (status, grpc-status, port, method, path, host, packets, bytes, \
-                     duration), reset, noresponse>DURATION or latency>DURATION"
-                    .into())
-            })?;
+            let (key, value) = token.split_once('=').ok_or_else(|| err(format!("expected one of: {SYNTAX}")))?;
             if value.is_empty() {
                 return Err(err(format!("{key} needs a value")));
             }
@@ -329,12 +325,10 @@ impl FromStr for Rule {
                 "packets" => p.limits.packets = parse_count(value).map_err(err)?,
                 "bytes" => p.limits.bytes = parse_count(value).map_err(err)?,
                 "duration" => p.limits.duration = parse_duration(value).map_err(err)?,
-                _ => {
-                    return Err(err(format!(
-                        "unknown key '{key}' (status, grpc-status, port, method, path, host, packets, bytes, \
-                         duration)"
-                    )))
+                "latency" | "noresponse" => {
+                    return Err(err(format!("{key} is written with '>': '{key}>{value}' (quote it in a shell)")))
                 }
+                _ => return Err(err(format!("unknown key '{key}'; the syntax: {SYNTAX}"))),
             }
         }
         let trigger = p.trigger(text)?;
@@ -482,6 +476,16 @@ fn parse_count(v: &str) -> Result<u64, String> {
         .ok()
         .and_then(|n| n.checked_mul(mult))
         .ok_or_else(|| format!("'{v}' is not a count (e.g. 1000, 10k, 0 for unlimited)"))
+}
+
+/// Every token of the rule syntax, as errors and `mirrorctl rules add --help` list them.
+pub const SYNTAX: &str = "triggers: status=CODES (500, 5xx, 500-504, a list), grpc-status=CODES, reset, \
+noresponse>DURATION, latency>DURATION; filters: port=P, method=M[,M], path=PREFIX, host=NAME; \
+limits per flow: packets=N, bytes=N, duration=DURATION (0: unlimited)";
+
+/// A wait of a trigger (`noresponse>`, `latency>`): a duration with its unit, never unlimited.
+fn parse_wait(v: &str) -> Result<Duration, String> {
+    parse_duration(v).map_err(|_| format!("'{v}' is not a duration (e.g. 500ms, 2s, 1m)"))
 }
 
 /// A duration such as `500ms`, `30s`, `5m`, `1h`; `0` means unlimited.
@@ -689,7 +693,12 @@ mod tests {
             ("status=500 port=0", "port=0", "1-65535"),
             ("status=500 port=70000", "port=70000", "1-65535"),
             ("status=500 colour=red", "colour=red", "unknown key"),
-            ("status=500 packets", "packets", "key=value"),
+            ("status=500 packets", "packets", "expected one of: triggers: status=CODES"),
+            ("status=500 colour=red", "colour=red", "noresponse>DURATION, latency>DURATION"),
+            ("status=500 colour=red", "colour=red", "reset"),
+            ("latency=200ms", "latency=200ms", "'latency>200ms'"),
+            ("noresponse=2s", "noresponse=2s", "'noresponse>2s'"),
+            ("noresponse>1", "noresponse>1", "(e.g. 500ms, 2s, 1m)"),
             ("status=500 duration=5y", "duration=5y", "not a duration"),
             ("status=500 status=501", "status=501", "twice"),
             ("port=80", "port=80", "needs status"),

@@ -40,7 +40,7 @@ impl<'a> Client<'a> {
         path: &str,
         body: Option<String>,
     ) -> anyhow::Result<(StatusCode, T)> {
-        let stream = tokio::net::UnixStream::connect(self.socket).await.with_context(|| {
+        let stream = self.connect().await.with_context(|| {
             format!(
                 "cannot reach the agent at {} (is mirror-agent running? see --socket)",
                 self.socket.display()
@@ -67,6 +67,38 @@ impl<'a> Client<'a> {
             serde_json::from_slice(&bytes).with_context(|| format!("reading the agent's reply to {path}"))?;
         Ok((status, value))
     }
+}
+
+/// How long a command waits for an agent that is starting (it loads and verifies its programs
+/// before it listens: about a second).
+pub const STARTING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Client<'_> {
+    /// Connects to the socket; while it is absent or refuses and an agent is starting (its
+    /// lock names a live mirror-agent), tries again for up to [`STARTING_WAIT`].
+    async fn connect(&self) -> std::io::Result<tokio::net::UnixStream> {
+        let deadline = std::time::Instant::now() + STARTING_WAIT;
+        loop {
+            match tokio::net::UnixStream::connect(self.socket).await {
+                Ok(s) => return Ok(s),
+                Err(e) if std::time::Instant::now() < deadline && agent_starting(self.socket) => {
+                    tracing::debug!(error = %e, "the agent is starting: waiting for its socket");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Whether an agent holds this socket's lock (`<socket>.lock`, which holds its pid) and lives:
+/// then it is starting, or handing over. Read, never locked: a starting agent is never
+/// turned away by a command's probe.
+fn agent_starting(socket: &Path) -> bool {
+    let lock = format!("{}.lock", socket.display());
+    let Ok(pid) = std::fs::read_to_string(lock) else { return false };
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", pid.trim())).unwrap_or_default();
+    !pid.trim().is_empty() && comm.trim() == "mirror-agent"
 }
 
 /// The agent refused a request.

@@ -99,11 +99,26 @@ enum LatencyCommand {
     Groups,
 }
 
+/// The rule syntax with examples, after `mirrorctl rules add --help`.
+const RULE_HELP: &str = "\
+Syntax: one trigger, then filters and limits, in any order.
+  triggers  status=CODES (500, 5xx, 500-504, 502,503), grpc-status=CODES (names or 0-63), reset,
+            'noresponse>DURATION', 'latency>DURATION'
+  filters   port=P, method=GET[,POST], path=/PREFIX, host=NAME
+  limits    packets=N, bytes=N, duration=DURATION per flow (0: unlimited; default 10000 packets or 60s)
+Examples:
+  mirrorctl rules add status=5xx
+  mirrorctl rules add status=500 method=POST path=/api/checkout packets=1000 duration=30s
+  mirrorctl rules add 'noresponse>2s' port=8080
+  mirrorctl rules add grpc-status=internal,unavailable
+  mirrorctl rules add reset host=shop.example";
+
 #[derive(Subcommand)]
 enum RulesCommand {
     /// Add a rule, e.g. `status=500`, `status=5xx`, `port=8080 status=500-504 packets=1000 duration=30s`,
     /// `grpc-status=internal,unavailable`, `'latency>200ms'` (quote a rule with `>`: the shell
     /// reads it as a redirection).
+    #[command(after_help = RULE_HELP)]
     Add {
         /// The rule's key=value tokens.
         #[arg(required = true, num_args = 1..)]

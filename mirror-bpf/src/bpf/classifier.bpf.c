@@ -170,7 +170,8 @@ static __always_inline int classify(struct __sk_buff *skb, __u32 hook, __u32 met
     if (next == NEXT_SKIP)
         return 0;
     dispatch(skb, next);
-    return packet_finish(skb);
+    struct http_scratch *hs = scratch_get();
+    return hs ? packet_finish(skb, hs, slot_get(&hs->meta), counters_get()) : 0;
 }
 
 /* clsact + cls_bpf in direct-action mode. */
@@ -239,9 +240,11 @@ int proto_http1(struct __sk_buff *skb)
 
     if (!hs)
         return TC_ACT_UNSPEC;
-    if (http1_stage(skb, hs) == PROG_HTTP2)
+    struct flow_cache_slot *fs = slot_get(&hs->meta);
+    struct counters *cnt = counters_get();
+    if (http1_stage(skb, hs, fs, cnt) == PROG_HTTP2)
         bpf_tail_call_static(skb, &proto_progs, PROG_HTTP2);
-    return verdict(hs->meta.method, packet_finish(skb));
+    return verdict(hs->meta.method, packet_finish(skb, hs, fs, cnt));
 }
 
 /* The reset stage: a RST decided against the reset rules (decide.h), then finished. */
@@ -252,8 +255,9 @@ int stage_reset(struct __sk_buff *skb)
 
     if (!hs)
         return TC_ACT_UNSPEC;
-    decide_reset(skb, hs, slot_get(&hs->meta), hs->meta.hook);
-    return verdict(hs->meta.method, packet_finish(skb));
+    struct flow_cache_slot *fs = slot_get(&hs->meta);
+    decide_reset(skb, hs, fs, hs->meta.hook);
+    return verdict(hs->meta.method, packet_finish(skb, hs, fs, counters_get()));
 }
 
 SEC("tc")
@@ -263,9 +267,11 @@ int proto_http2(struct __sk_buff *skb)
 
     if (!hs)
         return TC_ACT_UNSPEC;
-    if (h2_stage(skb, hs) == PROG_HTTP1)
+    struct flow_cache_slot *fs = slot_get(&hs->meta);
+    struct counters *cnt = counters_get();
+    if (h2_stage(skb, hs, fs, cnt) == PROG_HTTP1)
         bpf_tail_call_static(skb, &proto_progs, PROG_HTTP1);
-    return verdict(hs->meta.method, packet_finish(skb));
+    return verdict(hs->meta.method, packet_finish(skb, hs, fs, cnt));
 }
 
 /*

@@ -16,20 +16,17 @@
 #include "stream.h"
 
 /*
- * packet_finish - the mark and the copy of the packet in this CPU's scratch area. A global
- * function: verified once in each program that ends a packet's path.
+ * packet_finish - the mark and the copy of the packet in this CPU's scratch area @hs, whose
+ * flow cache slot is @fs (may be NULL), counted in @cnt. A global function: verified once in
+ * each program that ends a packet's path.
  * @return 1 when the packet is to be mirrored (copied here, or by act_mirred).
  */
-__noinline int packet_finish(struct __sk_buff *skb)
+__noinline int packet_finish(struct __sk_buff *skb, struct http_scratch *hs, struct flow_cache_slot *fs,
+                             struct counters *cnt)
 {
-    __u32 zero = 0;
-    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
-    struct http_scratch *hs = scratch_get();
-
     if (!skb || !cnt || !hs)
         return 0;
     struct pkt_meta *m = &hs->meta;
-    struct flow_cache_slot *fs = slot_get(m);
     struct mirror_mark *mk = mark_lookup(fs, &m->key);
     if (!mk || !mark_admit(mk, skb->len, m->now, cnt))
         return 0;

@@ -557,16 +557,13 @@ __noinline int h2_segment(struct __sk_buff *skb, struct http_scratch *s, struct 
  * position is handed to the HTTP/1 program, which looks for a message or a frame again), else
  * NEXT_FINISH.
  */
-__noinline int h2_stage(struct __sk_buff *skb, struct http_scratch *s)
+__noinline int h2_stage(struct __sk_buff *skb, struct http_scratch *s, struct flow_cache_slot *fs,
+                       struct counters *cnt)
 {
-    __u32 zero = 0;
-    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
-
     if (!skb || !s || !cnt)
         return NEXT_FINISH;
     struct pkt_meta *m = &s->meta;
     struct http_pos *pos = &s->pos;
-    struct flow_cache_slot *fs = slot_get(m);
     struct flow_timing *t = timing_find(fs, &m->key);
 
     if (pos->handed) {

@@ -506,16 +506,13 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
  * @return PROG_HTTP2 when the rest of the segment is HTTP/2 frames (the position is handed to
  * the HTTP/2 program in s->pos), else 0 (the segment is done).
  */
-__noinline int http1_stage(struct __sk_buff *skb, struct http_scratch *s)
+__noinline int http1_stage(struct __sk_buff *skb, struct http_scratch *s, struct flow_cache_slot *fs,
+                       struct counters *cnt)
 {
-    __u32 zero = 0;
-    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
-
     if (!skb || !s || !cnt)
         return NEXT_FINISH;
     struct pkt_meta *m = &s->meta;
     struct http_pos *pos = &s->pos;
-    struct flow_cache_slot *fs = slot_get(m);
     struct flow_timing *t = timing_find(fs, &m->key);
     __u32 len = m->payload_len;
 

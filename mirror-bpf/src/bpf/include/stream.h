@@ -23,6 +23,14 @@ static __always_inline struct http_scratch *scratch_get(void)
     return bpf_map_lookup_elem(&http_scratch, &zero);
 }
 
+/* counters_get - this CPU's counters. */
+static __always_inline struct counters *counters_get(void)
+{
+    __u32 zero = 0;
+
+    return bpf_map_lookup_elem(&stats, &zero);
+}
+
 /* slot_get - this CPU's flow cache slot of the packet in @m (classify_head chose it). */
 static __always_inline struct flow_cache_slot *slot_get(const struct pkt_meta *m)
 {
