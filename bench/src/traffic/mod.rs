@@ -59,7 +59,7 @@ pub struct Plan {
 impl Plan {
     pub fn full() -> Plan {
         Plan {
-            secs: 5,
+            secs: 1,
             rounds: 5,
             cells: vec![
                 (
@@ -89,7 +89,7 @@ impl Plan {
     /// runner (each agent start costs seconds of BPF verification, so fewer agent cells).
     pub fn quick() -> Plan {
         Plan {
-            secs: 1,
+            secs: 5,
             rounds: 1,
             cells: vec![
                 (IperfPodToPod, vec![NO_AGENT, QDISCS, PASS, STATIC, TCPDUMP]),

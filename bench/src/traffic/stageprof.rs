@@ -50,7 +50,13 @@ impl Recording {
         let mut script = Command::new("perf");
         script.args(["script", "-F", "ip,sym", "-i"]).arg(&self.data);
         let out = cmd::run(script, "perf script")?;
-        Ok(attribute(&String::from_utf8_lossy(&out.stdout), entries))
+        let text = String::from_utf8_lossy(&out.stdout);
+        if let Some(file) = std::env::var_os("MIRROR_BENCH_LINES") {
+            // The programs are still loaded: their JITed lines can be read now.
+            let lines = hot_lines(&text, &mirror_bpf::programs::jited_lines(entries));
+            std::fs::write(&file, lines).with_context(|| format!("writing {}", file.to_string_lossy()))?;
+        }
+        Ok(attribute(&text, entries))
     }
 }
 
@@ -112,6 +118,43 @@ pub fn attribute(script: &str, entries: &[&str]) -> Vec<StageShare> {
     let mut out: Vec<StageShare> =
         counts.into_iter().map(|((entry, stage), samples)| StageShare { entry, stage, samples }).collect();
     out.sort_by(|a, b| a.entry.cmp(&b.entry).then(b.samples.cmp(&a.samples)));
+    out
+}
+
+/// The source lines the samples of `script` fell on (innermost frame in a JITed BPF program,
+/// found in `lines`, sorted by address), hottest first: `MIRROR_BENCH_LINES=FILE` writes them.
+pub fn hot_lines(script: &str, lines: &[mirror_bpf::programs::JitedLine]) -> String {
+    let mut counts: BTreeMap<usize, u64> = BTreeMap::new();
+    let mut first = true;
+    let mut total = 0u64;
+    for line in script.lines() {
+        if line.trim().is_empty() {
+            first = true;
+            continue;
+        }
+        if !first {
+            continue;
+        }
+        first = false;
+        let mut words = line.split_whitespace();
+        let (Some(ip), Some(sym)) = (words.next(), words.next()) else { continue };
+        if bpf_name(sym.split('+').next().unwrap_or(sym)).is_none() {
+            continue;
+        }
+        let Ok(ip) = u64::from_str_radix(ip, 16) else { continue };
+        let at = lines.partition_point(|l| l.addr <= ip);
+        if at > 0 {
+            *counts.entry(at - 1).or_default() += 1;
+            total += 1;
+        }
+    }
+    let mut hot: Vec<(usize, u64)> = counts.into_iter().collect();
+    hot.sort_by(|a, b| b.1.cmp(&a.1));
+    let mut out = format!("{total} samples in JITed BPF lines\n");
+    for (i, n) in hot.into_iter().take(60) {
+        let l = &lines[i];
+        out.push_str(&format!("{n:6} {:5.1}%  {:16} {:24} {}\n", 100.0 * n as f64 / total.max(1) as f64, l.prog, l.place, l.text));
+    }
     out
 }
 

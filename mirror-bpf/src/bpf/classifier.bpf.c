@@ -112,7 +112,7 @@ static __always_inline int egress_seen(struct __sk_buff *skb)
  * @method: enum mirror_method, whether the copy is made here (clone) or by act_mirred.
  * @return enum dispatch_next, or the enum proto_prog to tail call.
  */
-__noinline int classify_head(struct __sk_buff *skb, __u32 hook, __u32 method)
+static __always_inline int classify_head(struct __sk_buff *skb, __u32 hook, __u32 method)
 {
     __u32 zero = 0;
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);

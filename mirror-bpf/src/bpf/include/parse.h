@@ -239,7 +239,7 @@ static __always_inline int parse_ipv6(struct cursor *c, void *frame, struct pkt_
  * program instead of 334k).
  * @return enum parse_result.
  */
-__noinline int parse_packet(struct __sk_buff *skb, struct pkt_meta *m)
+static __always_inline int parse_packet(struct __sk_buff *skb, struct pkt_meta *m)
 {
     if (!skb || !m)
         return PARSE_MALFORMED;
