@@ -186,7 +186,7 @@ pub const POD_LABELS_MAX: usize = 512;
 /// The `pod` label beyond [`POD_LABELS_MAX`], and of an interface with no pod known.
 pub const OTHER_POD: &str = "";
 
-/// The `pod` label of each histogram's interface (`name/namespace`), bounded, and the
+/// The `pod` label of each histogram's interface (`namespace/name`), bounded, and the
 /// `label_<key>` labels of its pod's labels among `pods.labels` (`""` where it has none): one
 /// value each per interface, so they add no series.
 fn pod_labels(pods: &Pods, hists: &[HistogramView]) -> impl Fn(u32) -> Vec<(String, String)> {
@@ -281,7 +281,11 @@ async fn render(engine: &Engine, pods: &Pods, rule_text: bool) -> anyhow::Result
         "Instructions the kernel's verifier processed for each program of the data path at load (limit 1,000,000)",
         insns,
     );
-    reg.register("program_verify_seconds", "The verifier's time on each program of the data path at load", verify);
+    reg.register(
+        "program_verify_seconds",
+        "The verifier's time on each program of the data path at load",
+        verify,
+    );
     let (buckets, sum) = status.attach_buckets.clone();
     let count = buckets.iter().map(|(_, n)| n).sum();
     reg.register(

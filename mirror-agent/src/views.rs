@@ -101,7 +101,7 @@ pub struct FlowView {
 pub struct FlowPod {
     /// The endpoint, `addr:port`.
     pub endpoint: String,
-    /// The pod, `name/namespace` (or the name alone when its namespace is not known).
+    /// The pod, `namespace/name` (or the name alone when its namespace is not known).
     pub pod: String,
     /// Its host-side veth.
     pub interface: String,
@@ -144,12 +144,21 @@ pub struct PodView {
 }
 
 impl PodView {
-    /// `name/namespace`, or the name alone.
+    /// `namespace/name`, as Kubernetes and its tools write a pod in one string (client-go's
+    /// cache keys, Hubble's flows), or the name alone when the namespace is not known.
     pub fn label(&self) -> String {
         match &self.namespace {
-            Some(ns) => format!("{}/{ns}", self.name),
+            Some(ns) => format!("{ns}/{}", self.name),
             None => self.name.clone(),
         }
+    }
+
+    /// Whether `want` names this pod: `namespace/name`, the name alone, or `namespace/name`
+    /// (the form this tool wrote before), unambiguous since a pod's name and namespace hold
+    /// no '/'.
+    pub fn is_named(&self, want: &str) -> bool {
+        let swapped = self.namespace.as_ref().map(|ns| format!("{}/{ns}", self.name));
+        self.name == want || self.label() == want || swapped.as_deref() == Some(want)
     }
 }
 
@@ -339,7 +348,7 @@ pub struct EventView {
     pub interface: String,
     /// Its ifindex.
     pub ifindex: u32,
-    /// The pod behind that interface (`name/namespace`), when known.
+    /// The pod behind that interface (`namespace/name`), when known.
     #[serde(default)]
     pub pod: Option<String>,
     /// Its labels among `pods.labels` (from the container runtime).

@@ -100,7 +100,7 @@ fn captures_name_pods_directions_and_rules() {
     let mirrored = status(&env).counters["mirrored_packets"] - before;
     // The trigger's event names the pod whose veth saw the 500.
     let events: Vec<mirror_agent::views::EventView> = json(&env.ctl_ok(&["-o", "json", "events"]));
-    assert!(events.iter().any(|e| e.status == 500 && e.pod.as_deref() == Some("web-0/shop")), "{events:?}");
+    assert!(events.iter().any(|e| e.status == 500 && e.pod.as_deref() == Some("shop/web-0")), "{events:?}");
     // It carries the request behind the 500, replayed to the sink.
     let request = events.iter().find_map(|e| e.request.as_ref()).expect("the event carries the request");
     assert!(request.text.starts_with("GET /fail?bytes=") && request.replayed && !request.cut, "{request:?}");
@@ -131,10 +131,10 @@ fn captures_name_pods_directions_and_rules() {
     assert_eq!(pkts[0][3], client_ip, "{:?}", pkts[0]);
     assert!(pkts[1..].iter().all(|p| !p[2].starts_with("replayed")), "{pkts:?}");
     let names: BTreeSet<&str> = pkts.iter().map(|p| p[0].as_str()).collect();
-    assert_eq!(names, BTreeSet::from(["curl-0/tools (vethclient)", "web-0/shop (vethserver)"]), "{pkts:?}");
+    assert_eq!(names, BTreeSet::from(["tools/curl-0 (vethclient)", "shop/web-0 (vethserver)"]), "{pkts:?}");
     for p in &pkts {
         // Every copy is of a pod's own packet: outbound, on the sender's interface.
-        let sender = if p[3] == client_ip { "curl-0/tools (vethclient)" } else { "web-0/shop (vethserver)" };
+        let sender = if p[3] == client_ip { "tools/curl-0 (vethclient)" } else { "shop/web-0 (vethserver)" };
         assert!([&client_ip, &server_ip].contains(&&p[3]), "{p:?}");
         // epb_flags: 2, outbound.
         assert_eq!((p[0].as_str(), p[1].as_str()), (sender, "0x00000002"), "{p:?}");
@@ -163,7 +163,7 @@ fn captures_name_pods_directions_and_rules() {
 
     // To stdout, one pod, cut after 100 bytes, checksums as copied.
     let script = format!(
-        "exec {} --socket {} capture -w - --pod web-0/shop --snaplen 1000 --fix-checksums false --duration 6s \
+        "exec {} --socket {} capture -w - --pod shop/web-0 --snaplen 1000 --fix-checksums false --duration 6s \
          | tshark -r - -o tcp.check_checksum:TRUE -T fields -E separator='|' \
            -e frame.interface_name -e frame.cap_len -e frame.len -e tcp.checksum.status -e frame.comment",
         bins().ctl.display(),
@@ -180,7 +180,7 @@ fn captures_name_pods_directions_and_rules() {
     let pkts: Vec<Vec<String>> = rows(&text).into_iter().filter(|r| r.len() == 5).collect();
     assert!(!pkts.is_empty(), "{text}");
     for p in &pkts {
-        assert_eq!(p[0], "web-0/shop (vethserver)", "{p:?}");
+        assert_eq!(p[0], "shop/web-0 (vethserver)", "{p:?}");
         assert!(p[1].parse::<u32>().unwrap() <= 1000, "{p:?}");
         assert!(p[4].starts_with("mirrored by rule 1"), "{p:?}");
     }

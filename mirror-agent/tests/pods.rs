@@ -101,7 +101,7 @@ fn veths_are_mapped_to_their_pods() {
     let st = status(&env);
     assert_eq!(st.pods.len(), 5, "{st:?}");
     let table = env.ctl_ok(&["status"]);
-    assert!(table.lines().any(|l| l.contains("vethserver") && l.contains("web-0/shop")), "{table}");
+    assert!(table.lines().any(|l| l.contains("vethserver") && l.contains("shop/web-0")), "{table}");
     let table = env.ctl_ok(&["pods"]);
     assert!(
         table
@@ -120,14 +120,14 @@ fn veths_are_mapped_to_their_pods() {
     let f = all.iter().find(|f| f.rule_id == Some(id)).unwrap_or_else(|| panic!("no mirrored flow: {all:?}"));
     let by_pod =
         |pod: &str| f.pods.iter().find(|p| p.pod == pod).unwrap_or_else(|| panic!("{pod} not in {f:?}"));
-    assert_eq!(by_pod("web-0/shop").endpoint, format!("{server_v4}:{HTTP}"));
-    assert_eq!(by_pod("web-0/shop").interface, "vethserver");
-    assert!(by_pod("curl-5c8d/tools").endpoint.starts_with(&format!("{}:", topo.pod("client").v4)), "{f:?}");
+    assert_eq!(by_pod("shop/web-0").endpoint, format!("{server_v4}:{HTTP}"));
+    assert_eq!(by_pod("shop/web-0").interface, "vethserver");
+    assert!(by_pod("tools/curl-5c8d").endpoint.starts_with(&format!("{}:", topo.pod("client").v4)), "{f:?}");
     let table = env.ctl_ok(&["flows"]);
     assert!(
         table
             .lines()
-            .any(|l| l.contains("curl-5c8d/tools,web-0/shop") && l.contains(&format!("rule {id} (500)"))),
+            .any(|l| l.contains("tools/curl-5c8d,shop/web-0") && l.contains(&format!("rule {id} (500)"))),
         "{table}"
     );
 
@@ -136,7 +136,7 @@ fn veths_are_mapped_to_their_pods() {
     let labelled = metrics.lines().any(|l| {
         l.starts_with("mirror_http_response_seconds_count{")
             && l.contains("interface=\"vethserver\"")
-            && l.contains("pod=\"web-0/shop\"")
+            && l.contains("pod=\"shop/web-0\"")
     });
     assert!(labelled, "{metrics}");
 
@@ -155,7 +155,7 @@ fn veths_are_mapped_to_their_pods() {
     plug(&topo.node, &late, "vethlate", 40);
     agent.wait_attached(&["vethlate"], ATTACH);
     let found = wait_until(Duration::from_secs(3), || {
-        pods(&env).iter().any(|p| p.interface == "vethlate" && p.label() == "late-0/batch")
+        pods(&env).iter().any(|p| p.interface == "vethlate" && p.label() == "batch/late-0")
     });
     assert!(found, "{:#?}", pods(&env));
     // Its address is set after the veth's last link event: found on a later look.

@@ -117,7 +117,7 @@ fn a_runtime_that_stops_answering_leaves_the_pods_to_proc() {
     let server = find(&listed, "vethserver");
     assert_eq!(
         (server.label(), server.labels.clone()),
-        ("web-0/shop".into(), labels(&[("app", "web"), ("team", "shop")]))
+        ("shop/web-0".into(), labels(&[("app", "web"), ("team", "shop")]))
     );
     // Each sandbox's status was asked once, however often the list was.
     assert_eq!(fake.calls("PodSandboxStatusRequest"), 4, "{:?}", fake.state.lock().unwrap().calls);
@@ -142,7 +142,7 @@ fn a_runtime_that_stops_answering_leaves_the_pods_to_proc() {
     let found = wait_until(Duration::from_secs(5), || {
         pods(&env)
             .iter()
-            .any(|p| p.interface == "vethlate" && p.label() == "late-0/batch" && p.source == "env")
+            .any(|p| p.interface == "vethlate" && p.label() == "batch/late-0" && p.source == "env")
     });
     let took = t0.elapsed();
     assert!(found, "{:#?}\n{}", pods(&env), agent.output());
@@ -152,7 +152,7 @@ fn a_runtime_that_stops_answering_leaves_the_pods_to_proc() {
     assert!(log.contains("the container runtime (CRI) failed; from /proc until it answers"), "{log}");
     // The API answered meanwhile, and the pods the runtime named are named from /proc now.
     let server = find(&pods(&env), "vethserver").clone();
-    assert_eq!((server.label(), server.labels.is_empty()), ("from-env/env-ns".to_string(), true));
+    assert_eq!((server.label(), server.labels.is_empty()), ("env-ns/from-env".to_string(), true));
     agent.terminate();
 }
 
@@ -186,7 +186,7 @@ fn an_absent_or_silent_runtime_leaves_the_pods_to_proc() {
         agent.wait_attached(&["vethserver"], ATTACH);
         let t0 = Instant::now();
         let resolved = wait_until(Duration::from_secs(5), || {
-            pods(&env).iter().any(|p| p.label() == "web-0/shop" && p.source == "env")
+            pods(&env).iter().any(|p| p.label() == "shop/web-0" && p.source == "env")
         });
         let took = t0.elapsed();
         assert!(resolved, "{case}: {:#?}\n{}", pods(&env), agent.output());
@@ -260,9 +260,9 @@ fn the_pods_module_resolves_from_the_runtime_within_its_bounds() {
         ["vethserver", "vethbare", "vethclient", "vethother"]
             .map(|i| (by(&with, i).label(), by(&with, i).source)),
         [
-            ("web-0/shop".to_string(), "cri".to_string()),
-            ("db-0/data".into(), "cri".into()),
-            ("curl-0/tools".into(), "cri".into()),
+            ("shop/web-0".to_string(), "cri".to_string()),
+            ("data/db-0".into(), "cri".into()),
+            ("tools/curl-0".into(), "cri".into()),
             // The netns' name: no process, no sandbox but the hostNetwork one with its address.
             (topo.pod("other").ns.name().to_string(), "netns".into()),
         ]

@@ -76,8 +76,8 @@ fn top_shows_flows_pods_and_rules_and_quits_on_q() {
         assert_eq!(client::get_keepalive(&topo.pod("client").ns, &urls), [200, 500, 200]);
         std::thread::sleep(Duration::from_millis(500));
         screen = tmux.screen();
-        screen.contains("web-0/shop")
-            && screen.contains("shopper-0/shop")
+        screen.contains("shop/web-0")
+            && screen.contains("shop/shopper-0")
             && screen.contains("rule 1 (500)")
             && screen.contains(&format!("{server}:{HTTP}"))
             && screen.lines().any(|l| l.contains("status=500") && !l.contains(" 0 "))

@@ -70,7 +70,10 @@ pub const LINKS_DIR: &str = "links";
 enum Hook {
     /// The link, and where it is pinned (if it is).
     Tcx(TcxLink, Option<PathBuf>),
-    Tc { egress: bool, prio: u16 },
+    Tc {
+        egress: bool,
+        prio: u16,
+    },
 }
 
 /// The classifier attached to one interface; give it back to [`crate::datapath::Datapath::detach`].

@@ -283,7 +283,8 @@ impl<'obj> Datapath<'obj> {
                 .context(|| format!("adding {name} to proto_progs"))?;
         }
         if let Some(dir) = &opts.pin_path {
-            let id = skel.maps.proto_progs.info().map(|i| i.info.id).context(|| "reading proto_progs".into())?;
+            let id =
+                skel.maps.proto_progs.info().map(|i| i.info.id).context(|| "reading proto_progs".into())?;
             let path = dir.join(format!("{PROTO_PROGS_PIN}-{id}"));
             skel.maps.proto_progs.pin(&path).context(|| format!("pinning {}", path.display()))?;
         }

@@ -39,24 +39,37 @@ pub(crate) fn note_log(msg: &str) {
     let msg = msg.strip_prefix("libbpf: ").unwrap_or(msg);
     let Some(rest) = msg.strip_prefix("prog '") else { return };
     let Some((name, log)) = rest.split_once("': -- BEGIN PROG LOAD LOG --") else { return };
-    let usec = log.lines().find_map(|l| l.trim().strip_prefix("verification time ")?.strip_suffix(" usec")?.parse().ok());
+    let usec = log
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("verification time ")?.strip_suffix(" usec")?.parse().ok());
     if let (Some(usec), Ok(mut times)) = (usec, VERIFY_TIMES.lock()) {
         times.insert(name.to_string(), Duration::from_micros(usec));
     }
+}
+
+/// Fills `info` (its pointers and counts say what to copy) for the program behind `fd`.
+fn info_into(fd: BorrowedFd<'_>, info: &mut libbpf_sys::bpf_prog_info) -> std::io::Result<()> {
+    let mut len = std::mem::size_of_val(info) as u32;
+    // SAFETY: `info` is a bpf_prog_info of `len` bytes, and the buffers its pointers name hold
+    // the counts it gives; all outlive the call.
+    let rc = unsafe {
+        libbpf_sys::bpf_obj_get_info_by_fd(
+            fd.as_raw_fd(),
+            (info as *mut libbpf_sys::bpf_prog_info).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(-rc));
+    }
+    Ok(())
 }
 
 /// The kernel's id and `verified_insns` of the program behind `fd` (kernel 5.16+ for the
 /// count; 0 before).
 pub fn prog_info(fd: BorrowedFd<'_>) -> std::io::Result<(u32, u32)> {
     let mut info = libbpf_sys::bpf_prog_info::default();
-    let mut len = std::mem::size_of_val(&info) as u32;
-    // SAFETY: `info` is a bpf_prog_info of `len` bytes that outlives the call.
-    let rc = unsafe {
-        libbpf_sys::bpf_obj_get_info_by_fd(fd.as_raw_fd(), (&mut info as *mut libbpf_sys::bpf_prog_info).cast(), &mut len)
-    };
-    if rc != 0 {
-        return Err(std::io::Error::from_raw_os_error(-rc));
-    }
+    info_into(fd, &mut info)?;
     Ok((info.id, info.verified_insns))
 }
 
@@ -117,12 +130,12 @@ pub fn jited_lines(names: &[&str]) -> Vec<JitedLine> {
             }
             let fd = <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd);
             let mut info = libbpf_sys::bpf_prog_info::default();
-            let mut len = std::mem::size_of_val(&info) as u32;
-            if libbpf_sys::bpf_obj_get_info_by_fd(fd.as_raw_fd(), (&mut info as *mut libbpf_sys::bpf_prog_info).cast(), &mut len) != 0 {
+            if info_into(fd.as_fd(), &mut info).is_err() {
                 continue;
             }
             let name: String = info.name.iter().take_while(|c| **c != 0).map(|c| *c as u8 as char).collect();
-            if !names.iter().any(|n| n.starts_with(&name) && !name.is_empty()) || info.nr_jited_line_info == 0 {
+            if !names.iter().any(|n| n.starts_with(&name) && !name.is_empty()) || info.nr_jited_line_info == 0
+            {
                 continue;
             }
             let n = info.nr_line_info.min(info.nr_jited_line_info) as usize;
@@ -138,8 +151,7 @@ pub fn jited_lines(names: &[&str]) -> Vec<JitedLine> {
                 jited_line_info: addrs.as_mut_ptr() as u64,
                 ..Default::default()
             };
-            let mut len = std::mem::size_of_val(&info) as u32;
-            if libbpf_sys::bpf_obj_get_info_by_fd(fd.as_raw_fd(), (&mut info as *mut libbpf_sys::bpf_prog_info).cast(), &mut len) != 0 {
+            if info_into(fd.as_fd(), &mut info).is_err() {
                 continue;
             }
             let btf = libbpf_sys::btf__load_from_kernel_by_id(btf_id);
@@ -148,7 +160,11 @@ pub fn jited_lines(names: &[&str]) -> Vec<JitedLine> {
             }
             let s = |off: u32| {
                 let p = libbpf_sys::btf__name_by_offset(btf, off);
-                if p.is_null() { String::new() } else { std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned() }
+                if p.is_null() {
+                    String::new()
+                } else {
+                    std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+                }
             };
             for i in 0..n {
                 let li = &lines[i];

@@ -278,7 +278,8 @@ impl FromStr for Rule {
                 }
                 continue;
             }
-            let (key, value) = token.split_once('=').ok_or_else(|| err(format!("expected one of: {SYNTAX}")))?;
+            let (key, value) =
+                token.split_once('=').ok_or_else(|| err(format!("expected one of: {SYNTAX}")))?;
             if value.is_empty() {
                 return Err(err(format!("{key} needs a value")));
             }
@@ -326,7 +327,9 @@ impl FromStr for Rule {
                 "bytes" => p.limits.bytes = parse_count(value).map_err(err)?,
                 "duration" => p.limits.duration = parse_duration(value).map_err(err)?,
                 "latency" | "noresponse" => {
-                    return Err(err(format!("{key} is written with '>': '{key}>{value}' (quote it in a shell)")))
+                    return Err(err(format!(
+                        "{key} is written with '>': '{key}>{value}' (quote it in a shell)"
+                    )))
                 }
                 _ => return Err(err(format!("unknown key '{key}'; the syntax: {SYNTAX}"))),
             }

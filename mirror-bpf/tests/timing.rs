@@ -107,7 +107,8 @@ fn the_departure_stamp_times_a_segment_that_has_one() {
     testing::enter_private_netns();
     testing::sh("ip link add mtsa type veth peer name mtsb && ip link set mtsa up && ip link set mtsb up");
     let (a, b) = (testing::ifindex("mtsa"), testing::ifindex("mtsb"));
-    let _link = mirror_bpf::attach::attach_tcx(&dp.skel().progs.tcx_ingress_mirror, a, false).expect("attach");
+    let _link =
+        mirror_bpf::attach::attach_tcx(&dp.skel().progs.tcx_ingress_mirror, a, false).expect("attach");
     // Far from now, so the clock could not give these times.
     let base = 1_000_000_000_000_000;
     send_stamped(b, &fixtures::v4_request(50001, PORT_HTTP, REQ_GET_BAR), base);

@@ -182,9 +182,9 @@ pub struct CriPod {
 }
 
 impl CriPod {
-    /// `name/namespace`, as the agent labels a pod.
+    /// `namespace/name`, as the agent labels a pod.
     pub fn label(&self) -> String {
-        format!("{}/{}", self.spec.name, self.spec.namespace)
+        format!("{}/{}", self.spec.namespace, self.spec.name)
     }
 }
 

@@ -122,10 +122,10 @@ impl Node {
 
     /// Events on the pod of `role` by rule `id`.
     fn triggers(&self, role: &str, id: u64) -> usize {
-        let pod = format!("{role}-{}/", self.name);
+        let pod = format!("/{role}-{}", self.name);
         self.events()
             .iter()
-            .filter(|e| e["rule_id"] == id && e["pod"].as_str().is_some_and(|p| p.starts_with(&pod)))
+            .filter(|e| e["rule_id"] == id && e["pod"].as_str().is_some_and(|p| p.ends_with(&pod)))
             .count()
     }
 }
@@ -247,7 +247,7 @@ fn rules_follow_the_cluster() {
                 e["state"] == "Active"
                     && e["hits"] == 1
                     && e["pods"] == 1
-                    && e["lastTrigger"]["pod"].as_str().is_some_and(|p| p.starts_with("checkout-"))
+                    && e["lastTrigger"]["pod"].as_str().is_some_and(|p| p.starts_with("shop/checkout-"))
             })
         })
     });

@@ -255,7 +255,7 @@ fn containerd_pods_are_attached_named_and_mirrored_as_they_come_and_go() {
     assert_eq!(
         (&e["pod"], &e["labels"], &e["status"], &e["target"], &e["interface"]),
         (
-            &Value::from("web-0/shop"),
+            &Value::from("shop/web-0"),
             &serde_json::to_value(labels(&[("app", "web"), ("team", "shop")])).unwrap(),
             &Value::from(500),
             &Value::from("/bar"),
@@ -274,9 +274,9 @@ fn containerd_pods_are_attached_named_and_mirrored_as_they_come_and_go() {
     assert_eq!(
         named,
         BTreeMap::from([
-            ("curl-0/tools".to_string(), serde_json::to_value(labels(&[("app", "curl")])).unwrap()),
+            ("tools/curl-0".to_string(), serde_json::to_value(labels(&[("app", "curl")])).unwrap()),
             (
-                "web-0/shop".to_string(),
+                "shop/web-0".to_string(),
                 serde_json::to_value(labels(&[("app", "web"), ("team", "shop")])).unwrap()
             ),
         ]),
@@ -291,7 +291,7 @@ fn containerd_pods_are_attached_named_and_mirrored_as_they_come_and_go() {
                 && l.contains("class=\"5xx\"")
         })
         .unwrap_or_else(|| panic!("no 5xx response time of {}: {metrics}", server.pod.veth));
-    for want in ["pod=\"web-0/shop\"", "label_app=\"web\"", "label_team=\"shop\""] {
+    for want in ["pod=\"shop/web-0\"", "label_app=\"web\"", "label_team=\"shop\""] {
         assert!(line.contains(want), "{want} not in {line}");
     }
     let st = capture.stop(libc::SIGINT, Duration::from_secs(5));
@@ -299,7 +299,7 @@ fn containerd_pods_are_attached_named_and_mirrored_as_they_come_and_go() {
     let names: std::collections::BTreeSet<String> = interface_names(&pcapng).into_iter().collect();
     assert_eq!(
         names,
-        [format!("curl-0/tools ({})", client.pod.veth), format!("web-0/shop ({})", server.pod.veth)].into(),
+        [format!("tools/curl-0 ({})", client.pod.veth), format!("shop/web-0 ({})", server.pod.veth)].into(),
         "{}",
         capture.output()
     );
@@ -347,7 +347,7 @@ fn containerd_pods_are_attached_named_and_mirrored_as_they_come_and_go() {
     assert_eq!(expected.triggered.len(), 1, "{:?}", expected.triggered);
     let ev = events(&env);
     assert!(
-        ev.iter().any(|e| e["pod"] == "web-0/shop" && e["interface"] == again.pod.veth.as_str()),
+        ev.iter().any(|e| e["pod"] == "shop/web-0" && e["interface"] == again.pod.veth.as_str()),
         "{ev:#?}"
     );
     let st = env.status();
@@ -427,7 +427,7 @@ fn the_agent_killed_while_pods_change_adopts_the_data_path_and_catches_up() {
         .unwrap_or_else(|| panic!("{t:?} not in {all:#?}"));
     assert_eq!((&f["status"], f["mirrored_packets"].as_u64()), (&Value::from(500), Some(t.packets)), "{f:#}");
     let ev = events(&env);
-    assert!(ev.iter().any(|e| e["pod"] == "web-0/shop" && e["status"] == 500), "{ev:#?}");
+    assert!(ev.iter().any(|e| e["pod"] == "shop/web-0" && e["status"] == 500), "{ev:#?}");
     let (agent, _new) = last.expect("the second agent");
     agent.terminate();
     bed.done("the agent killed while pods change");
@@ -506,7 +506,7 @@ fn a_cluster_ip_in_front_of_the_pods_is_one_flow_named_on_both_sides() {
             &e["server_side"]["client"]
         ),
         (
-            &Value::from("web-0/shop"),
+            &Value::from("shop/web-0"),
             &Value::from(true),
             &Value::from(client_side.1.to_string()),
             &Value::from(server_side.0.to_string()),
@@ -536,8 +536,8 @@ fn a_cluster_ip_in_front_of_the_pods_is_one_flow_named_on_both_sides() {
             (p["endpoint"].as_str().unwrap_or_default().into(), p["pod"].as_str().unwrap_or_default().into())
         })
         .collect();
-    assert_eq!(named.get(&client_side.0.to_string()).map(String::as_str), Some("curl-0/tools"), "{f:#}");
-    assert_eq!(named.get(&server_side.0.to_string()).map(String::as_str), Some("web-0/shop"), "{f:#}");
+    assert_eq!(named.get(&client_side.0.to_string()).map(String::as_str), Some("tools/curl-0"), "{f:#}");
+    assert_eq!(named.get(&server_side.0.to_string()).map(String::as_str), Some("shop/web-0"), "{f:#}");
     agent.terminate();
     bed.done("a ClusterIP");
 }
@@ -630,7 +630,7 @@ fn the_daemonset_agent_names_containerd_pods_through_the_nodes_run() {
     assert!(seen, "no event: {}", agent.logs());
     assert_eq!(
         (&ev[0]["pod"], &ev[0]["labels"]["app"]),
-        (&Value::from("web-0/shop"), &Value::from("web")),
+        (&Value::from("shop/web-0"), &Value::from("web")),
         "{ev:#?}"
     );
     let (code, log) = agent.stop(Duration::from_secs(30));

@@ -2,11 +2,10 @@
 //! (the verifier's share dominates) and the instructions the verifier walked per program.
 
 use std::fmt::Write;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::time::Instant;
 
-use anyhow::Result;
-use libbpf_rs::libbpf_sys;
+use anyhow::{Context, Result};
 use libbpf_rs::skel::Skel;
 use mirror_bpf::{testing, AttachMode, DatapathOptions, MirrorMethod};
 
@@ -54,18 +53,8 @@ pub fn measure(repeat: usize) -> Result<Vec<Load>> {
 
 /// The instructions the verifier processed for a loaded program (kernel 5.16+).
 fn verified_insns(fd: std::os::fd::BorrowedFd<'_>) -> Result<u32> {
-    let mut info = libbpf_sys::bpf_prog_info::default();
-    let mut len = std::mem::size_of_val(&info) as u32;
-    // SAFETY: `info` is a bpf_prog_info of `len` bytes that outlives the call.
-    let rc = unsafe {
-        libbpf_sys::bpf_obj_get_info_by_fd(
-            fd.as_raw_fd(),
-            (&mut info as *mut libbpf_sys::bpf_prog_info).cast(),
-            &mut len,
-        )
-    };
-    anyhow::ensure!(rc == 0, "reading program info: {}", std::io::Error::from_raw_os_error(-rc));
-    Ok(info.verified_insns)
+    let (_, insns) = mirror_bpf::programs::prog_info(fd).context("reading program info")?;
+    Ok(insns)
 }
 
 /// The "Program loads" section of the report.

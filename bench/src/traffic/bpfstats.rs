@@ -5,8 +5,8 @@
 use std::os::fd::{FromRawFd, OwnedFd};
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::query::ProgInfoIter;
 use libbpf_rs::libbpf_sys;
+use libbpf_rs::query::ProgInfoIter;
 use mirror_bpf::attach::TcxLink;
 use mirror_bpf::skel::baseline::BaselineSkel;
 use mirror_e2e::netns::Netns;

@@ -5,8 +5,8 @@
 use std::fmt::Write;
 
 use super::bpfstats::hook_total;
-use super::stageprof;
 use super::loads::{Latency, Load};
+use super::stageprof;
 use super::{AttachRun, Cell, Plan, Profile, Results};
 use crate::host::Host;
 use crate::report::{fmt_count, write_bars, write_head, Check, RULES_MAX_GROWTH};

@@ -149,11 +149,17 @@ pub fn hot_lines(script: &str, lines: &[mirror_bpf::programs::JitedLine]) -> Str
         }
     }
     let mut hot: Vec<(usize, u64)> = counts.into_iter().collect();
-    hot.sort_by(|a, b| b.1.cmp(&a.1));
+    hot.sort_by_key(|h| std::cmp::Reverse(h.1));
     let mut out = format!("{total} samples in JITed BPF lines\n");
     for (i, n) in hot.into_iter().take(60) {
         let l = &lines[i];
-        out.push_str(&format!("{n:6} {:5.1}%  {:16} {:24} {}\n", 100.0 * n as f64 / total.max(1) as f64, l.prog, l.place, l.text));
+        out.push_str(&format!(
+            "{n:6} {:5.1}%  {:16} {:24} {}\n",
+            100.0 * n as f64 / total.max(1) as f64,
+            l.prog,
+            l.place,
+            l.text
+        ));
     }
     out
 }

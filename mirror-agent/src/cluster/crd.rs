@@ -234,6 +234,38 @@ mod tests {
         assert!(file == crds_yaml(), "deploy/crds.yaml differs from `mirror-agent --crds`: regenerate it");
     }
 
+    /// The pod of `status.nodes[].lastTrigger` is written as the schema's description says:
+    /// the agent's label of a pod is `namespace/name`, and the generated schema describes
+    /// that form, so `kubectl get mirrorrule -o yaml` and its explanation agree.
+    #[test]
+    fn the_last_triggers_pod_is_written_as_its_schema_says() {
+        let pod = crate::views::PodView {
+            interface: "veth1".into(),
+            ifindex: 7,
+            name: "checkout-7d9f".into(),
+            namespace: Some("shop".into()),
+            uid: None,
+            container: None,
+            sandbox: None,
+            labels: Default::default(),
+            pid: None,
+            netns: None,
+            peer: None,
+            addresses: vec![],
+            source: "cri".into(),
+        };
+        let schema = serde_json::to_value(schemars::schema_for!(LastTrigger)).unwrap();
+        let described = schema["properties"]["pod"]["description"].as_str().unwrap_or_default().to_string();
+        assert!(described.contains("`namespace/name`"), "{described}");
+        assert_eq!(pod.label(), "shop/checkout-7d9f");
+        // Both forms are taken on input; the name alone too.
+        for want in ["shop/checkout-7d9f", "checkout-7d9f/shop", "checkout-7d9f"] {
+            assert!(pod.is_named(want), "{want}");
+        }
+        assert!(!pod.is_named("bank/checkout-7d9f"));
+        assert!(crds_yaml().contains("description: The pod (`namespace/name`) or interface it was seen at."));
+    }
+
     #[test]
     fn list_maps_are_keyed() {
         let yaml = crds_yaml();

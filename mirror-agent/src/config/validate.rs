@@ -235,7 +235,11 @@ mod tests {
             ("flows:\n  max: 268435457\n", "flows.max", "268435456"),
             ("mirror:\n  interface: \"..\"\n", "mirror.interface", "not a link name"),
             ("mirror:\n  replay_requests: 1000\n", "mirror.replay_requests", "a power of two"),
-            ("protocols: [http1, http3]\n", "protocols[1]", "unknown protocol 'http3' (one of: http1, http2)"),
+            (
+                "protocols: [http1, http3]\n",
+                "protocols[1]",
+                "unknown protocol 'http3' (one of: http1, http2)",
+            ),
             ("protocols: [http2]\n", "protocols", "http2 needs http1"),
             ("mirror:\n  replay_requests: 1048576\n", "mirror.replay_requests", "65536"),
             ("mirror:\n  interface: \"m\\t0\"\n", "mirror.interface", "not a link name"),

@@ -34,7 +34,7 @@ pub struct CaptureArgs {
     /// Stop after writing this many packets.
     #[arg(long)]
     pub count: Option<u64>,
-    /// Only packets of this pod (`name`, `name/namespace`, or its veth).
+    /// Only packets of this pod (`namespace/name`, `name`, or its veth; `name/namespace` too).
     #[arg(long)]
     pub pod: Option<String>,
     /// Only packets of flows this rule mirrored.
@@ -99,7 +99,7 @@ fn interface_name(p: &PodView) -> String {
 }
 
 fn matches_pod(p: &PodView, want: &str) -> bool {
-    p.name == want || p.label() == want || p.interface == want
+    p.is_named(want) || p.interface == want
 }
 
 /// Runs the capture until its count, its duration, or SIGINT/SIGTERM.

@@ -139,7 +139,7 @@ mod tests {
             time: "2025-01-01T00:00:00.000Z".into(),
             interface: "vethserver".into(),
             ifindex: 3,
-            pod: Some("greeter-0/shop".into()),
+            pod: Some("shop/greeter-0".into()),
             labels: Default::default(),
             hook: "ingress".into(),
             client_side: t.clone(),
@@ -179,7 +179,7 @@ mod tests {
         let text = render(&[event("status", 500), event("reset", 0)]);
         let head = text.lines().next().unwrap();
         assert!(head.ends_with("COMMUNITY ID") && !head.contains(PROTOCOL), "{text}");
-        for want in ["GET /bar", " 500 ", "reset by server", "1.5ms", "greeter-0/shop"] {
+        for want in ["GET /bar", " 500 ", "reset by server", "1.5ms", "shop/greeter-0"] {
             assert!(text.contains(want), "{want:?} missing: {text}");
         }
     }

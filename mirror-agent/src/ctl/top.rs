@@ -47,7 +47,7 @@ pub struct View {
 /// A flow as shown.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlowRow {
-    /// Pods among its endpoints (`name/namespace`), or "-".
+    /// Pods among its endpoints (`namespace/name`), or "-".
     pub pods: String,
     /// `a <-> b`.
     pub endpoints: String,
@@ -276,7 +276,7 @@ mod tests {
             mirror_bps: 2.5e6,
             rules: vec![(3, "status=500".into(), 7, 2.0)],
             mirrored: vec![FlowRow {
-                pods: "web-0/shop".into(),
+                pods: "shop/web-0".into(),
                 endpoints: "198.18.1.2:80 <-> 198.18.2.2:40000".into(),
                 rule: "rule 3 (500)".into(),
                 copied: 42,
@@ -288,7 +288,7 @@ mod tests {
         let mut term = Terminal::new(TestBackend::new(160, 30)).unwrap();
         term.draw(|f| draw(f, &v)).unwrap();
         let text: String = term.backend().buffer().content().iter().map(|c| c.symbol()).collect();
-        for want in ["mirror 1.5k pkt/s 2.5MB/s", "status=500", "web-0/shop", "rule 3 (500)", "198.18.1.2:80"]
+        for want in ["mirror 1.5k pkt/s 2.5MB/s", "status=500", "shop/web-0", "rule 3 (500)", "198.18.1.2:80"]
         {
             assert!(text.contains(want), "{want} not shown");
         }
@@ -310,7 +310,7 @@ mod tests {
         assert_eq!(flow(Some("reset"), 0), "rule 4 (reset)");
         let v = View {
             mirrored: vec![FlowRow {
-                pods: "greeter-0/shop".into(),
+                pods: "shop/greeter-0".into(),
                 endpoints: "198.18.1.2:50051 <-> 198.18.2.2:40000".into(),
                 rule: flow(Some("grpc-status"), 4),
                 copied: 2,

@@ -21,8 +21,8 @@
  * each program that ends a packet's path.
  * @return 1 when the packet is to be mirrored (copied here, or by act_mirred).
  */
-static __always_inline int packet_finish(struct __sk_buff *skb, struct http_scratch *hs, struct flow_cache_slot *fs,
-                             struct counters *cnt)
+static __always_inline int packet_finish(struct __sk_buff *skb, struct http_scratch *hs,
+                                         struct flow_cache_slot *fs, struct counters *cnt)
 {
     if (!skb || !cnt || !hs)
         return 0;

@@ -557,8 +557,8 @@ __noinline int h2_segment(struct __sk_buff *skb, struct http_scratch *s, struct 
  * position is handed to the HTTP/1 program, which looks for a message or a frame again), else
  * NEXT_FINISH.
  */
-static __always_inline int h2_stage(struct __sk_buff *skb, struct http_scratch *s, struct flow_cache_slot *fs,
-                       struct counters *cnt)
+static __always_inline int h2_stage(struct __sk_buff *skb, struct http_scratch *s,
+                                    struct flow_cache_slot *fs, struct counters *cnt)
 {
     if (!skb || !s || !cnt)
         return NEXT_FINISH;

@@ -506,8 +506,8 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
  * @return PROG_HTTP2 when the rest of the segment is HTTP/2 frames (the position is handed to
  * the HTTP/2 program in s->pos), else 0 (the segment is done).
  */
-static __always_inline int http1_stage(struct __sk_buff *skb, struct http_scratch *s, struct flow_cache_slot *fs,
-                       struct counters *cnt)
+static __always_inline int http1_stage(struct __sk_buff *skb, struct http_scratch *s,
+                                       struct flow_cache_slot *fs, struct counters *cnt)
 {
     if (!skb || !s || !cnt)
         return NEXT_FINISH;
