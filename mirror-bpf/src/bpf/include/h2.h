@@ -552,7 +552,7 @@ __noinline int h2_segment(struct __sk_buff *skb, struct http_scratch *s, struct 
  * h2_stage - the HTTP/2 program's work on one segment of s->meta's direction: its frames from
  * the position on (h2_segment), then where the stream stands (stream.h). The position comes
  * from the HTTP/1 program when it found HTTP/2 starting in this segment (pos.handed), else from
- * the direction's state. A global function: verified once, in the HTTP/2 program.
+ * the direction's state. Inlined into the HTTP/2 program, its one caller.
  * @return PROG_HTTP1 when the direction is no longer in HTTP/2 frames (its state says so: the
  * position is handed to the HTTP/1 program, which looks for a message or a frame again), else
  * NEXT_FINISH.
@@ -566,16 +566,12 @@ static __always_inline int h2_stage(struct __sk_buff *skb, struct http_scratch *
     struct http_pos *pos = &s->pos;
     struct flow_timing *t = timing_find(fs, &m->key);
 
-    if (pos->handed) {
-        pos->handed = 0;
-    } else {
-        timing_used(t);
-        if (!stream_begin(s, t))
-            return NEXT_FINISH;
-        if (pos->state < HTTP2_FRAME) {
-            pos->handed = 1;
-            return PROG_HTTP1;
-        }
+    if (!stream_enter(s, t))
+        return NEXT_FINISH;
+    if (pos->state < HTTP2_FRAME) {
+        /* The direction's state says HTTP/1 (or lost): never so when handed on. */
+        pos->handed = 1;
+        return PROG_HTTP1;
     }
     if (t)
         h2_segment(skb, s, fs, t, cnt);

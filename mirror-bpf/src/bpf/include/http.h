@@ -502,9 +502,9 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
 /*
  * http1_stage - the HTTP/1 program's work on one segment of s->meta's direction: every message
  * (or chunk-size line) that starts in it, in order (see http_message), then where the next one
- * starts (stream.h). A global function: verified once, in the HTTP/1 program.
+ * starts (stream.h). Inlined into the HTTP/1 program, its one caller.
  * @return PROG_HTTP2 when the rest of the segment is HTTP/2 frames (the position is handed to
- * the HTTP/2 program in s->pos), else 0 (the segment is done).
+ * the HTTP/2 program in s->pos), else NEXT_FINISH (the segment is done).
  */
 static __always_inline int http1_stage(struct __sk_buff *skb, struct http_scratch *s,
                                        struct flow_cache_slot *fs, struct counters *cnt)
@@ -516,14 +516,9 @@ static __always_inline int http1_stage(struct __sk_buff *skb, struct http_scratc
     struct flow_timing *t = timing_find(fs, &m->key);
     __u32 len = m->payload_len;
 
-    if (pos->handed) {
-        /* From the HTTP/2 program: the direction's frames were lost, looked at from here. */
-        pos->handed = 0;
-    } else {
-        timing_used(t);
-        if (!stream_begin(s, t))
-            return NEXT_FINISH;
-    }
+    /* Handed on by the HTTP/2 program when the direction's frames were lost. */
+    if (!stream_enter(s, t))
+        return NEXT_FINISH;
     if (pos->was >= HTTP2_FRAME && pos->state == HTTP_SCAN) {
         /* A gap in HTTP/2 frames: looked at again from here as any stream is. */
         h2_lost(m, cnt);

@@ -90,6 +90,22 @@ static __always_inline int stream_begin(struct http_scratch *s, struct flow_timi
 }
 
 /*
+ * stream_enter - where a protocol program reads the segment of s->meta from: the position the
+ * program before it handed on (pos.handed, taken here), else the direction's state in its
+ * shared entry @t (stream_begin).
+ * @return 1 when the segment is to be read, 0 when it cannot start a message.
+ */
+static __always_inline int stream_enter(struct http_scratch *s, struct flow_timing *t)
+{
+    if (s->pos.handed) {
+        s->pos.handed = 0;
+        return 1;
+    }
+    timing_used(t);
+    return stream_begin(s, t);
+}
+
+/*
  * stream_classify - what the direction of @pos is taken for, in this CPU's slot @fs (may be
  * NULL), for the dispatcher: HTTP/2 while its frames are followed, HTTP (seen) once a message
  * was, not followed after a TLS record or HTTP_GIVE_UP segments in a row that began nothing.
