@@ -217,6 +217,7 @@ mod tests {
             target: Some("/bar".into()),
             response_ms: Some(1.5),
             after_request_ms: None,
+            request_missing: None,
             request: None,
         }
     }

@@ -94,6 +94,11 @@ const EXPORTED: &[(&str, &str, &str)] = &[
         "grpc_triggers",
         "gRPC trailers whose grpc-status matched a rule and marked their flow",
     ),
+    (
+        "request_not_kept",
+        "http_answers_request_not_kept",
+        "HTTP answers and resets whose request was pending but not kept (pushed out of the queue, or uncertain after a loss of framing): their events name no request",
+    ),
 ];
 
 /// What a scrape reads.

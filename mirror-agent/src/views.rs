@@ -400,7 +400,14 @@ pub struct EventView {
     /// reset, or the time it waited unanswered, milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after_request_ms: Option<f64>,
-    /// The flow's latest request before the trigger, as the classifier kept it.
+    /// Why no request is named (`method`, `target` and `request` absent): `not kept` (it was
+    /// pending, but pushed out of the flow's queue by later ones, or uncertain after a loss of
+    /// the stream's framing) or `none pending` (no request seen before the answer). Absent when
+    /// the request is named: an event never names another request than the one behind it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_missing: Option<String>,
+    /// The segment that carried the request behind the trigger, as the classifier kept it (it
+    /// may hold other requests sent with it in one segment: the event names the one answered).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<RequestView>,
 }

@@ -101,9 +101,46 @@ pub struct TriggerEvent {
     /// From the request's first segment to what triggered: the status line, the reset, or
     /// (a request left unanswered) the mark, the time it waited.
     pub request_to_response: Option<Duration>,
-    /// The segment of the flow's latest request, kept before the trigger (and replayed to the
+    /// Whether the request behind the trigger is named (`method`, `target`, `request`).
+    pub request_state: RequestState,
+    /// The segment of the request behind the trigger, kept before it (and replayed to the
     /// mirror ahead of the response when the replay program is attached).
     pub request: Option<ReplayedRequest>,
+}
+
+/// What the classifier knows of the request behind a trigger: it names the one answered, or
+/// none, never another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestState {
+    /// No request was pending: none seen before the answer (a connection followed late), or
+    /// every one answered already.
+    NonePending,
+    /// The request is named.
+    Named,
+    /// The request was pending but not kept: pushed out of the flow's queue by later ones, or
+    /// uncertain after a loss of the stream's framing.
+    NotKept,
+}
+
+impl RequestState {
+    /// From the data path's `enum trigger_request`.
+    pub fn from_raw(v: u32) -> Self {
+        use types::trigger_request as r;
+        match v {
+            x if x == r::REQUEST_KEPT.0 => RequestState::Named,
+            x if x == r::REQUEST_NOT_KEPT.0 => RequestState::NotKept,
+            _ => RequestState::NonePending,
+        }
+    }
+
+    /// Why no request is named (`None` when one is), as events show it.
+    pub fn missing(self) -> Option<&'static str> {
+        match self {
+            RequestState::Named => None,
+            RequestState::NonePending => Some("none pending"),
+            RequestState::NotKept => Some("not kept"),
+        }
+    }
 }
 
 /// Longest target prefix reported.
@@ -143,6 +180,7 @@ impl TriggerEvent {
             target,
             request_to_response: (ev.request_to_response_ns != 0)
                 .then(|| Duration::from_nanos(ev.request_to_response_ns)),
+            request_state: RequestState::from_raw(u32::from(ev.request)),
             request: (ev.replay_len != 0).then(|| ReplayedRequest {
                 ts_ns: ev.replay_ts_ns,
                 wire_len: ev.replay_wire_len,

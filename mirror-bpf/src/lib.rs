@@ -37,7 +37,7 @@ pub use attach::{tcx_supported, AttachMode, AttachTimings, Attachment, MirrorMet
 pub use budget::{Budget, Refused};
 pub use datapath::{Datapath, DatapathOptions};
 pub use error::{Error, Result};
-pub use event::{HttpProto, Side, TriggerEvent};
+pub use event::{HttpProto, RequestState, Side, TriggerEvent};
 pub use flow::{DirStats, Flow, FlowKey, MirrorMark, NatTuples};
 pub use grpc::GrpcCodes;
 pub use latency::{HistKind, Histogram};

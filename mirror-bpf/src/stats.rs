@@ -48,6 +48,7 @@ pub const COUNTER_NAMES: &[(stat_idx, &str)] = &[
     (stat_idx::STAT_H2_CONTINUATION, "h2_continuation"),
     (stat_idx::STAT_H2_STREAM_MISSED, "h2_stream_missed"),
     (stat_idx::STAT_GRPC_TRIGGERS, "grpc_triggers"),
+    (stat_idx::STAT_REQUEST_NOT_KEPT, "request_not_kept"),
 ];
 
 /// Counters summed over every CPU.

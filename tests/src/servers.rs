@@ -226,6 +226,7 @@ class Handler(BaseHTTPRequestHandler):
 class DualStack(ThreadingHTTPServer):
     address_family = socket.AF_INET6
     daemon_threads = True
+    request_queue_size = 128
 
     def server_bind(self):
         self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)

@@ -49,7 +49,7 @@ fn row(e: &EventView, with_protocol: bool) -> Vec<String> {
     let c = &e.client_side;
     let request = match (&e.method, &e.target) {
         (Some(m), Some(t)) => format!("{m} {t}"),
-        _ => "-".into(),
+        _ => e.request_missing.as_deref().map_or("-".into(), |why| format!("({why})")),
     };
     vec![
         e.time.clone(),
@@ -158,6 +158,7 @@ mod tests {
             target: Some("/bar".into()),
             response_ms: Some(1.5),
             after_request_ms: None,
+            request_missing: None,
             request: None,
         }
     }

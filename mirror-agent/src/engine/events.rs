@@ -53,6 +53,7 @@ impl Events {
                 client = %ev.client_side.client,
                 method = e.method.as_deref().unwrap_or("-"),
                 target = e.target.as_deref().unwrap_or("-"),
+                request_missing = e.request_state.missing(),
                 response_ms = ev.response_ms,
                 after_request_ms = ev.after_request_ms,
                 interface = %ev.interface,
@@ -135,6 +136,7 @@ fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &AttachedLinks) -> Ev
         target: e.target.clone(),
         response_ms: if answered(e.kind) { e.request_to_response.map(ms) } else { None },
         after_request_ms: if answered(e.kind) { None } else { e.request_to_response.map(ms) },
+        request_missing: e.request_state.missing().map(Into::into),
         request: e.request.as_ref().and_then(|r| {
             let payload = r.payload()?;
             let headers = r.frame.len() - payload.len();

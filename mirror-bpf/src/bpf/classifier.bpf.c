@@ -74,6 +74,7 @@ struct replay_slot _replay_slot = {};
 enum replay_keep _replay_keep = 0;
 enum trigger_kind _trigger_kind = 0;
 enum trigger_side _trigger_side = 0;
+enum trigger_request _trigger_request = 0;
 enum http_method _http_method = 0;
 enum proto_prog _proto_prog = 0;
 struct rule_filter _rule_filter = {};

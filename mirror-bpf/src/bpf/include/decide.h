@@ -20,16 +20,16 @@
 /*
  * decide_response - a final response with @status of s->meta's flow, @took ns after the
  * request it answers (0: unknown; the request in s->req, its entry @src in the flow timing
- * entry @owner: the flow's own @t, or across NAT the other key's): when a rule matches, mark
- * the flow and report (mirror_trigger). Seen at ingress, the response comes from the pod behind
- * the veth: the rules it selects apply (scope.h).
- * @t: the flow's shared entry (may be NULL).
+ * entry @owner: the flow's own @t, or across NAT the other key's; @state, enum
+ * trigger_request, says whether it is known): when a rule matches, mark the flow and report (mirror_trigger).
+ * Only the request answered is named and replayed, or none. Seen at ingress, the response comes
+ * from the pod behind the veth: the rules it selects apply (scope.h).
  * @return 1 when this response marked the flow.
  */
 static __always_inline int decide_response(struct __sk_buff *skb, struct http_scratch *s,
                                            struct flow_timing *t, __u16 status, __u64 took,
                                            const struct http_request *src,
-                                           const struct flow_timing *owner)
+                                           const struct flow_timing *owner, __u32 state)
 {
     struct pkt_meta *m = &s->meta;
     const struct flow_key *kept = owner ? &owner->key : &m->key;
@@ -46,14 +46,11 @@ static __always_inline int decide_response(struct __sk_buff *skb, struct http_sc
     ti->by = SIDE_SERVER;
     ti->proto = HTTP_PROTO_1;
     ti->stream = 0;
+    ti->request = src ? REQUEST_KEPT : state;
     ti->replay = 0;
     if (src) {
         ti->replay = src->replay;
         ti->replay_key = *kept;
-    } else if (t && t->req_tail) {
-        /* No request pending: the latest one. */
-        ti->replay = t->req[(t->req_tail - 1) % HTTP_PIPELINE].replay;
-        ti->replay_key = t->key;
     }
     request_head_copy(&s->req, src);
     return mirror_trigger(skb, m, ra, t, ti);
@@ -107,8 +104,21 @@ __noinline int decide_reset(struct __sk_buff *skb, struct http_scratch *s,
         owner = timing_find(NULL, &s->peer);
     if (!owner || !owner->req_tail)
         return 0;
-    __u32 at = owner->req_head != owner->req_tail ? owner->req_head : owner->req_tail - 1;
-    struct http_request *req = &owner->req[at % HTTP_PIPELINE];
+    /* The request pending, else the latest (answered) one, when certainly that one. */
+    __u32 state;
+    struct http_request *req = request_pending(owner, &state);
+    if (state == REQUEST_NONE) {
+        __u32 at = owner->req_tail - 1;
+        req = &owner->req[at % HTTP_PIPELINE];
+        state = request_certain(owner, req, at) ? REQUEST_KEPT : REQUEST_NOT_KEPT;
+    }
+    if (state != REQUEST_KEPT) {
+        struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+        if (cnt)
+            cnt->v[STAT_REQUEST_NOT_KEPT]++;
+        req = &s->req;
+        __builtin_memset(req, 0, sizeof(*req));
+    }
     __u64 took = req->ts_ns && m->now >= req->ts_ns ? m->now - req->ts_ns : 0;
     /* Who reset says whether the pod behind the veth is the server (scope.h). */
     __u32 by = reset_side(m, owner);
@@ -125,11 +135,14 @@ __noinline int decide_reset(struct __sk_buff *skb, struct http_scratch *s,
     ti->by = by;
     ti->proto = HTTP_PROTO_1;
     ti->stream = 0;
+    ti->request = state;
     ti->replay = req->replay;
     ti->replay_key = owner->key;
-    s->req.ts_ns = req->ts_ns;
-    s->req.head_len = req->head_len;
-    __builtin_memcpy(s->req.head, req->head, HTTP_REQUEST_HEAD_LEN);
+    if (req != &s->req) {
+        s->req.ts_ns = req->ts_ns;
+        s->req.head_len = req->head_len;
+        __builtin_memcpy(s->req.head, req->head, HTTP_REQUEST_HEAD_LEN);
+    }
     return mirror_trigger(skb, m, ra, t, ti);
 }
 

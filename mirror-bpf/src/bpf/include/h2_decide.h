@@ -74,6 +74,7 @@ __noinline int h2_rule(struct __sk_buff *skb, struct http_scratch *s, struct flo
     ti->proto = HTTP_PROTO_2;
     ti->stream = h->key.stream;
     ti->replay = st->req.replay;
+    ti->request = found ? REQUEST_KEPT : REQUEST_NOT_KEPT;
     ti->replay_key = h->key.key;
     __builtin_memcpy(&s->req, &st->req, sizeof(s->req));
     __builtin_memcpy(&s->host, &st->authority, sizeof(s->host));
@@ -161,13 +162,15 @@ __noinline int h2_decide(struct __sk_buff *skb, struct http_scratch *s, struct f
     }
     /* Stream 1 after Upgrade: h2c answers the HTTP/1.1 request that asked for it. */
     int upgraded = !st && stream == 1 && t->req_head != t->req_tail;
+    __u32 up_state = REQUEST_NONE;
+    struct http_request *up = upgraded ? request_pending(t, &up_state) : NULL;
     if (!st && !upgraded)
         cnt->v[STAT_H2_STREAM_MISSED]++;
     __u64 now = m->now, ts = 0;
     if (st)
         ts = st->req.ts_ns;
-    else if (upgraded)
-        ts = t->req[t->req_head % HTTP_PIPELINE].ts_ns;
+    else if (up)
+        ts = up->ts_ns;
     __u64 took = ts && now >= ts ? now - ts : 0;
     s->trigger.took = took;
     __u16 port = m->src_port;
@@ -185,9 +188,8 @@ __noinline int h2_decide(struct __sk_buff *skb, struct http_scratch *s, struct f
         rq->authority.len = 0;
         if (st) {
             __builtin_memcpy(rq, st, sizeof(*rq));
-        } else if (upgraded) {
-            struct http_request *r = &t->req[t->req_head % HTTP_PIPELINE];
-            __builtin_memcpy(&rq->req, r, sizeof(rq->req));
+        } else if (up) {
+            __builtin_memcpy(&rq->req, up, sizeof(rq->req));
         }
     }
     if (upgraded)

@@ -431,8 +431,8 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
      * requests pending than the queue holds: the next response can start only after a next
      * request, so its framing need not be followed, and its header block (most of the cost
      * of a response) is not read. */
-    pos->answered =
-        kind == HTTP_RESPONSE && status >= 200 && t && !t->deep && t->req_head + 1 == t->req_tail;
+    pos->answered = kind == HTTP_RESPONSE && status >= 200 && t && !t->deep && !t->req_gap &&
+                    t->req_head + 1 == t->req_tail;
     /* In the scratch area: this frame is on the deepest call chain (to a trigger). */
     struct http_framing *f = &s->framing;
     __builtin_memset(f, 0, sizeof(*f));
@@ -462,12 +462,15 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
         __u64 took = 0;
         struct http_request *src = NULL;
         struct flow_timing *owner = NULL;
+        __u32 state = REQUEST_NONE;
         s->req.head_len = 0;
         /* A 1xx is interim: the request is still awaiting its final answer. */
         if (status >= 200 && t)
-            took = timing_response(skb, s, fs, t, status, &src, &owner);
+            took = timing_response(skb, s, fs, t, status, &src, &owner, &state);
+        if (state == REQUEST_NOT_KEPT)
+            cnt->v[STAT_REQUEST_NOT_KEPT]++;
         if (!pos->triggered)
-            pos->triggered = decide_response(skb, s, t, status, took, src, owner);
+            pos->triggered = decide_response(skb, s, t, status, took, src, owner, state);
         if (http_no_body(status, &s->req)) {
             body = 0;
             chunked = 0;

@@ -59,6 +59,7 @@ static __always_inline void noresponse_mark(struct flow_timing *t, const struct 
     ti->by = SIDE_UNKNOWN;
     ti->proto = HTTP_PROTO_1;
     ti->stream = 0;
+    ti->request = REQUEST_KEPT;
     ti->replay = req->replay;
     ti->replay_key = t->key;
     struct flow_nat *n = bpf_map_lookup_elem(&flow_nat, &t->key);
@@ -89,7 +90,12 @@ __noinline int noresponse_check(__u32 slot, __u64 now)
         return 1;
     if (bpf_map_lookup_elem(&mirror_marks, &t->key))
         return 1; /* marked: its requests need no timer */
-    struct http_request *req = &t->req[t->req_head % HTTP_PIPELINE];
+    /* The oldest pending request, when certainly that one (timing.h): a request pushed out of
+     * the queue, or one whose answer a loss of framing may have hidden, is never named. */
+    __u32 state;
+    struct http_request *req = request_pending(t, &state);
+    if (!req)
+        return 0;
     __u64 ts = req->ts_ns;
     if (!ts || ts > now)
         return !ts; /* not timed (latency.http off) */

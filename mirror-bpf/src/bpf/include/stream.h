@@ -146,6 +146,8 @@ static __always_inline void stream_end(struct http_scratch *s, struct flow_cache
     stream_classify(fs, pos, dir);
     if (pos->created)
         t = timing_find(fs, &m->key);
+    if (t && pos->unframed)
+        request_gap(t, dir);
     if (t && !pos->kept && (pos->state != HTTP_SCAN || pos->was != HTTP_SCAN) &&
         !(pos->state == HTTP_ANSWERED && pos->was == HTTP_ANSWERED)) {
         struct http_stream *st = &t->stream[dir];

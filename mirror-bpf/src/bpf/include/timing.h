@@ -103,7 +103,8 @@ __noinline int timing_take(const struct flow_key *key)
     __u32 *was = bpf_map_lookup_elem(&flow_timing_index, &t->key);
     if (was && *was == slot)
         bpf_map_delete_elem(&flow_timing_index, &t->key);
-    __builtin_memcpy(t, &init->timing, sizeof(*t));
+    /* All but the request queue, whose entries are read only once this owner queued them. */
+    __builtin_memcpy(t, &init->timing, __builtin_offsetof(struct flow_timing, req));
     t->key = *key;
     if (!bpf_map_update_elem(&flow_timing_index, key, &slot, BPF_NOEXIST))
         return 1;
@@ -149,11 +150,41 @@ static __always_inline __u16 server_port(const struct flow_timing *t)
 }
 
 /*
+ * The request queue of a flow (t->req, HTTP/1.x): the n-th final response of a connection answers
+ * its n-th request. Requests are numbered as they are queued (req_tail counts them), answers as
+ * they come (req_head); entry n % HTTP_PIPELINE holds request n until request n + HTTP_PIPELINE
+ * takes it. An answer is given its request only when that is certain: the entry still holds
+ * request req_head (its number says so), and no loss of framing since may have hidden a message
+ * (req_gap). Otherwise the answer names no request ("not kept"), never another one.
+ *
+ * After a loss (request_gap), a message may have been missed in the lost direction, so the count
+ * of either side may be off by the messages missed: the requests from the gap on are uncertain.
+ * The count is right again when an answer finds nothing pending (every request seen answered, and
+ * any missed one too), or, on a connection that never had two requests pending at once, when a
+ * request starts a segment with nothing pending: such a client sends a request after the answer
+ * to the one before, at the start of a segment, where a direction that lost its framing still
+ * finds every message. (A client that pipelines for the first time in the very segment whose
+ * framing is lost is the case this cannot see.)
+ */
+
+/*
+ * request_gap - the framing of direction @dir of @t was lost: which request the coming answers
+ * answer is uncertain, from the next request on when the requests' side lost it (a request may
+ * hide after those found), from the oldest pending one when the answers' side did (an answer
+ * may). Unless uncertain already.
+ */
+static __always_inline void request_gap(struct flow_timing *t, __u32 dir)
+{
+    if (t && !t->req_gap)
+        t->req_gap = (t->req_dir == dir + 1 ? t->req_tail : t->req_head) + 1;
+}
+
+/*
  * timing_request - an HTTP request starts (its first bytes in s->buf, @avail of them in the
  * segment): queue it behind the requests still awaiting answers (pipelining), with its first
  * bytes (for events, filters, and to know a HEAD), its kept segment (@replay, see replay_keep)
- * and, when HTTP timing is on, the time. The oldest is dropped when the queue is full. Inlined
- * into http_message, its only caller.
+ * and, when HTTP timing is on, the time. When HTTP_PIPELINE are pending, it takes the entry of
+ * the oldest, whose answer will name none. Inlined into http_message, its only caller.
  * @set: the settings (may be NULL), looked up once for the request's stages.
  */
 static __always_inline int timing_request(struct flow_timing *t, struct http_scratch *s,
@@ -162,39 +193,88 @@ static __always_inline int timing_request(struct flow_timing *t, struct http_scr
 {
     if (!t || !s)
         return 0;
+    __u32 n = t->req_tail, pending = n - t->req_head;
     t->req_dir = s->meta.dir + 1;
-    if (t->req_tail - t->req_head >= HTTP_PIPELINE) {
-        t->req_head++;
+    if (pending >= HTTP_PIPELINE)
         t->deep = 1;
-    }
-    struct http_request *r = &t->req[t->req_tail % HTTP_PIPELINE];
+    if (pending)
+        t->piped = 1;
+    else if (t->req_gap && !t->piped && !s->pos.off)
+        t->req_gap = 0; /* see the queue's comment above */
+    struct http_request *r = &t->req[n % HTTP_PIPELINE];
     __builtin_memcpy(__builtin_assume_aligned(r->head, 8), __builtin_assume_aligned(s->buf, 8),
                      HTTP_REQUEST_HEAD_LEN);
     r->head_len = avail < HTTP_REQUEST_HEAD_LEN ? avail : HTTP_REQUEST_HEAD_LEN;
     r->ts_ns = timing_group_on(set, TIMING_HTTP) ? now : 0;
     r->replay = replay;
-    t->req_tail++;
+    r->number = n;
+    t->req_tail = n + 1;
     return 0;
 }
 
 /*
- * request_pop - the oldest request of @t awaiting an answer: its time, length and first word
- * (enough to know a HEAD) copied to @out; the rest of its head stays in @t, read only for a
- * trigger (request_head_copy).
- * @return the request's entry in @t, NULL when none is pending.
+ * request_certain - is entry @r of @t request number @n, and is it certainly the one the answer
+ * to @n answers (see the queue's comment)?
+ */
+static __always_inline int request_certain(const struct flow_timing *t,
+                                           const struct http_request *r, __u32 n)
+{
+    return r->number == n && t->req_tail - n <= HTTP_PIPELINE &&
+           !(t->req_gap && n - (t->req_gap - 1) < (1U << 31));
+}
+
+/*
+ * request_pop - the answer to the oldest request of @t awaiting one: that request's time,
+ * length and first word (enough to know a HEAD) copied to @out; the rest of its head stays in
+ * @t, read only for a trigger (request_head_copy).
+ * @state: set to the enum trigger_request of the answer.
+ * @return the request's entry in @t, NULL when none is pending or it is not kept.
  */
 static __always_inline struct http_request *request_pop(struct flow_timing *t,
-                                                        struct http_request *out)
+                                                        struct http_request *out, __u32 *state)
 {
-    if (t->req_head == t->req_tail)
+    __u32 n = t->req_head;
+
+    *state = REQUEST_NONE;
+    if (n == t->req_tail) {
+        /* Every request seen is answered. After a loss, this answer's request was missed
+         * (not kept); the count is right again from here. */
+        if (t->req_gap)
+            *state = REQUEST_NOT_KEPT;
+        t->req_gap = 0;
         return NULL;
-    struct http_request *r = &t->req[t->req_head % HTTP_PIPELINE];
+    }
+    t->req_head = n + 1;
+    struct http_request *r = &t->req[n % HTTP_PIPELINE];
+    if (!request_certain(t, r, n)) {
+        *state = REQUEST_NOT_KEPT;
+        return NULL;
+    }
+    *state = REQUEST_KEPT;
     out->ts_ns = r->ts_ns;
     out->head_len = r->head_len;
     _Static_assert(HTTP_REQUEST_PREFIX == sizeof(__u64), "the prefix is one word");
     *(__u64 *)out->head = *(__u64 *)r->head;
-    t->req_head++;
     return r;
+}
+
+/*
+ * request_pending - the oldest request of @t awaiting an answer, for a reset or a wait
+ * (noresponse), without taking it from the queue.
+ * @state: set to the enum trigger_request.
+ * @return its entry, NULL when none is pending or it is not kept.
+ */
+static __always_inline struct http_request *request_pending(const struct flow_timing *t,
+                                                            __u32 *state)
+{
+    __u32 n = t->req_head;
+
+    *state = REQUEST_NONE;
+    if (n == t->req_tail)
+        return NULL;
+    const struct http_request *r = &t->req[n % HTTP_PIPELINE];
+    *state = request_certain(t, r, n) ? REQUEST_KEPT : REQUEST_NOT_KEPT;
+    return *state == REQUEST_KEPT ? (struct http_request *)r : NULL;
 }
 
 /*
@@ -220,15 +300,17 @@ static __always_inline void request_head_copy(struct http_request *out,
  * @t: the flow's shared entry.
  * The request answered is left in s->req (head_len 0 when none), its head's first word only;
  * @src is set to its entry, from which request_head_copy takes the rest for a trigger, and
- * @owner to the flow timing entry holding it (@t, or the other key's across NAT).
+ * @owner to the flow timing entry holding it (@t, or the other key's across NAT); @state to
+ * what is known of it (enum trigger_request: NULL @src unless kept).
  * @return the response time in ns (0: no timed request was pending).
  * Inlined into http_message, its only caller.
  */
 static __always_inline __u64 timing_response(struct __sk_buff *skb, struct http_scratch *s,
                                              struct flow_cache_slot *fs, struct flow_timing *t,
                                              __u32 status, struct http_request **src,
-                                             struct flow_timing **owner)
+                                             struct flow_timing **owner, __u32 *state)
 {
+    *state = REQUEST_NONE;
     if (!skb || !s || !t)
         return 0;
     *owner = t;
@@ -237,19 +319,29 @@ static __always_inline __u64 timing_response(struct __sk_buff *skb, struct http_
     /* Only these say whether the rest is valid. */
     req->ts_ns = 0;
     req->head_len = 0;
-    *src = request_pop(t, req);
-    if (!*src) {
+    /* No request under this key: across NAT, they are under the other key, and a loss of this
+     * key's framing is the answers' side's there. */
+    __u32 lost = 0;
+    if (t->req_dir) {
+        *src = request_pop(t, req, state);
+    } else {
+        lost = t->req_gap;
+        t->req_gap = 0;
+    }
+    if (*state == REQUEST_NONE) {
         /* Across NAT the request was seen under the other key (on the client's veth). */
         if (!nat_peer(skb, m, t, &s->peer, 1))
             return 0;
         struct flow_timing *pt = timing_find(NULL, &s->peer);
         if (!pt)
             return 0;
-        *src = request_pop(pt, req);
-        if (!*src)
-            return 0;
+        if (lost && !pt->req_gap)
+            pt->req_gap = pt->req_head + 1;
+        *src = request_pop(pt, req, state);
         *owner = pt;
     }
+    if (!*src)
+        return 0;
     if (!req->ts_ns)
         return 0;
     __u64 now = m->now;

@@ -45,6 +45,7 @@ static __always_inline void emit_trigger(const struct flow_key *key, __u32 dir, 
     ev->kind = ti->kind;
     ev->by = ti->by;
     ev->proto = ti->proto;
+    ev->request = ti->request;
     __builtin_memset(ev->_pad, 0, sizeof(ev->_pad));
     ev->stream = ti->stream;
     ev->authority_len = 0;

@@ -11,12 +11,13 @@
 /* Sizes that shape the maps and buffers. */
 enum mirror_limits {
     /* Raw start of an HTTP request kept for events: "OPTIONS " + 64 target bytes + slack. */
-    HTTP_REQUEST_HEAD_LEN = 88,
+    HTTP_REQUEST_HEAD_LEN = 80,
     /* Head bytes an answer copies with its request's time: one word, enough to tell a HEAD
      * (http_no_body); the rest only for a trigger's event (request_head_copy). */
     HTTP_REQUEST_PREFIX = 8,
-    /* Requests of one flow awaiting their responses (pipelining), oldest first. */
-    HTTP_PIPELINE = 4,
+    /* Requests of one flow awaiting their responses (pipelining), oldest first: a response
+     * whose request was pushed out by the HTTP_PIPELINE-th after it names none (timing.h). */
+    HTTP_PIPELINE = 8,
     /* First bytes of a message kept when its segment ends before they can be classified. */
     HTTP_PARTIAL_LEN = 16,
     /* Bytes of a message searched for the end of its header block (a power of two). */
@@ -24,8 +25,9 @@ enum mirror_limits {
     /* Payload segments of a direction without any message before it is taken for another
      * protocol (TLS, HTTP/2, a database...) and its segments are no longer looked at. */
     HTTP_GIVE_UP = 64,
-    /* Messages (or chunk-size lines) looked at in one segment. */
-    HTTP_SEGMENT_MSGS = 8,
+    /* Messages (or chunk-size lines) looked at in one segment: twice HTTP_PIPELINE, so that a
+     * segment of pipelined requests the queue can hold, or of their answers, is read whole. */
+    HTTP_SEGMENT_MSGS = 32,
     /* status_rules is indexed by the status code itself: 0..599 (below 100: enum trigger_kind). */
     HTTP_STATUS_SLOTS = 600,
     /* Rules with request filters (method=, path=, host=) one (port, status) key may have. */
@@ -125,6 +127,14 @@ enum http_proto {
     HTTP_PROTO_2 = 2, /* HTTP/2 (cleartext: prior knowledge or Upgrade: h2c) */
 };
 
+/* The request behind a trigger, as far as the classifier can name it: never another one. */
+enum trigger_request {
+    REQUEST_NONE = 0,     /* none was pending (none seen, or all answered before) */
+    REQUEST_KEPT = 1,     /* the one answered (reset, noresponse: pending) is named */
+    REQUEST_NOT_KEPT = 2, /* it was pending, but not kept: pushed out by later requests, or
+                           * which one it is became uncertain when the framing was lost */
+};
+
 /* Who sent the packet that triggered, as far as the requests tell. */
 enum trigger_side {
     SIDE_UNKNOWN = 0,
@@ -198,6 +208,9 @@ enum stat_idx {
                              * first frame are read; the table state is lost) */
     STAT_H2_STREAM_MISSED,  /* responses whose stream's request was not found */
     STAT_GRPC_TRIGGERS,     /* grpc-status trailers that matched a rule and marked their flow */
+    STAT_REQUEST_NOT_KEPT,  /* answers (or resets) whose request was pending but not kept: pushed
+                             * out of the queue by later ones, or after a loss of framing that
+                             * leaves which request it answers uncertain (timing.h) */
     STAT_MAX,
 };
 
@@ -435,6 +448,9 @@ struct http_request {
     __u32 head_len; /* valid bytes in head */
     __u32 replay;   /* hand-out number + 1 of the request_replay slot of its segment (0: none;
                      * the slot is number & replay_mask: replay.h) */
+    __u32 number;   /* HTTP/1.x: its place among the connection's requests (req_tail when
+                     * queued): the entry is that request's while number == the one looked for */
+    __u32 _pad;
     __u8 head[HTTP_REQUEST_HEAD_LEN]; /* raw "METHOD target HTTP/1.x" prefix */
 };
 
@@ -449,18 +465,21 @@ struct flow_timing {
     __u8 h2;             /* bit d: direction d was found speaking HTTP/2 (h2.h) */
     __u8 req_hook;       /* enum hook_kind where the latest request was seen: at HOOK_EGRESS of
                           * req_ifindex it went into the pod behind it, its server (scope.h) */
-    __u8 _pad0[2];
+    __u8 piped;          /* two requests were pending at once: the connection pipelines */
+    __u8 _pad0;
     __u64 syn_ns;    /* SYN, until the handshake completes */
     __u64 synack_ns; /* SYN/ACK */
-    __u32
-        req_head; /* requests popped (answered) so far; the oldest pending is req_head % HTTP_PIPELINE */
-    __u32 req_tail;    /* requests pushed so far */
-    __u8 syn_dir;      /* enum flow_dir of the SYN */
+    __u32 req_head;  /* final answers counted so far: the oldest pending is request req_head */
+    __u32 req_tail;  /* requests queued so far: request n is in req[n % HTTP_PIPELINE] (timing.h) */
+    __u8 syn_dir;    /* enum flow_dir of the SYN */
     __u8 nat_checked;  /* conntrack was asked whether this connection is translated */
     __u8 deep;         /* more requests were pending at once than req holds: every response
-                       * is framed (see HTTP_ANSWERED) */
+                        * is framed (see HTTP_ANSWERED) */
     __u8 req_dir;      /* enum flow_dir of the requests + 1 (0: none seen): the client's side */
     __u32 req_ifindex; /* where the latest request was seen (for a no-response event) */
+    __u32 req_gap;     /* a direction's framing was lost: requests numbered from req_gap - 1 on
+                        * may not be the ones the responses answer (0: none; timing.h) */
+    __u32 _pad1;
     struct http_stream stream[FLOW_DIRS];
     struct http_request req[HTTP_PIPELINE];
 };
@@ -589,15 +608,15 @@ struct h2_scratch {
 
 /* What a trigger reports besides the flow and rule. */
 struct trigger_info {
-    __u64 took;   /* from the request to the trigger (0: unknown) */
-    __u32 status; /* the response's status (0: another kind) */
-    __u32 hook;   /* enum hook_kind */
-    __u32 kind;   /* enum trigger_kind */
-    __u32 by;     /* enum trigger_side */
-    __u32 replay; /* request_replay hand-out number + 1 of the request's segment (0: none) */
-    __u32 proto;  /* enum http_proto of the request (HTTP/2: its :authority in s->h2.stream) */
-    __u32 stream; /* HTTP/2: the stream's id */
-    __u32 _pad;
+    __u64 took;    /* from the request to the trigger (0: unknown) */
+    __u32 status;  /* the response's status (0: another kind) */
+    __u32 hook;    /* enum hook_kind */
+    __u32 kind;    /* enum trigger_kind */
+    __u32 by;      /* enum trigger_side */
+    __u32 replay;  /* request_replay hand-out number + 1 of the request's segment (0: none) */
+    __u32 proto;   /* enum http_proto of the request (HTTP/2: its :authority in s->h2.stream) */
+    __u32 stream;  /* HTTP/2: the stream's id */
+    __u32 request; /* enum trigger_request: what is known of the request behind it */
     struct flow_key replay_key; /* the key it was kept under (the other one across NAT) */
 };
 
@@ -741,7 +760,8 @@ struct trigger_event {
     __u8 kind;     /* enum trigger_kind */
     __u8 by;       /* enum trigger_side: who sent the packet that triggered */
     __u8 proto;    /* enum http_proto of the request */
-    __u8 _pad[5];
+    __u8 request;  /* enum trigger_request */
+    __u8 _pad[4];
     __u32 request_head_len;
     __u8 request_head[HTTP_REQUEST_HEAD_LEN]; /* HTTP/2: "METHOD path", from its HEADERS */
     __u32 stream;                             /* HTTP/2: the stream's id (0: HTTP/1.x) */
