@@ -42,7 +42,7 @@ pub struct Target {
 ///
 /// - a veth pair the agent creates is read on its peer: the copy is received by the peer
 ///   directly (`bpf_clone_redirect` with `BPF_F_INGRESS`), without the veth's transmit path,
-///   and captures there see what they saw (about a quarter less CPU per copy, see the README);
+///   and captures there see what they saw (about a quarter less CPU per copy, see docs/benchmarks.md);
 /// - an ifb hands what it is sent back to the interface it came from (its job is to return
 ///   redirected packets), so copies would re-enter the node: it receives them instead;
 /// - anything else (a dummy, whose transmit just frees the copy after the captures; a link of
@@ -233,7 +233,11 @@ impl Sink {
                     "this kernel has no {k} link type (no {k} module): mirror.create: {k} cannot be used \
                      here{hint}",
                     k = kind.link_kind(),
-                    hint = if kind == SinkCreate::Vxlan { "" } else { " (vxlan may be: see the README)" },
+                    hint = if kind == SinkCreate::Vxlan {
+                        ""
+                    } else {
+                        " (vxlan may be: see docs/operations.md, \"One collector for many nodes\")"
+                    },
                 ),
                 r => r.map(|()| kind)?,
             },

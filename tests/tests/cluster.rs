@@ -183,7 +183,19 @@ fn rules_follow_the_cluster() {
     let bins =
         Binaries::locate().expect("the agent's binaries (cargo build --release -p mirror-agent --bins)");
     let mut cp = ControlPlane::start();
-    cp.kubectl_ok(&["apply", "-f", &deploy_dir().join("crds.yaml").display().to_string()]);
+    // Applied as a first-time user does: without a warning ("unrecognized format" and the like).
+    let crds = cp.kubectl(&[
+        "apply",
+        "--warnings-as-errors",
+        "-f",
+        &deploy_dir().join("crds.yaml").display().to_string(),
+    ]);
+    assert!(
+        crds.status.success(),
+        "kubectl apply -f deploy/crds.yaml: {}{}",
+        String::from_utf8_lossy(&crds.stdout),
+        String::from_utf8_lossy(&crds.stderr)
+    );
     cp.wait_crds_established();
     cp.kubectl_ok(&["apply", "-f", &deploy_dir().join("namespace.yaml").display().to_string()]);
     cp.kubectl_ok(&["apply", "-f", &deploy_dir().join("rbac.yaml").display().to_string()]);

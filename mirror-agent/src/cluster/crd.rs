@@ -217,15 +217,52 @@ pub fn crds_yaml() -> String {
          # Edit mirror-agent/src/cluster/crd.rs and regenerate; a test compares the two.\n",
     );
     for crd in [MirrorRule::crd(), ClusterMirrorRule::crd()] {
+        let mut doc = serde_yaml_ng::to_value(&crd).expect("a CRD serialises");
+        drop_unknown_formats(&mut doc);
         out.push_str("---\n");
-        out.push_str(&serde_yaml_ng::to_string(&crd).expect("a CRD serialises"));
+        out.push_str(&serde_yaml_ng::to_string(&doc).expect("a CRD serialises"));
     }
     out
+}
+
+/// Removes the `format`s of integer schemas that the API server does not know (`uint64`,
+/// `uint32`... from Rust's unsigned types): `kubectl apply` warns of each ("unrecognized
+/// format"). The bounds are the fields' own; `int32` and `int64` stay.
+fn drop_unknown_formats(v: &mut serde_yaml_ng::Value) {
+    use serde_yaml_ng::Value;
+    match v {
+        Value::Mapping(m) => {
+            let unknown = m
+                .get("format")
+                .and_then(Value::as_str)
+                .is_some_and(|f| f.starts_with("uint") || f == "int8" || f == "int16");
+            if unknown {
+                m.shift_remove("format");
+            }
+            for (_, child) in m.iter_mut() {
+                drop_unknown_formats(child);
+            }
+        }
+        Value::Sequence(s) => s.iter_mut().for_each(drop_unknown_formats),
+        _ => {}
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every `format` in the schema is one the API server knows: `kubectl apply` prints no
+    /// "unrecognized format" warning.
+    #[test]
+    fn the_schema_has_only_formats_the_api_server_knows() {
+        let known = ["int32", "int64", "date-time", "double", "float", "byte"];
+        for line in crds_yaml().lines() {
+            if let Some(f) = line.trim().strip_prefix("format: ") {
+                assert!(known.contains(&f), "format {f} is not one the API server knows");
+            }
+        }
+    }
 
     #[test]
     fn deploy_holds_the_generated_crds() {

@@ -258,7 +258,7 @@ __noinline int replay_due(struct __sk_buff *skb, struct mirror_mark *mk)
 
 /*
  * replay_fix_length - the kept segment was cut at @len bytes: make its IP header say so (the
- * TCP checksum is left as it was; see the README on checksums of copies).
+ * TCP checksum is left as it was; see docs/operations.md on checksums of copies).
  * @return 0 on success.
  */
 static __always_inline int replay_fix_length(struct __sk_buff *skb, const struct replay_slot *r,
