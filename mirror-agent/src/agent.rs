@@ -237,7 +237,8 @@ async fn serve(
         idle_timeout: cfg.api.idle_timeout,
     };
     // Aborted when the loop ends: a hand-over frees the socket and the metrics port at once.
-    let mut servers = vec![tokio::spawn(server::serve(listener, app, limits, "api"))];
+    let api_stats = Arc::new(server::Stats::default());
+    let mut servers = vec![tokio::spawn(server::serve(listener, app, limits, "api", api_stats.clone()))];
     tracing::info!(
         socket = %cfg.api.socket.display(),
         max_connections = limits.max_connections,
@@ -250,11 +251,13 @@ async fn serve(
         let tcp = tokio::net::TcpListener::bind(&cfg.metrics.listen)
             .await
             .with_context(|| format!("binding metrics.listen {}", cfg.metrics.listen))?;
-        let app = metrics::router(engine.clone(), pods.clone(), cfg.metrics.rule_text)
+        let metrics_stats = Arc::new(server::Stats::default());
+        let servers_stats = vec![("api", api_stats), ("metrics", metrics_stats.clone())];
+        let app = metrics::router(engine.clone(), pods.clone(), cfg.metrics.rule_text, servers_stats)
             .merge(crate::health::router(engine.clone(), ready.clone()));
         // A scrape is one quick request: the API's timeouts, fewer connections.
         let limits = server::Limits { max_connections: crate::config::METRICS_CONNECTIONS, ..limits };
-        servers.push(tokio::spawn(server::serve(tcp, app, limits, "metrics")));
+        servers.push(tokio::spawn(server::serve(tcp, app, limits, "metrics", metrics_stats)));
         tracing::info!(listen = %cfg.metrics.listen, rule_text = cfg.metrics.rule_text, "metrics listening");
     }
 

@@ -10,6 +10,7 @@ use axum::routing::get;
 use axum::Router;
 use prometheus_client::encoding::text::encode;
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -19,6 +20,7 @@ use prometheus_client::registry::Registry;
 use crate::config::metric_label;
 use crate::engine::Engine;
 use crate::pods::Pods;
+use crate::server;
 use crate::views::{HistogramView, PodView};
 
 /// Counters exported as `mirror_<metric>_total`: (counter, metric, help).
@@ -108,10 +110,15 @@ struct Scrape {
     pods: Pods,
     /// Whether rule hits carry the rule's text.
     rule_text: bool,
+    /// The agent's HTTP servers (`api`, `metrics`) and their connections.
+    servers: Arc<[ServerStats]>,
 }
 
+/// A server's name (label `server`) and its counts.
+pub type ServerStats = (&'static str, Arc<server::Stats>);
+
 async fn scrape(State(s): State<Scrape>) -> impl IntoResponse {
-    match render(&s.engine, &s.pods, s.rule_text).await {
+    match render(&s.engine, &s.pods, s.rule_text, &s.servers).await {
         Ok(body) => {
             // prometheus-client writes the OpenMetrics text format (counter families named
             // without `_total`, `# EOF`): said so, or a scraper reads it as the older format.
@@ -215,7 +222,12 @@ fn pod_labels(pods: &Pods, hists: &[HistogramView]) -> impl Fn(u32) -> Vec<(Stri
     }
 }
 
-async fn render(engine: &Engine, pods: &Pods, rule_text: bool) -> anyhow::Result<String> {
+async fn render(
+    engine: &Engine,
+    pods: &Pods,
+    rule_text: bool,
+    servers: &[ServerStats],
+) -> anyhow::Result<String> {
     let status = engine.status().await?;
     let rules = engine.rules().await?;
     let hists = engine.latency().await?;
@@ -319,14 +331,38 @@ async fn render(engine: &Engine, pods: &Pods, rule_text: bool) -> anyhow::Result
             cpu_ratio,
         );
     }
+    register_servers(&mut reg, servers);
     let mut out = String::new();
     encode(&mut out, &reg)?;
     Ok(out)
 }
 
-/// The metrics routes; `rule_text`: rule hits carry each rule's text (label `rule`).
-pub fn router(engine: Engine, pods: Pods, rule_text: bool) -> Router {
-    Router::new().route("/metrics", get(scrape)).with_state(Scrape { engine, pods, rule_text })
+/// The connections of the agent's HTTP servers, labelled `server`.
+fn register_servers(reg: &mut Registry, servers: &[ServerStats]) {
+    let open = Family::<Vec<(String, String)>, Gauge<i64>>::default();
+    let evicted = Family::<Vec<(String, String)>, Counter>::default();
+    for (name, stats) in servers {
+        let labels = vec![("server".to_string(), name.to_string())];
+        open.get_or_create(&labels).set(i64::try_from(stats.open()).unwrap_or(i64::MAX));
+        evicted.get_or_create(&labels).inc_by(stats.evicted());
+    }
+    reg.register("server_connections", "Connections the agent's HTTP server holds (api, metrics)", open);
+    reg.register(
+        "server_connections_evicted",
+        "Idle connections the agent's HTTP server closed to make room for a new one (its connection limit reached)",
+        evicted,
+    );
+}
+
+/// The metrics routes; `rule_text`: rule hits carry each rule's text (label `rule`);
+/// `servers`: the agent's HTTP servers, whose connections are exported.
+pub fn router(engine: Engine, pods: Pods, rule_text: bool, servers: Vec<ServerStats>) -> Router {
+    Router::new().route("/metrics", get(scrape)).with_state(Scrape {
+        engine,
+        pods,
+        rule_text,
+        servers: servers.into(),
+    })
 }
 
 #[cfg(test)]
@@ -351,6 +387,26 @@ mod tests {
             ["h2_requests", "h2_responses", "h2_trailers", "h2_lost", "grpc_triggers", "reset_triggers"]
         {
             assert!(metrics.contains(&want), "{want} not exported");
+        }
+    }
+
+    #[test]
+    fn server_connections_are_exported_per_server() {
+        let mut reg = Registry::with_prefix("mirror");
+        let servers: Vec<ServerStats> = vec![
+            ("api", Arc::new(server::Stats::default())),
+            ("metrics", Arc::new(server::Stats::default())),
+        ];
+        register_servers(&mut reg, &servers);
+        let mut out = String::new();
+        encode(&mut out, &reg).unwrap();
+        for want in [
+            "mirror_server_connections{server=\"api\"} 0\n",
+            "mirror_server_connections{server=\"metrics\"} 0\n",
+            "mirror_server_connections_evicted_total{server=\"api\"} 0\n",
+            "# TYPE mirror_server_connections_evicted counter\n",
+        ] {
+            assert!(out.contains(want), "no {want:?} in {out}");
         }
     }
 }

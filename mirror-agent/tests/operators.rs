@@ -318,6 +318,8 @@ fn probes_metrics_dashboard_and_json_bodies() {
         "mirror_attach_duration_seconds",
         "mirror_net_cpu_ratio",
         "mirror_net_cpu_seconds",
+        "mirror_server_connections",
+        "mirror_server_connections_evicted",
     ] {
         assert!(names.contains(want), "{want} not exported: {names:?}");
     }

@@ -213,10 +213,13 @@ impl Default for Mirror {
 pub struct Api {
     /// Unix socket of the HTTP/JSON API (mode 0600).
     pub socket: PathBuf,
-    /// Connections served at once; more wait to be accepted until one closes.
+    /// Connections kept at once: beyond, the one idle the longest (no request in progress) is
+    /// closed for the new one; only while every one has a request in progress do new ones wait
+    /// to be accepted.
     pub max_connections: u32,
-    /// A request's line and headers must arrive within this, counted from the connection's
-    /// start or the previous answer: idle keep-alive connections close after it too.
+    /// A request's line and headers must arrive within this (10 s by default), counted from
+    /// the connection's start or the previous answer: idle keep-alive connections close after
+    /// it too.
     #[serde(deserialize_with = "duration")]
     pub header_timeout: Duration,
     /// A request's body and its handling; past it the answer is 408.
