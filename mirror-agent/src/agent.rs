@@ -171,15 +171,16 @@ fn flow_table_size(cfg: &Config) -> anyhow::Result<u32> {
             _ => {}
         }
     }
+    // The kernel's own count, as `--check` prints it: buckets, elements and per-CPU values.
+    let maps = crate::capacity::map_memory(flows_max, cfg.flows.marks_max, cfg.mirror.replay_requests, cpus);
+    let of = |name: &str| maps.iter().find(|m| m.name == name).map_or(0, |m| m.bytes);
     tracing::info!(
         flows = flows_max,
         cpus,
-        mib = format!(
-            "{:.1}",
-            f64::from(flows_max) * f64::from(flow_bytes) * f64::from(cpus) / f64::from(1 << 20)
-        ),
+        flow_table = crate::capacity::human(of("flow_table")),
+        all_maps = crate::capacity::human(maps.iter().map(|m| m.bytes).sum()),
         auto = cfg.flows.max == crate::config::FlowsMax::Auto,
-        "flow table size (values per CPU)"
+        "flow table size (mirror-agent --check lists each map's memory)"
     );
     Ok(flows_max)
 }

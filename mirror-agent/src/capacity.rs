@@ -114,29 +114,57 @@ pub struct TableMemory {
     pub largest_fixed: (String, u64),
 }
 
+/// One map's kernel memory with the configured sizes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapMemory {
+    /// The map's name in the classifier.
+    pub name: String,
+    /// Its entries (for the ring buffer: its bytes).
+    pub entries: u32,
+    /// Its kernel memory.
+    pub bytes: u64,
+    /// The setting that sizes it, if any.
+    pub sized_by: Option<&'static str>,
+}
+
+/// Every classifier map's kernel memory with `flows` flows, `marks` marks and `replay` request
+/// slots on `cpus` possible CPUs, largest first: what `mirror-agent --check` prints.
+pub fn map_memory(flows: u32, marks: u32, replay: u32, cpus: u32) -> Vec<MapMemory> {
+    let mut maps: Vec<MapMemory> = object()
+        .maps
+        .iter()
+        .map(|spec| {
+            let (entries, sized_by) = match spec.name.as_str() {
+                n if FLOW_MAPS.contains(&n) => (flows, Some("flows.max")),
+                MARK_MAP => (marks, Some("flows.marks_max")),
+                REPLAY_MAP => (replay.max(1), Some("mirror.replay_requests")),
+                EVENTS_MAP => (DatapathOptions::RINGBUF_BYTES, None),
+                CACHE_MAP => (spec.entries * cpus, None),
+                _ => (spec.entries, None),
+            };
+            MapMemory { name: spec.name.clone(), entries, bytes: spec.bytes(entries, cpus), sized_by }
+        })
+        .collect();
+    maps.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+    maps
+}
+
 impl TableMemory {
     /// The classifier's maps with `flows` flows, `marks` marks and `replay` request slots on
     /// `cpus` possible CPUs.
     pub fn of(flows: u32, marks: u32, replay: u32, cpus: u32) -> Self {
         let mut m =
             TableMemory { flows: 0, marks: 0, replay: 0, fixed: 0, largest_fixed: (String::new(), 0) };
-        for spec in &object().maps {
-            if FLOW_MAPS.contains(&spec.name.as_str()) {
-                m.flows += spec.bytes(flows, cpus);
-            } else if spec.name == MARK_MAP {
-                m.marks += spec.bytes(marks, cpus);
-            } else if spec.name == REPLAY_MAP {
-                m.replay += spec.bytes(replay.max(1), cpus);
-            } else {
-                let entries = match spec.name.as_str() {
-                    EVENTS_MAP => DatapathOptions::RINGBUF_BYTES,
-                    CACHE_MAP => spec.entries * cpus,
-                    _ => spec.entries,
-                };
-                let b = spec.bytes(entries, cpus);
-                m.fixed += b;
-                if b > m.largest_fixed.1 {
-                    m.largest_fixed = (spec.name.clone(), b);
+        for map in map_memory(flows, marks, replay, cpus) {
+            match map.sized_by {
+                Some("flows.max") => m.flows += map.bytes,
+                Some("flows.marks_max") => m.marks += map.bytes,
+                Some(_) => m.replay += map.bytes,
+                None => {
+                    m.fixed += map.bytes;
+                    if map.bytes > m.largest_fixed.1 {
+                        m.largest_fixed = (map.name, map.bytes);
+                    }
                 }
             }
         }
@@ -299,10 +327,10 @@ mod tests {
     #[test]
     fn table_memory_counts_every_map() {
         // 65536 flows on 2 CPUs: flow_table 2^16 x (16 + 96 + 2 x 112), flow_timing (an
-        // array) 2^16 x 544, its index 2^16 x (16 + 96), flow_nat 2^16 x (16 + 208); 16384
+        // array) 2^16 x 968, its index 2^16 x (16 + 96), flow_nat 2^16 x (16 + 208); 16384
         // marks x (16 + 200).
         let m = TableMemory::of(65_536, 16_384, 4096, 2);
-        assert_eq!(m.flows, 65_536 * (336 + 544 + 112 + 224));
+        assert_eq!(m.flows, 65_536 * (336 + 968 + 112 + 224));
         assert_eq!(m.marks, 16_384 * 216);
         // Buckets are a power of two.
         assert_eq!(TableMemory::of(0, 65_537, 1, 1).marks, 131_072 * 16 + 65_537 * 200);

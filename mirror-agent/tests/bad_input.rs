@@ -193,7 +193,12 @@ fn the_example_config_is_valid() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/agent.yaml");
     let (out, said) = agent(&bins(), &example, true);
     assert!(out.status.success(), "{said}");
-    assert_eq!(said, "configuration is valid\n");
+    // Then what the maps will take here, map by map, with the settings that size them.
+    assert!(said.starts_with("configuration is valid\nkernel memory of the data path's maps on "), "{said}");
+    for map in ["flow_timing", "flow_table", "flow_nat", "mirror_marks", "request_replay", "port_rules"] {
+        assert!(said.lines().any(|l| l.trim_start().starts_with(map) && l.contains(" MiB")), "{map}: {said}");
+    }
+    assert!(said.contains("(flows.max)") && said.contains("(flows.marks_max)"), "{said}");
     // Saved by an editor that starts UTF-8 files with a byte order mark: the same.
     let dir = tempfile::tempdir().unwrap();
     let bom = dir.path().join("agent.yaml");

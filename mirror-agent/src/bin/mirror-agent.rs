@@ -66,6 +66,10 @@ fn main() -> ExitCode {
     };
     if args.check {
         println!("configuration is valid");
+        match mirror_agent::capacity::Host::this() {
+            Ok(host) => print!("{}", cfg.memory_report(&host)),
+            Err(e) => eprintln!("mirror-agent: the maps' memory on this host: {e:#}"),
+        }
         return ExitCode::SUCCESS;
     }
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
