@@ -64,7 +64,11 @@ const EXPORTED: &[(&str, &str, &str)] = &[
     ("ct_lookups", "conntrack_lookups", "Conntrack lookups (new flows, responses or triggers across NAT)"),
     ("nat_flows", "nat_flows", "Connections found translated by conntrack: one flow, two tuples"),
     ("replay_kept", "requests_kept", "Request segments kept for a replay ahead of a trigger"),
-    ("replayed", "requests_replayed", "Requests replayed to the mirror interface ahead of their trigger"),
+    (
+        "replayed",
+        "requests_replayed",
+        "Requests replayed to the mirror interface ahead of their trigger (a noresponse mark's by the agent)",
+    ),
     (
         "replay_missed",
         "requests_not_kept",

@@ -18,8 +18,16 @@ use crate::skel::classifier::ClassifierSkel;
 /// administered): what tells a reader of the mirror a replay from a copy.
 pub const REPLAY_MAC: [u8; 6] = [0x02, 0x72, 0x65, 0x70, 0x6c, 0x79];
 
+/// The `skb->mark` (a packet socket's `SO_MARK`) of a replay the agent writes to the sink:
+/// the replay program on the sink's egress hands such a frame on the way copies go, within the
+/// node-wide budget (`REPLAY_AGENT_MARK` in replay.h).
+pub const AGENT_MARK: u32 = 0x7270_6c79;
+
 /// Bytes of a request's segment kept, from its Ethernet header.
 pub const FRAME_MAX: usize = types::mirror_limits::REPLAY_FRAME_MAX.0 as usize;
+
+/// The shortest segment the replay program makes a replay of (Ethernet, IPv4 and TCP headers).
+const FRAME_MIN: usize = 54;
 
 /// Bytes of the map per slot (one flow's latest request).
 pub const SLOT_BYTES: usize = std::mem::size_of::<types::replay_slot>();
@@ -59,6 +67,61 @@ impl ReplayedRequest {
         let data = l4 + usize::from(f.get(l4 + 12)? >> 4) * 4;
         f.get(data..)
     }
+
+    /// The frame a replay of this request puts on the mirror, made as the replay program makes
+    /// it (`replay_reshape` in replay.h): the kept segment, its Ethernet source set to
+    /// [`REPLAY_MAC`]; when it was kept cut, the IP header made to say so (`replay_fix_length`:
+    /// the IPv4 total length and, updated as `bpf_l3_csum_replace` does, the header checksum,
+    /// or the IPv6 payload length; the TCP checksum is left as it was). `None` where the
+    /// program makes no replay either: a segment shorter than 54 bytes, or cut and neither
+    /// IPv4 nor IPv6 (behind up to two VLAN tags).
+    pub fn reshaped(&self) -> Option<Vec<u8>> {
+        let mut f = self.frame.clone();
+        if f.len() < FRAME_MIN || f.len() > FRAME_MAX {
+            return None;
+        }
+        f[6..12].copy_from_slice(&REPLAY_MAC);
+        let len = f.len();
+        if self.wire_len as usize <= len {
+            return Some(f);
+        }
+        let be16 = |f: &[u8], at: usize| u16::from_be_bytes([f[at], f[at + 1]]);
+        let mut l3 = 14;
+        let mut proto = be16(&f, 12);
+        for _ in 0..2 {
+            if proto == 0x8100 || proto == 0x88a8 {
+                proto = be16(&f, l3 + 2);
+                l3 += 4;
+            }
+        }
+        match proto {
+            0x0800 => {
+                let old = be16(&f, l3 + 2);
+                let new = (len - l3) as u16;
+                f[l3 + 2..l3 + 4].copy_from_slice(&new.to_be_bytes());
+                let sum = csum_replace2(be16(&f, l3 + 10), old, new);
+                f[l3 + 10..l3 + 12].copy_from_slice(&sum.to_be_bytes());
+            }
+            0x86dd => {
+                let payload = len.wrapping_sub(l3 + 40) as u16;
+                f[l3 + 4..l3 + 6].copy_from_slice(&payload.to_be_bytes());
+            }
+            _ => return None,
+        }
+        Some(f)
+    }
+}
+
+/// One's complement sum of two 16-bit words (the kernel's `csum16_add`).
+fn csum16_add(sum: u16, v: u16) -> u16 {
+    let (r, carry) = sum.overflowing_add(v);
+    r + u16::from(carry)
+}
+
+/// Checksum `sum` with the word `old` it covers replaced by `new` (the kernel's
+/// `csum_replace2`, RFC 1624; byte order does not change a one's complement sum).
+fn csum_replace2(sum: u16, old: u16, new: u16) -> u16 {
+    !csum16_add(csum16_add(!sum, !old), new)
 }
 
 /// Which flows keep their latest request (`settings.replay_keep`) for `rules`: every flow when a
@@ -206,6 +269,98 @@ mod tests {
         assert_eq!(keep_mode(true, [&scoped]), k::REPLAY_PORTS.0);
         assert_eq!(keep_mode(true, [&scoped, &global]), k::REPLAY_ALL.0);
         assert_eq!(keep_mode(false, [&global]), k::REPLAY_OFF.0);
+    }
+
+    /// The IPv4 header checksum of `h`, computed whole.
+    fn ipv4_checksum(h: &[u8]) -> u16 {
+        let mut acc: u32 = h
+            .chunks(2)
+            .enumerate()
+            .filter(|(i, _)| *i != 5)
+            .map(|(_, w)| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum();
+        while acc > 0xffff {
+            acc = (acc & 0xffff) + (acc >> 16);
+        }
+        !(acc as u16)
+    }
+
+    /// A TCP segment of `payload` bytes from a client (MAC 02:00:00:00:00:01), IPv4 or IPv6,
+    /// behind `vlans` 802.1Q tags, its IPv4 checksum right.
+    fn segment(v6: bool, vlans: usize, payload: usize) -> Vec<u8> {
+        let mut f = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01];
+        for _ in 0..vlans {
+            f.extend([0x81, 0x00, 0, 7]);
+        }
+        let tcp_len = 20 + payload;
+        if v6 {
+            f.extend([0x86, 0xdd, 0x60, 0, 0, 0]);
+            f.extend((tcp_len as u16).to_be_bytes());
+            f.extend([6, 64]);
+            f.extend([0x20, 0x01, 0, 2].iter().chain(&[0; 11]).chain(&[1]));
+            f.extend([0x20, 0x01, 0, 2].iter().chain(&[0; 11]).chain(&[2]));
+        } else {
+            let mut ip = vec![0x45, 0];
+            ip.extend(((20 + tcp_len) as u16).to_be_bytes());
+            ip.extend([0x12, 0x34, 0x40, 0, 64, 6, 0, 0, 198, 18, 0, 1, 198, 18, 0, 2]);
+            let sum = ipv4_checksum(&ip);
+            ip[10..12].copy_from_slice(&sum.to_be_bytes());
+            f.extend([0x08, 0x00]);
+            f.extend(ip);
+        }
+        let mut tcp = vec![0u8; 20];
+        tcp[12] = 5 << 4;
+        f.extend(tcp);
+        f.extend((0..payload).map(|i| b'a' + (i % 26) as u8));
+        f
+    }
+
+    #[test]
+    fn a_replay_is_reshaped_as_the_program_does() {
+        // Kept whole: only the Ethernet source changes.
+        let whole = segment(false, 0, 200);
+        let r = ReplayedRequest { ts_ns: 1, wire_len: whole.len() as u32, frame: whole.clone() };
+        let f = r.reshaped().expect("a replay");
+        assert_eq!(f[6..12], REPLAY_MAC);
+        assert_eq!((&f[..6], &f[12..]), (&whole[..6], &whole[12..]));
+
+        // Kept cut: the IP header says what the replay carries.
+        for (v6, vlans) in [(false, 0), (false, 1), (false, 2), (true, 0), (true, 2)] {
+            let wire = segment(v6, vlans, 1200);
+            let kept = wire[..FRAME_MAX].to_vec();
+            let r = ReplayedRequest { ts_ns: 1, wire_len: wire.len() as u32, frame: kept.clone() };
+            let f = r.reshaped().expect("a replay");
+            assert_eq!(f.len(), FRAME_MAX);
+            assert_eq!(f[6..12], REPLAY_MAC);
+            let l3 = 14 + 4 * vlans;
+            let be16 = |at: usize| u16::from_be_bytes([f[at], f[at + 1]]);
+            if v6 {
+                assert_eq!(usize::from(be16(l3 + 4)), FRAME_MAX - l3 - 40, "v6, {vlans} tags");
+            } else {
+                assert_eq!(usize::from(be16(l3 + 2)), FRAME_MAX - l3, "{vlans} tags");
+                // Updated in place, the checksum is the one computed over the new header.
+                assert_eq!(be16(l3 + 10), ipv4_checksum(&f[l3..l3 + 20]), "{vlans} tags");
+                assert_ne!(be16(l3 + 10), u16::from_be_bytes([kept[l3 + 10], kept[l3 + 11]]));
+            }
+            // Nothing else changed.
+            let changed: Vec<usize> = (12..f.len()).filter(|&i| f[i] != kept[i]).collect();
+            assert!(changed.iter().all(|&i| (l3..l3 + 12).contains(&i)), "{changed:?}");
+        }
+
+        // What the program makes no replay of.
+        let short = ReplayedRequest { ts_ns: 1, wire_len: 53, frame: segment(false, 0, 0)[..53].to_vec() };
+        assert_eq!(short.reshaped(), None);
+        let mut arp = segment(false, 0, 600);
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        let cut = ReplayedRequest { ts_ns: 1, wire_len: arp.len() as u32, frame: arp[..100].to_vec() };
+        assert_eq!(cut.reshaped(), None, "cut, and not IP");
+    }
+
+    #[test]
+    fn checksums_are_updated_as_the_kernel_does() {
+        // RFC 1624's example: 0xdd2f, a word 0x5555 changed to 0x3285, gives 0x0000.
+        assert_eq!(csum_replace2(0xdd2f, 0x5555, 0x3285), 0x0000);
+        assert_eq!(csum_replace2(0x1234, 0xabcd, 0xabcd), 0x1234, "no change");
     }
 
     #[test]

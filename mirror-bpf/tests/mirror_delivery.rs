@@ -1,7 +1,8 @@
 //! How a copy reaches the mirror interface (BPF_PROG_TEST_RUN in a private netns, packet
 //! sockets on both ends of a veth sink): transmitted by the sink (its peer receives it), or
 //! received directly by the sink or by its peer; never handed to the node's IP stack as its
-//! own. Needs root (fails without it in CI).
+//! own. A replay the agent writes to the sink goes the same way. Needs root (fails without it
+//! in CI).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -172,4 +173,92 @@ fn the_mirred_method_refuses_ingress_delivery() {
     dp.set_mirror_target(testing::ifindex("mir0"), MirrorDelivery::Egress).unwrap();
     let att = dp.attach(testing::ifindex("pa"), AttachMode::Tc, MirrorMethod::Mirred).unwrap();
     dp.detach(att).unwrap();
+}
+
+/// Writes `frame` out of `dev` from a packet socket whose frames carry `mark` (what the agent
+/// does with a replay).
+fn write_marked(dev: &str, frame: &[u8], mark: u32) -> std::io::Result<()> {
+    // SAFETY: plain socket call; the fd is checked and owned below.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+    assert!(fd >= 0, "packet socket: {}", std::io::Error::last_os_error());
+    // SAFETY: fd is a new socket we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: mark is a u32 of the size given.
+    let rc = unsafe {
+        libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_MARK, (&mark as *const u32).cast(), 4)
+    };
+    assert_eq!(rc, 0, "SO_MARK: {}", std::io::Error::last_os_error());
+    // SAFETY: an all-zero sockaddr_ll is valid; the fields that matter are set.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_ifindex = testing::ifindex(dev) as i32;
+    // SAFETY: frame and sll are valid for the sizes given.
+    let n = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            frame.as_ptr().cast(),
+            frame.len(),
+            0,
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A replay the agent writes to the sink (the request behind a noresponse mark) carries the
+/// replay mark: the replay program on the sink's egress hands it on exactly as it hands on its
+/// own replays and as copies go, within the node-wide budget. A frame without the mark is left
+/// alone.
+#[test]
+fn a_replay_written_by_the_agent_goes_where_copies_go() {
+    use mirror_bpf::replay::{AGENT_MARK, REPLAY_MAC};
+    let Some(mut dp) = load() else { return };
+    let mut frame = fixtures::v4_request(51300, PORT_HTTP, REQ_GET_BAR);
+    frame[6..12].copy_from_slice(&REPLAY_MAC);
+    marked_flow(&mut dp, 51301);
+    let (mir0, mir1) = (testing::ifindex("mir0"), testing::ifindex("mir1"));
+    let hook = dp.attach_replay(mir0).expect("attaching the replay program");
+    let cases = [
+        ("egress of mir0", mir0, MirrorDelivery::Egress, Some(PACKET_OUTGOING), Some(PACKET_OTHERHOST)),
+        ("ingress of mir0", mir0, MirrorDelivery::Ingress, Some(PACKET_OTHERHOST), None),
+        ("ingress of mir1", mir1, MirrorDelivery::Ingress, None, Some(PACKET_OTHERHOST)),
+    ];
+    let outgoing = (Some(PACKET_OUTGOING), Some(PACKET_OTHERHOST));
+    for (what, ifindex, delivery, on_mir0, on_mir1) in cases {
+        dp.set_mirror_target(ifindex, delivery).unwrap();
+        for (mark, (on_mir0, on_mir1)) in [(AGENT_MARK, (on_mir0, on_mir1)), (AGENT_MARK + 1, outgoing)] {
+            let (tap0, tap1) = (Tap::on("mir0"), Tap::on("mir1"));
+            let before = dp.counters().unwrap();
+            write_marked("mir0", &frame, mark).expect("writing to the sink");
+            for (tap, expect, dev) in [(&tap0, on_mir0, "mir0"), (&tap1, on_mir1, "mir1")] {
+                let seen = tap.read(Duration::from_millis(200));
+                let seen: Vec<_> = seen.iter().map(|(kind, f)| (*kind, f == &frame)).collect();
+                assert_eq!(
+                    seen,
+                    expect.map(|k| (k, true)).into_iter().collect::<Vec<_>>(),
+                    "{what}, mark {mark:#x}, on {dev}"
+                );
+            }
+            // Counted by the agent, not here.
+            let d = dp.counters().unwrap().since(&before);
+            assert_eq!((d.get(S::STAT_REPLAYED), d.get(S::STAT_REPLAY_FAILED)), (0, 0), "{what}: {d:?}");
+        }
+    }
+    // Within the node-wide budget: at 1 copy a second (each CPU's bucket starts with a tenth of a
+    // second of its share, less than one copy) every one is refused, counted there, and the
+    // writer told (ENOBUFS); at 100,000 none is.
+    let write = || write_marked("mir0", &frame, AGENT_MARK).err().and_then(|e| e.raw_os_error());
+    for (pps, refused) in [(1, Some(libc::ENOBUFS)), (100_000, None)] {
+        dp.set_budget(mirror_bpf::Budget { packets_per_second: pps, bytes_per_second: 0 }).unwrap();
+        let (tap1, before) = (Tap::on("mir1"), dp.budget_refused().unwrap().packets);
+        assert_eq!([write(), write(), write()], [refused; 3], "{pps} a second");
+        let seen = tap1.read(Duration::from_millis(200)).len();
+        let counted = dp.budget_refused().unwrap().packets - before;
+        assert_eq!((seen, counted), if refused.is_some() { (0, 3) } else { (3, 0) }, "{pps} a second");
+    }
+    dp.detach_replay(hook).unwrap();
 }

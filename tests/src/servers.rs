@@ -2,7 +2,8 @@
 //! addresses, python3's http.server (`/ok` 200, `/fail` 500, `/status/N` N, `?bytes=M` for an
 //! M-byte body), a raw server writing scripted byte layouts ([`RAW_SERVER`]) and an asyncio
 //! server for many connections at once that delays and resets on request ([`ASYNC_SERVER`]) on
-//! every address of their namespace. All keep connections alive and listen when started.
+//! every address of their namespace, and one that never answers ([`SILENT_SERVER`]). All keep
+//! connections alive and listen when started.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -97,6 +98,12 @@ impl Server {
     /// written in `dir`.
     pub fn asyncio(ns: &Netns, port: u16, dir: &Path) -> Server {
         Self::python_script(ns, port, dir.join("async_http_server.py"), ASYNC_SERVER, "asyncio http server")
+    }
+
+    /// A server that never answers ([`SILENT_SERVER`]) on `port` in `ns` (both families), its
+    /// script written in `dir`.
+    pub fn silent(ns: &Netns, port: u16, dir: &Path) -> Server {
+        Self::python_script(ns, port, dir.join("silent_server.py"), SILENT_SERVER, "silent server")
     }
 
     /// python3 running `script`, written to `path`, with the port as its argument, in `ns`.
@@ -376,6 +383,18 @@ listener.listen(128)
 while True:
     conn, _ = listener.accept()
     threading.Thread(target=serve, args=(conn,), daemon=True).start()
+"#;
+
+/// A server that accepts every connection on both families and keeps it open, reading and
+/// answering nothing: a request to it hangs until its client gives up.
+pub const SILENT_SERVER: &str = r#"import socket
+import sys
+
+listener = socket.create_server(("::", int(sys.argv[1])), family=socket.AF_INET6, dualstack_ipv6=True)
+held = []
+while True:
+    conn, _ = listener.accept()
+    held.append(conn)
 "#;
 
 /// An asyncio HTTP/1.1 server for many connections at once (tens of thousands: it raises its

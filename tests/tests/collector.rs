@@ -2,8 +2,11 @@
 //! is a VXLAN tunnel (`mirror.create: vxlan`, one VNI per node) to a collector namespace
 //! reached over an uplink; tshark there decodes the inner flows of both nodes, the large
 //! response (GSO-sized copies) whole. And the node-wide budget: under a flood of mirrored
-//! packets, what is copied stays within packets/s, the rest is counted as refused.
+//! packets, what is copied stays within packets/s, the rest is counted as refused. And the
+//! request behind a noresponse mark, replayed by the agent, at the collector at the mark.
 
+use std::io::Write;
+use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
@@ -240,6 +243,66 @@ fn the_node_budget_caps_what_is_copied_and_counts_the_rest() {
         "{at_collector} at the collector, {allowed} copied and {} replayed",
         get("replayed")
     );
+    drop(agent);
+}
+
+/// The request behind a `noresponse>` mark, replayed by the agent at the mark (no packet of
+/// the flow comes: the server never answers), reaches the collector through the tunnel: once,
+/// the request's segment with the replay MAC as its inner Ethernet source, 1.0-1.3 s after the
+/// client sent it (the collector's capture against the client's).
+#[test]
+fn the_request_behind_a_noresponse_mark_reaches_the_collector_at_the_mark() {
+    if !require_root() {
+        return;
+    }
+    let bins = Binaries::locate().expect("the binaries");
+    let collector = Netns::new("collector");
+    let topo = Topology::without_sink(&PODS);
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (local, remote) = uplink(&topo.node, &collector, 1);
+    let _server = Server::silent(&topo.pod("server").ns, PORT, dir.path());
+    let env = vxlan_agent(&bins, &topo.node, &local, &remote, 5, &[]);
+    let agent = env.start(&[]);
+    agent.wait_attached(&["vethclient", "vethserver"], Duration::from_secs(10));
+    env.ctl_ok(&["rules", "add", "noresponse>1s"]);
+
+    let (file, client_file) = (dir.path().join("collector.pcap"), dir.path().join("client.pcap"));
+    let capture = Capture::start(&collector, "node1", "ip", &file);
+    let client_capture = Capture::start(&topo.pod("client").ns, "eth0", "tcp", &client_file);
+    {
+        let _inside = topo.pod("client").ns.enter();
+        let mut c = TcpStream::connect((topo.pod("server").addr(false), PORT)).expect("connecting");
+        c.write_all(b"GET /hang HTTP/1.1\r\nHost: shop.example\r\n\r\n").expect("sending the request");
+        // Waiting for an answer that never comes, until the connection is closed.
+        std::thread::sleep(Duration::from_millis(2000));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    drop(capture.stop());
+    let client = client_capture.stop();
+    let request = client.packets.iter().find(|p| p.payload.starts_with(b"GET /hang")).expect("the request");
+
+    // Not the copies quoted in the collector's ICMP port-unreachable answers (see decode).
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(&file)
+        .args(["-Y", "vxlan && !icmp && eth.src == 02:72:65:70:6c:79", "-T", "fields", "-E", "separator=|"])
+        .args(["-e", "vxlan.vni", "-e", "frame.time_epoch", "-e", "tcp.payload"])
+        .output()
+        .expect("running tshark");
+    assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let replays: Vec<Vec<&str>> = text.lines().map(|l| l.split('|').collect()).collect();
+    let [replay] = &replays[..] else { panic!("one replay at the collector: {text}") };
+    let hex: String = request.payload.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!((replay[0], replay[2]), ("5", hex.as_str()), "the request's segment, in the node's VNI");
+    let (secs, frac) = replay[1].split_once('.').expect("seconds.nanoseconds");
+    let at = secs.parse::<u64>().expect("seconds") * 1_000_000_000
+        + format!("{frac:0<9}")[..9].parse::<u64>().expect("ns");
+    let after = Duration::from_nanos(at - request.ts_ns);
+    eprintln!("the replay reached the collector {after:?} after the client sent the request");
+    assert!(after >= Duration::from_secs(1) && after < Duration::from_millis(1300), "{after:?}");
+    let counters = env.status()["counters"].clone();
+    assert_eq!((&counters["replayed"], &counters["replay_failed"]), (&1.into(), &0.into()), "{counters}");
     drop(agent);
 }
 

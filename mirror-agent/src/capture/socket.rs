@@ -1,6 +1,8 @@
 //! An AF_PACKET socket on one interface: every frame whole (up to [`SNAPLEN`], above a GSO
 //! packet's 64 KiB), its kernel time stamp, which way it went, and whether its checksum was
-//! left to offload (`TP_STATUS_CSUMNOTREADY`).
+//! left to offload (`TP_STATUS_CSUMNOTREADY`); or, opened with [`PacketSocket::sender`], frames
+//! written out of the interface (the agent's replays), which the interface's packet sockets see
+//! as it transmits them.
 
 use std::ffi::CString;
 use std::io;
@@ -47,6 +49,35 @@ fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, v: &T, what: 
     check(rc, what)
 }
 
+/// A non-blocking AF_PACKET socket of protocol `proto` (network order; 0: it receives nothing).
+fn packet_socket(proto: u16) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket creation; the descriptor is owned below.
+    let raw = unsafe {
+        libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, proto.into())
+    };
+    check(raw, "opening an AF_PACKET socket (needs CAP_NET_RAW)")?;
+    // SAFETY: a descriptor we just created and own.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Binds packet socket `fd` of protocol `proto` to the interface `ifindex` (`what` names it).
+fn bind(fd: &OwnedFd, ifindex: u32, proto: u16, what: &str) -> io::Result<()> {
+    // SAFETY: zeroed is a valid sockaddr_ll.
+    let mut sll: libc::sockaddr_ll = unsafe { zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = proto;
+    sll.sll_ifindex = ifindex as i32;
+    // SAFETY: binding to an address of the size given.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sll as *const libc::sockaddr_ll).cast(),
+            size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    check(rc, &format!("binding to {what}"))
+}
+
 impl PacketSocket {
     /// Opens a capture on the interface `name` of the calling thread's network namespace.
     pub fn open(name: &str) -> io::Result<PacketSocket> {
@@ -61,17 +92,7 @@ impl PacketSocket {
             ));
         }
         let proto = (libc::ETH_P_ALL as u16).to_be();
-        // SAFETY: plain socket creation; the descriptor is owned below.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                proto.into(),
-            )
-        };
-        check(raw, "opening an AF_PACKET socket (needs CAP_NET_RAW)")?;
-        // SAFETY: a descriptor we just created and own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = packet_socket(proto)?;
         let on: libc::c_int = 1;
         setsockopt(fd.as_raw_fd(), libc::SOL_PACKET, libc::PACKET_AUXDATA, &on, "PACKET_AUXDATA")?;
         setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, &on, "SO_TIMESTAMPNS")?;
@@ -82,21 +103,28 @@ impl PacketSocket {
         {
             setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &size, "SO_RCVBUF")?;
         }
-        // SAFETY: zeroed is a valid sockaddr_ll.
-        let mut sll: libc::sockaddr_ll = unsafe { zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = proto;
-        sll.sll_ifindex = ifindex as i32;
-        // SAFETY: binding to an address of the size given.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sll as *const libc::sockaddr_ll).cast(),
-                size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        check(rc, &format!("binding to {name}"))?;
+        bind(&fd, ifindex, proto, name)?;
         Ok(PacketSocket { fd, buf: vec![0; SNAPLEN as usize] })
+    }
+
+    /// Opens a socket that writes frames out of the interface `ifindex` of the calling
+    /// thread's network namespace, each carrying `mark` (`SO_MARK`, which needs
+    /// CAP_NET_ADMIN); it receives nothing.
+    pub fn sender(ifindex: u32, mark: u32) -> io::Result<PacketSocket> {
+        let fd = packet_socket(0)?;
+        setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_MARK, &mark, "SO_MARK")?;
+        bind(&fd, ifindex, 0, &format!("ifindex {ifindex}"))?;
+        Ok(PacketSocket { fd, buf: Vec::new() })
+    }
+
+    /// Writes `frame`, from its Ethernet header on, out of the interface.
+    pub fn send(&self, frame: &[u8]) -> io::Result<()> {
+        // SAFETY: `frame` is a live buffer of the length given.
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// The next frame, or `None` when none is waiting.

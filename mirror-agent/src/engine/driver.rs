@@ -91,7 +91,7 @@ impl Driver {
                 "node-wide budget of copies (0: no limit), split evenly over the CPUs"
             );
         }
-        let events = Events::open(&dp, log)?;
+        let events = Events::open(&dp, log, cfg.budget != mirror_bpf::Budget::default())?;
         let mut tracing = Tracing::load(&dp).map_err(|e| e.to_string());
         match &mut tracing {
             Ok(t) => {
@@ -155,6 +155,12 @@ impl Driver {
     /// The attached links.
     pub(super) fn attached(&self) -> &AttachedLinks {
         &self.attached
+    }
+
+    /// Waits at most `timeout` for a trigger event or for `wake` (the eventfd a command's
+    /// sender writes).
+    pub(super) fn wait(&self, wake: &impl std::os::fd::AsRawFd, timeout: std::time::Duration) {
+        self.events.wait(wake, timeout);
     }
 
     /// What runs between commands: the trigger events and the CPU sample.
@@ -250,6 +256,7 @@ impl Driver {
         if sink != 0 && self.replay.as_ref().is_some_and(|h| h.ifindex == sink) {
             return;
         }
+        self.events.set_replay_sink(0);
         if let Some(old) = self.replay.take() {
             // Gone with a deleted sink, most often.
             if let Err(e) = self.dp.detach_replay(old) {
@@ -266,6 +273,7 @@ impl Driver {
                     tcx = hook.tcx(),
                     "the request behind each trigger goes to the sink ahead of its response"
                 );
+                self.events.set_replay_sink(sink);
                 self.replay = Some(hook);
             }
             Err(e) => tracing::warn!(
@@ -388,6 +396,7 @@ impl Driver {
         view::status(
             &self.dp,
             view::StatusParts {
+                replays: self.events.replays(),
                 attached: &self.attached,
                 tcx_available: self.tcx_available,
                 attach_latency: &self.latency,

@@ -1,10 +1,12 @@
-//! Trigger events: read from the data path's ring buffer between commands, completed with
-//! what user space knows (the interface's name, the connection's other tuple across NAT, the
+//! Trigger events: read from the data path's ring buffer as they come (see [`Events::wait`]),
+//! the request behind a noresponse mark replayed at once ([`Replayer`]), completed with what
+//! user space knows (the interface's name, the connection's other tuple across NAT, the
 //! rule's text, the wall-clock time, Community IDs), logged, and handed to the
 //! [`EventLog`] (the API's ring and `events.output`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, SystemTime};
 
@@ -12,6 +14,7 @@ use mirror_bpf::flow::monotonic_ns;
 use mirror_bpf::{Datapath, EventRing, Side, TriggerEvent, TriggerKind};
 
 use super::attached::AttachedLinks;
+use super::replay::{ReplayCounts, Replayer};
 use crate::community_id;
 use crate::event_log::EventLog;
 use crate::views::{EventView, RequestView, TupleView};
@@ -21,24 +24,56 @@ pub(super) struct Events {
     ring: EventRing<'static>,
     rx: mpsc::Receiver<TriggerEvent>,
     log: Arc<EventLog>,
+    replayer: Replayer,
 }
 
 impl Events {
-    /// Opens the data path's ring buffer; events go to `log`.
-    pub(super) fn open(dp: &Datapath<'static>, log: Arc<EventLog>) -> anyhow::Result<Self> {
+    /// Opens the data path's ring buffer; events go to `log`. `budget`: whether a node-wide
+    /// budget of copies is set.
+    pub(super) fn open(dp: &Datapath<'static>, log: Arc<EventLog>, budget: bool) -> anyhow::Result<Self> {
         let (tx, rx) = mpsc::channel();
         let ring = dp.events(move |e| {
             let _ = tx.send(e);
         })?;
-        Ok(Self { ring, rx, log })
+        Ok(Self { ring, rx, log, replayer: Replayer::new(budget) })
     }
 
-    /// Reads what the ring buffer holds, logs each trigger and records it.
+    /// Waits at most `timeout` for an event in the ring buffer or for `wake` (an eventfd) to be
+    /// readable, whichever comes first; reads `wake` back to zero.
+    pub(super) fn wait(&self, wake: &impl AsRawFd, timeout: Duration) {
+        let mut fds = [
+            libc::pollfd { fd: wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: self.ring.epoll_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `fds` is a live array of the length given.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n > 0 && fds[0].revents & libc::POLLIN != 0 {
+            let mut v = 0u64;
+            // SAFETY: an eventfd is read 8 bytes at a time, into `v`.
+            unsafe { libc::read(wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        }
+    }
+
+    /// Replays go to the sink `ifindex` (0: none), whose egress runs the replay program.
+    pub(super) fn set_replay_sink(&mut self, ifindex: u32) {
+        self.replayer.set_sink(ifindex);
+    }
+
+    /// What the agent replayed.
+    pub(super) fn replays(&self) -> ReplayCounts {
+        self.replayer.counts()
+    }
+
+    /// Reads what the ring buffer holds, replays the request behind each noresponse mark, logs
+    /// each trigger and records it.
     pub(super) fn drain(&mut self, dp: &Datapath<'_>, attached: &AttachedLinks) {
         if let Err(e) = self.ring.consume() {
             tracing::warn!(error = %e, "reading trigger events");
         }
         while let Ok(e) = self.rx.try_recv() {
+            // First: the replay is due now.
+            self.replayer.on_event(&e);
             let ev = complete(&e, dp, attached);
             tracing::info!(
                 rule = e.rule_id,

@@ -1,6 +1,7 @@
 //! The data path, owned by one thread: libbpf objects are not shared between threads, so
 //! every operation is a command sent here and answered through a oneshot channel. Between
-//! commands the thread drains the trigger ring buffer and samples CPU time.
+//! commands the thread reads the trigger events as they come (replaying the request behind a
+//! noresponse mark at once) and samples CPU time.
 //!
 //! One concern per module: this one is the thread (the [`Engine`] handle, its commands and
 //! the loop that serves them); [`driver`] drives the data path (load, attach, rules, groups,
@@ -14,9 +15,11 @@ mod cluster_rules;
 mod cpu;
 mod driver;
 mod events;
+mod replay;
 mod view;
 
 use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -120,11 +123,42 @@ enum Cmd {
 #[derive(Clone)]
 pub struct Engine {
     tx: mpsc::Sender<Cmd>,
+    /// Written after each command sent: the thread waits on it and on the ring buffer at once.
+    wake: Arc<Wake>,
     attached: watch::Receiver<Vec<InterfaceView>>,
 }
 
-/// How long the thread waits for a command before draining events again.
+/// How long the thread waits for a command or an event before its periodic work (the CPU
+/// sample) and a look at the ring buffer.
 const EVENT_POLL: Duration = Duration::from_millis(20);
+
+/// An eventfd that wakes the engine thread when a command was sent.
+struct Wake(OwnedFd);
+
+impl Wake {
+    fn new() -> std::io::Result<Wake> {
+        // SAFETY: plain eventfd creation; the descriptor is checked and owned below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor we just created and own.
+        Ok(Wake(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn notify(&self) {
+        let one = 1u64;
+        // SAFETY: an eventfd is written 8 bytes at a time, from `one`. It cannot fail short of
+        // 2^64 - 2 writes unread.
+        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+impl AsRawFd for Wake {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
 
 impl Engine {
     /// Starts the engine thread: loads (or adopts) the data path and restores the rules of
@@ -136,14 +170,16 @@ impl Engine {
         events: Arc<EventLog>,
     ) -> anyhow::Result<Engine> {
         let (tx, rx) = mpsc::channel();
+        let wake = Arc::new(Wake::new().context("creating the engine's eventfd")?);
         let (ready_tx, ready_rx) = oneshot::channel();
         let (attached_tx, attached) = watch::channel(Vec::new());
+        let woken = wake.clone();
         std::thread::Builder::new()
             .name("datapath".into())
             .spawn(move || match Driver::new(cfg, state, events, attached_tx) {
                 Ok(d) => {
                     let _ = ready_tx.send(Ok(()));
-                    run(d, rx);
+                    run(d, rx, &woken);
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -151,7 +187,7 @@ impl Engine {
             })
             .context("starting the data-path thread")?;
         ready_rx.await.map_err(|_| anyhow!("the data-path thread died"))??;
-        Ok(Engine { tx, attached })
+        Ok(Engine { tx, wake, attached })
     }
 
     /// The attached interfaces, sent again each time they change (a link attached, renamed,
@@ -163,6 +199,7 @@ impl Engine {
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> anyhow::Result<T> {
         let (reply, rx) = oneshot::channel();
         self.tx.send(make(reply)).map_err(|_| anyhow!("the data-path thread has stopped"))?;
+        self.wake.notify();
         rx.await.map_err(|_| anyhow!("the data-path thread has stopped"))?
     }
 
@@ -244,22 +281,24 @@ impl Engine {
         self.tx
             .send(Cmd::Shutdown { keep_attached, reply })
             .map_err(|_| anyhow!("the data-path thread has stopped"))?;
+        self.wake.notify();
         rx.await.map_err(|_| anyhow!("the data-path thread has stopped"))
     }
 }
 
-/// The thread's loop: a command, or every [`EVENT_POLL`] at the latest, the events and the
-/// CPU sample.
-fn run(mut d: Driver, rx: mpsc::Receiver<Cmd>) {
+/// The thread's loop: each command, then the events and the CPU sample; with no command
+/// waiting, a wait for one, for a trigger event or [`EVENT_POLL`], whichever comes first (so
+/// the request behind a noresponse mark is replayed as soon as its event is in the ring).
+fn run(mut d: Driver, rx: mpsc::Receiver<Cmd>, wake: &Wake) {
     loop {
-        match rx.recv_timeout(EVENT_POLL) {
+        match rx.try_recv() {
             Ok(Cmd::Shutdown { keep_attached, reply }) => {
                 let _ = reply.send(d.shutdown(keep_attached));
                 return;
             }
             Ok(cmd) => handle(&mut d, cmd),
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            Err(mpsc::TryRecvError::Empty) => d.wait(wake, EVENT_POLL),
+            Err(mpsc::TryRecvError::Disconnected) => return,
         }
         d.tick();
     }

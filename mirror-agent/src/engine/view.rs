@@ -94,6 +94,8 @@ pub(super) struct StatusParts<'a> {
     pub attach_latency: &'a hdrhistogram::Histogram<u64>,
     pub net_cpu: &'a [CpuShareView],
     pub tracing: &'a Result<Tracing, String>,
+    /// The requests behind noresponse marks the agent replayed.
+    pub replays: super::replay::ReplayCounts,
 }
 
 /// The attach latencies (microseconds) in buckets of powers of two from 64 µs to 16 s, plus
@@ -121,6 +123,9 @@ pub(super) fn status(dp: &Datapath<'_>, p: StatusParts<'_>) -> anyhow::Result<En
     let refused = dp.budget_refused()?;
     counters.insert("budget_refused_packets".into(), refused.packets);
     counters.insert("budget_refused_bytes".into(), refused.bytes);
+    // The classifier's replays and the agent's (noresponse marks), one figure each.
+    *counters.entry("replayed".into()).or_default() += p.replays.replayed;
+    *counters.entry("replay_failed".into()).or_default() += p.replays.failed;
     let h = p.attach_latency;
     let ms = |us: u64| us as f64 / 1000.0;
     Ok(EngineStatus {

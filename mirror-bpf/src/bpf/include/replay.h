@@ -25,6 +25,9 @@
 #define REPLAY_MAC_4 0x6c
 #define REPLAY_MAC_5 0x79
 
+/* skb->mark of a replay the agent writes to the sink (its packet socket's SO_MARK): "rply". */
+#define REPLAY_AGENT_MARK 0x72706c79
+
 /*
  * replay_mask - the slot of hand-out number n is n & replay_mask(): replay_requests is a power
  * of two. With none (0), every lookup misses: nothing is kept then (settings.replay_keep).
@@ -222,10 +225,11 @@ static __always_inline struct replay_slot *replay_trigger(struct __sk_buff *skb,
 }
 
 /*
- * replay_due - the flow of the mark @mk was marked without a packet (noresponse.h): the first
- * packet after it, @skb, sends the request behind the mark ahead of its own copy. Taken once,
- * from the mark holding the budget (the other key's mark of a translated connection only points
- * to it). A global function: verified once, run for that first packet only.
+ * replay_due - the flow of the mark @mk was marked without a packet (noresponse.h) and its
+ * event, whose request the agent replays, was lost: the first packet after the mark, @skb,
+ * sends the request behind it ahead of its own copy. Taken once, from the mark holding the
+ * budget (the other key's mark of a translated connection only points to it). A global
+ * function: verified once, run for that first packet only.
  */
 __noinline int replay_due(struct __sk_buff *skb, struct mirror_mark *mk)
 {
@@ -289,10 +293,23 @@ static __always_inline int replay_fix_length(struct __sk_buff *skb, const struct
     return -1;
 }
 
+/* replay_deliver - a replay on the sink's egress goes on to the mirror the way copies go. */
+static __always_inline int replay_deliver(struct __sk_buff *skb, const struct settings *set)
+{
+    __u32 flags = mirror_deliver & BPF_F_INGRESS;
+
+    /* Copies are transmitted by this interface: so is the replay, from here. */
+    if (set->mirror_ifindex == skb->ifindex && !flags)
+        return TC_ACT_UNSPEC;
+    return bpf_redirect(set->mirror_ifindex, flags);
+}
+
 /*
  * replay_reshape - the replay program, on the sink's egress: a clone sent by replay_send
- * becomes the kept request and goes on to the mirror the way copies go; any other packet
- * (a copy passing) goes on untouched. A global function: verified once.
+ * becomes the kept request and goes on to the mirror the way copies go; so does a replay the
+ * agent wrote to the sink (REPLAY_AGENT_MARK: the request behind a noresponse mark, reshaped
+ * by the agent), within the node-wide budget; any other packet (a copy passing) goes on
+ * untouched. A global function: verified once.
  * @return a tc verdict: TC_ACT_UNSPEC (go on), TC_ACT_REDIRECT, or TC_ACT_SHOT for a replay
  * that could not be made (the clone is ours: nothing of production is dropped).
  */
@@ -303,8 +320,16 @@ __noinline int replay_reshape(struct __sk_buff *skb)
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
     struct settings *set = bpf_map_lookup_elem(&settings, &zero);
 
-    if (!skb || !s || !cnt || !set || !s->replay_arm)
+    if (!skb || !s || !cnt || !set)
         return TC_ACT_UNSPEC;
+    if (!s->replay_arm) {
+        if (skb->mark != REPLAY_AGENT_MARK)
+            return TC_ACT_UNSPEC;
+        /* The agent's: counted by it (a refusal by the budget, there). */
+        if (!set->mirror_ifindex || !budget_admit(skb->len))
+            return TC_ACT_SHOT;
+        return replay_deliver(skb, set);
+    }
     __u32 idx = s->replay_arm - 1;
     s->replay_arm = 0;
     struct replay_slot *r = bpf_map_lookup_elem(&request_replay, &idx);
@@ -323,11 +348,7 @@ __noinline int replay_reshape(struct __sk_buff *skb)
     if (r->wire_len > len && replay_fix_length(skb, r, len))
         goto fail;
     cnt->v[STAT_REPLAYED]++;
-    __u32 flags = mirror_deliver & BPF_F_INGRESS;
-    /* Copies are transmitted by this interface: so is the replay, from here. */
-    if (set->mirror_ifindex == skb->ifindex && !flags)
-        return TC_ACT_UNSPEC;
-    return bpf_redirect(set->mirror_ifindex, flags);
+    return replay_deliver(skb, set);
 fail:
     cnt->v[STAT_REPLAY_FAILED]++;
     return TC_ACT_SHOT;

@@ -16,20 +16,20 @@
 /*
  * emit_trigger - one ring-buffer record for the trigger of the flow @key, by a packet of
  * direction @dir seen on @ifindex; counted when the buffer is full.
+ * @return 1 when the record was sent, 0 when the buffer was full.
  */
-static __always_inline void emit_trigger(const struct flow_key *key, __u32 dir, __u32 ifindex,
-                                         const struct rule_action *ra,
-                                         const struct trigger_info *ti,
-                                         const struct http_request *req,
-                                         const struct host_text *authority,
-                                         const struct flow_key *peer, const struct replay_slot *r,
-                                         struct counters *cnt)
+static __always_inline int emit_trigger(const struct flow_key *key, __u32 dir, __u32 ifindex,
+                                        const struct rule_action *ra, const struct trigger_info *ti,
+                                        const struct http_request *req,
+                                        const struct host_text *authority,
+                                        const struct flow_key *peer, const struct replay_slot *r,
+                                        struct counters *cnt)
 {
     struct trigger_event *ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
 
     if (!ev) {
         cnt->v[STAT_RINGBUF_DROPS]++;
-        return;
+        return 0;
     }
     ev->key = *key;
     if (peer)
@@ -73,19 +73,18 @@ static __always_inline void emit_trigger(const struct flow_key *key, __u32 dir, 
         __builtin_memcpy(ev->replay, r->frame, REPLAY_FRAME_MAX);
     }
     bpf_ringbuf_submit(ev, 0);
+    return 1;
 }
 
 /*
  * mark_flow - mark the flow of @key (and @peer, the other key of a translated connection, when
  * not NULL: one budget, kept in @key's mark) for @ra at @now, the trigger described by @ti;
- * count the rule's hit and the trigger. @replay_due: the request's slot + 1 to replay with the
- * first packet after the mark (0: none, or replayed by the caller).
+ * count the rule's hit and the trigger.
  * @return 1 when this call marked the flow, 0 when it was marked already (or could not be).
  */
 static __always_inline int mark_flow(const struct flow_key *key, const struct flow_key *peer,
                                      const struct rule_action *ra, const struct trigger_info *ti,
-                                     __u64 now, __u32 replay_due, struct mirror_mark *init,
-                                     struct counters *cnt)
+                                     __u64 now, struct mirror_mark *init, struct counters *cnt)
 {
     __builtin_memset(init, 0, sizeof(*init));
     init->rule_id = ra->rule_id;
@@ -96,7 +95,6 @@ static __always_inline int mark_flow(const struct flow_key *key, const struct fl
     init->max_bytes = ra->max_bytes;
     init->status = ti->status;
     init->kind = ti->kind;
-    init->replay_due = replay_due;
     if (peer)
         init->peer = *peer;
 
@@ -148,7 +146,7 @@ __noinline int mirror_trigger(struct __sk_buff *skb, struct pkt_meta *m, struct 
         return 0;
     struct flow_key *peer = &s->peer;
     int nat = nat_peer(skb, m, t, peer, 1);
-    if (!mark_flow(&m->key, nat ? peer : NULL, ra, ti, m->now, 0, &s->mark, cnt))
+    if (!mark_flow(&m->key, nat ? peer : NULL, ra, ti, m->now, &s->mark, cnt))
         return 0;
     /* The request before the trigger goes to the mirror now, ahead of this packet. */
     struct replay_slot *r = replay_trigger(skb, s, ti, cnt);

@@ -410,7 +410,8 @@ struct mirror_mark {
     __u8 kind;            /* enum trigger_kind */
     struct flow_key peer; /* the other tuple of a translated connection (zero: none) */
     /* request_replay slot + 1 of a request still to be replayed, by the first packet of the
-     * flow after the mark (a mark made without a packet: noresponse); 0: none. */
+     * flow after the mark (a noresponse mark whose event was lost: else the agent replays it);
+     * 0: none. */
     __u32 replay_due;
     __u32 _pad;
 };
