@@ -100,12 +100,15 @@ impl Driver {
                     Ok(()) => tracing::info!(
                         "latency tracing uses fexit and tp_btf: clones of a packet keep its stack-latency stamp"
                     ),
-                    Err(why) => tracing::info!(
-                        kernel_said = %why,
-                        "latency tracing uses tp_btf tracepoints: this kernel does not allow fexit programs \
-                         (lockdown, usual on distribution kernels), which is expected and works; only \
-                         clones of a packet are not followed by the stack group"
-                    ),
+                    Err(why) => {
+                        // What the kernel said (EPERM) reads as an error: only at debug.
+                        tracing::debug!(kernel_said = %why, "fexit programs refused");
+                        tracing::info!(
+                            "latency tracing uses tp_btf tracepoints: this kernel does not allow fexit \
+                             programs (lockdown, usual on distribution kernels), which is expected and works; \
+                             only clones of a packet are not followed by the stack group"
+                        )
+                    }
                 }
                 if !t.socket_io_counted() {
                     tracing::info!(
@@ -135,13 +138,18 @@ impl Driver {
         for (g, on) in d.cfg.groups.clone() {
             d.set_group(g, on)?;
         }
+        // One line for all of them at start; a switch later is logged by itself.
+        let on: Vec<&str> = d.cfg.groups.iter().filter(|(_, on)| *on).map(|(g, _)| g.name()).collect();
+        tracing::info!(on = %on.join(", "), "measurement groups");
         if first_start {
             // Saved once below, not after each rule: thousands of initial rules stay quick.
             for rule in d.cfg.initial_rules.clone() {
                 let id = d.dp.add_rule(rule.clone())?;
                 tracing::debug!(id, %rule, "initial rule added");
             }
-            tracing::info!(rules = d.cfg.initial_rules.len(), "initial rules added");
+            if !d.cfg.initial_rules.is_empty() {
+                tracing::info!(rules = d.cfg.initial_rules.len(), "initial rules added");
+            }
         }
         d.save_rules()?;
         Ok(d)
@@ -268,7 +276,7 @@ impl Driver {
         }
         match self.dp.attach_replay(sink) {
             Ok(hook) => {
-                tracing::info!(
+                tracing::debug!(
                     ifindex = sink,
                     tcx = hook.tcx(),
                     "the request behind each trigger goes to the sink ahead of its response"
@@ -374,7 +382,7 @@ impl Driver {
         if group == Group::Trace(TraceGroup::Cpu) {
             self.cpu.reset();
         }
-        tracing::info!(group = group.name(), enabled = on, "measurement group switched");
+        tracing::debug!(group = group.name(), enabled = on, "measurement group set");
         Ok(())
     }
 
@@ -388,6 +396,7 @@ impl Driver {
     pub(super) fn groups(&mut self, set: Option<(Group, bool)>) -> anyhow::Result<Vec<GroupView>> {
         if let Some((group, on)) = set {
             self.set_group(group, on)?;
+            tracing::info!(group = group.name(), enabled = on, "measurement group switched");
         }
         Group::all().map(|g| Ok(GroupView { group: g.name().into(), enabled: self.group_on(g)? })).collect()
     }
