@@ -1,7 +1,7 @@
 //! The loaded classifier: loading (map sizes, pins, which programs) and one facade over what
 //! drives it. Each concern lives in its own module and is reached from here: settings and
 //! timing groups ([`crate::settings`]), attaching ([`crate::attach`]), rules
-//! (`rule_maps`), flows ([`crate::flow`]), counters ([`crate::stats`]), latency
+//! ([`crate::rule`]), flows ([`crate::flow`]), counters ([`crate::stats`]), latency
 //! histograms ([`crate::latency`]) and trigger events ([`crate::event`]).
 
 use std::collections::BTreeSet;
@@ -21,9 +21,8 @@ use crate::flow::{self, Flow, FlowKey, MirrorMark};
 use crate::latency::{self, Histogram};
 use crate::programs::ProgramStats;
 use crate::protocols::{Protocol, Protocols};
-use crate::rule::{Rule, RuleId};
-use crate::rule_maps::{self, InstalledRules, RuleInfo};
-use crate::scopes::Reach;
+use crate::rule::maps::{clear_scopes, InstalledRules};
+use crate::rule::{Reach, Rule, RuleId, RuleInfo};
 use crate::settings::MirrorDelivery;
 use crate::settings::{self, TimingGroup};
 use crate::shared::types;
@@ -305,7 +304,7 @@ impl<'obj> Datapath<'obj> {
         if adopted {
             // The earlier instance's scope ids mean nothing to this one's rule set: its
             // interfaces' scopes go, and the interfaces select their rules again.
-            rule_maps::clear_scopes(&dp.skel.maps)?;
+            clear_scopes(&dp.skel.maps)?;
         }
         dp.sync_rules()?;
         if fresh_settings {
