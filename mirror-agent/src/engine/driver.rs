@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::Context;
 use tokio::sync::watch;
 
+use mirror_bpf::rule::capacity::{fits, Capacity};
 use mirror_bpf::{
     AttachMode, Datapath, MirrorDelivery, MirrorMethod, Reach, ReplayHook, Rule, TraceGroup, Tracing,
 };
@@ -18,7 +19,6 @@ use super::cluster_rules::{ClusterRules, Installed, WantedRule};
 use super::cpu::CpuSampler;
 use super::events::Events;
 use super::{view, AddedRule, EngineConfig, EngineStatus, Stopped};
-use crate::capacity::RuleCapacity;
 use crate::event_log::EventLog;
 use crate::groups::Group;
 use crate::state::{SavedRule, StateStore};
@@ -309,10 +309,7 @@ impl Driver {
         }
         // Checked before anything is written: a map that fills halfway would leave the rule
         // partly installed.
-        crate::rules::check_fits(
-            present.iter().map(|(_, _, r)| r).chain([&rule]),
-            RuleCapacity::classifier(),
-        )?;
+        fits(present.iter().map(|(_, _, r)| r).chain([&rule]), Capacity::classifier())?;
         let id = self.dp.add_rule(rule.clone())?;
         self.save_rules()?;
         Ok(AddedRule { view: rule_view(id, &rule, 0, None), created: true })
@@ -345,11 +342,9 @@ impl Driver {
         &mut self,
         want: Vec<WantedRule>,
     ) -> anyhow::Result<Vec<(String, Installed)>> {
-        let fits = |rules: &[&Rule]| {
-            crate::rules::check_fits(rules.iter().copied(), RuleCapacity::classifier())
-                .map_err(|e| e.to_string())
-        };
-        let out = self.cluster.apply(&mut self.dp, &want, fits);
+        let check =
+            |rules: &[&Rule]| fits(rules.iter().copied(), Capacity::classifier()).map_err(|e| e.to_string());
+        let out = self.cluster.apply(&mut self.dp, &want, check);
         self.save_rules()?;
         Ok(out)
     }

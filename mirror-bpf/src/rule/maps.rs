@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 
 use libbpf_rs::{MapCore, MapFlags, MapMut};
 
+use super::capacity::RULES_MAX;
 use super::scopes::{Reach, ScopeId, Scopes, Shrink, GLOBAL};
 use super::set::{AddError, KeyWrite, RuleSet, ANY_PORT, FILTERED_MAX, FILTERS_MAX};
 use super::syntax::{Rule, RuleId, TriggerKind};
@@ -322,7 +323,7 @@ pub(crate) fn clear_scopes(maps: &ClassifierMaps<'_>) -> Result<()> {
 /// The error of a rule (or a scope) that does not fit the rule maps.
 fn fit_error(e: AddError) -> Error {
     match e {
-        AddError::NoSlot => Error::TooManyRules(types::mirror_limits::RULE_SLOTS.0 as usize - 1),
+        AddError::NoSlot => Error::TooManyRules(RULES_MAX),
         AddError::FilteredPerKey { port, status } => Error::RuleDoesNotFit(format!(
             "at most {FILTERED_MAX} rules with method=, path= or host= may cover one {} and {}",
             key_name(status),
