@@ -15,6 +15,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use libbpf_rs::{MapCore, MapFlags, OpenObject, RingBuffer};
 
 use crate::attach::{AttachMode, Attacher, Attachment, MirrorMethod, LINKS_DIR};
+use crate::budget::{Budget, Refused};
 use crate::error::{Context, Error, Result};
 use crate::event::{self, TriggerEvent};
 use crate::flow::{self, Flow, FlowKey, MirrorMark};
@@ -25,7 +26,7 @@ use crate::rule::maps::{clear_scopes, InstalledRules};
 use crate::rule::{Reach, Rule, RuleId, RuleInfo};
 use crate::settings::MirrorDelivery;
 use crate::settings::{self, TimingGroup};
-use crate::shared::types;
+use crate::shared::{possible_cpus, types};
 use crate::skel::classifier::{ClassifierSkel, ClassifierSkelBuilder};
 use crate::stats::Counters;
 
@@ -419,14 +420,14 @@ impl<'obj> Datapath<'obj> {
     }
 
     /// Sets the node-wide budget of copies, split evenly over the possible CPUs.
-    pub fn set_budget(&self, budget: crate::Budget) -> Result<()> {
-        let cpus = crate::possible_cpus()
+    pub fn set_budget(&self, budget: Budget) -> Result<()> {
+        let cpus = possible_cpus()
             .map_err(|cause| Error::Io { what: "counting the possible CPUs".into(), cause })?;
         crate::budget::set(&self.skel.maps.budget_config, budget, cpus)
     }
 
     /// Copies the node-wide budget refused so far.
-    pub fn budget_refused(&self) -> Result<crate::Refused> {
+    pub fn budget_refused(&self) -> Result<Refused> {
         crate::budget::refused(&self.skel.maps.budget_state)
     }
 
@@ -441,7 +442,7 @@ impl<'obj> Datapath<'obj> {
     }
 
     /// Whether the classifier stamps packets at tc ingress for the kernel stack latency (see
-    /// [`crate::Tracing`]); a plain flag in the program's data, read per packet.
+    /// [`crate::probes::Tracing`]); a plain flag in the program's data, read per packet.
     pub fn set_stack_stamps(&mut self, on: bool) {
         if let Some(data) = self.skel.maps.data_data.as_deref_mut() {
             data.stack_stamps = u32::from(on);
