@@ -2,7 +2,8 @@
 //! drives it. Each concern lives in its own module and is reached from here: settings and
 //! timing groups ([`crate::settings`]), attaching ([`crate::attach`]), rules
 //! ([`crate::rule`]), flows ([`crate::flow`]), counters ([`crate::stats`]), latency
-//! histograms ([`crate::latency`]) and trigger events ([`crate::event`]).
+//! histograms ([`crate::latency`]), trigger events ([`crate::event`]) and the tracing programs,
+//! which it owns ([`crate::probes`]).
 
 use std::collections::BTreeSet;
 use std::mem::MaybeUninit;
@@ -20,6 +21,7 @@ use crate::error::{Context, Error, Result};
 use crate::event::{self, TriggerEvent};
 use crate::flow::{self, Flow, FlowKey, MirrorMark};
 use crate::latency::{self, Histogram};
+use crate::probes::{TraceGroup, Tracing};
 use crate::programs::ProgramStats;
 use crate::protocols::{Protocol, Protocols};
 use crate::rule::maps::{clear_scopes, InstalledRules};
@@ -107,6 +109,9 @@ impl Default for DatapathOptions {
 
 /// The loaded classifier.
 pub struct Datapath<'obj> {
+    /// The tracing programs, once loaded ([`Datapath::load_tracing`]); dropped (their groups
+    /// detached) before the classifier whose maps they share.
+    tracing: Option<Tracing>,
     skel: ClassifierSkel<'obj>,
     rules: InstalledRules,
     pin_path: Option<PathBuf>,
@@ -131,6 +136,14 @@ pub struct Datapath<'obj> {
 /// The classifier's `.data` (its knobs, `include/config.h`), which libbpf maps for us.
 fn mapped(data: Option<&mut types::data>) -> Result<&mut types::data> {
     data.ok_or_else(|| Error::Unsupported("the classifier's .data is not mapped".into()))
+}
+
+/// Whether the classifier stamps packets at tc ingress for the kernel stack latency (the stack
+/// group of the tracing programs); a plain flag in the program's data, read per packet.
+fn set_stack_stamps(skel: &mut ClassifierSkel<'_>, on: bool) {
+    if let Some(data) = skel.maps.data_data.as_deref_mut() {
+        data.stack_stamps = u32::from(on);
+    }
 }
 
 /// libbpf's own messages go to `tracing` (target "libbpf") at debug level instead of stderr:
@@ -290,6 +303,7 @@ impl<'obj> Datapath<'obj> {
         }
         let programs = crate::programs::stats(skel.object());
         let dp = Self {
+            tracing: None,
             protocols: opts.protocols,
             programs,
             load_time: started.elapsed(),
@@ -441,12 +455,55 @@ impl<'obj> Datapath<'obj> {
         settings::timing(&self.skel.maps.settings, group)
     }
 
-    /// Whether the classifier stamps packets at tc ingress for the kernel stack latency (see
-    /// [`crate::probes::Tracing`]); a plain flag in the program's data, read per packet.
-    pub fn set_stack_stamps(&mut self, on: bool) {
-        if let Some(data) = self.skel.maps.data_data.as_deref_mut() {
-            data.stack_stamps = u32::from(on);
+    // The tracing programs (see crate::probes).
+
+    /// Loads the tracing programs, sharing this classifier's maps; nothing is attached until a
+    /// group is switched on ([`Datapath::set_trace_group`]). Call it from the network namespace
+    /// of the interfaces the classifier is attached to. Once loaded, they are kept: a later call
+    /// gives the same programs.
+    pub fn load_tracing(&mut self) -> Result<&mut Tracing> {
+        let tracing = match self.tracing.take() {
+            Some(t) => t,
+            None => Tracing::load(&self.skel.maps)?,
+        };
+        Ok(self.tracing.insert(tracing))
+    }
+
+    /// The tracing programs, when loaded.
+    pub fn tracing(&self) -> Option<&Tracing> {
+        self.tracing.as_ref()
+    }
+
+    /// The tracing programs, when loaded, for their settings (the stack group's sampling).
+    pub fn tracing_mut(&mut self) -> Option<&mut Tracing> {
+        self.tracing.as_mut()
+    }
+
+    /// Switches a group of the tracing programs on or off. The stack group also makes the
+    /// classifier stamp packets: from once its programs are attached, until before they are
+    /// detached. Switching a group on needs the programs loaded ([`Datapath::load_tracing`]).
+    pub fn set_trace_group(&mut self, group: TraceGroup, on: bool) -> Result<()> {
+        let Some(tracing) = &mut self.tracing else {
+            if on {
+                return Err(Error::Unsupported(format!(
+                    "the {} group needs the tracing programs, which are not loaded",
+                    group.name()
+                )));
+            }
+            return Ok(());
+        };
+        if tracing.is_on(group) == on {
+            return Ok(());
         }
+        let stamps = group == TraceGroup::Stack;
+        if stamps && !on {
+            set_stack_stamps(&mut self.skel, false);
+        }
+        tracing.set(group, on)?;
+        if stamps && on {
+            set_stack_stamps(&mut self.skel, true);
+        }
+        Ok(())
     }
 
     // Attaching.
