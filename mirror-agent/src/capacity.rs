@@ -1,9 +1,10 @@
 //! What the data path's maps can hold and what they cost, known before anything is loaded:
 //! the bound the kernel puts on a hash map's `max_entries`, the kernel memory of the
 //! classifier's maps (the tables `flows.max` and `flows.marks_max` size, and the others,
-//! per-CPU ones on this host's CPUs), the memory this agent may take, and the rule maps'
-//! capacity. The configuration is checked against these (`mirror-agent --check`, and at
-//! start before the classifier is loaded).
+//! per-CPU ones on this host's CPUs) and the memory this agent may take (the rule maps'
+//! capacity is the data path's: [`mirror_bpf::rule::capacity::Capacity`]). The configuration
+//! is checked against these (`mirror-agent --check`, and at start before the classifier is
+//! loaded).
 
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
@@ -13,7 +14,6 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapType, OpenObject};
 
 use mirror_bpf::skel::classifier::ClassifierSkelBuilder;
-use mirror_bpf::types;
 use mirror_bpf::DatapathOptions;
 
 /// The most entries the kernel gives a hash map: its bucket array (`max_entries` rounded up to
@@ -74,7 +74,6 @@ const CACHE_MAP: &str = "flow_cache";
 /// needed).
 struct Object {
     maps: Vec<MapSpec>,
-    port_rules: u32,
 }
 
 fn object() -> &'static Object {
@@ -95,7 +94,7 @@ fn object() -> &'static Object {
                 entries: m.max_entries(),
             })
             .collect();
-        Object { maps, port_rules: open.maps.port_rules.max_entries() }
+        Object { maps }
     })
 }
 
@@ -301,25 +300,6 @@ pub fn pinned_entries(pin_path: &Path, map: &str) -> Option<u32> {
     libbpf_rs::MapHandle::from_pinned_path(&path).ok().map(|m| libbpf_rs::MapCore::max_entries(&m))
 }
 
-/// What the classifier's rule maps hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RuleCapacity {
-    /// Rules at once: one hit-counter slot each (slot 0 is never used).
-    pub rules: usize,
-    /// Distinct (port, status) pairs of the port-scoped rules: entries of `port_rules`.
-    pub port_keys: usize,
-}
-
-impl RuleCapacity {
-    /// The classifier's: its rule slots, and the entries of its `port_rules` map.
-    pub fn classifier() -> RuleCapacity {
-        RuleCapacity {
-            rules: types::mirror_limits::RULE_SLOTS.0 as usize - 1,
-            port_keys: object().port_rules as usize,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,12 +357,5 @@ mod tests {
     fn this_host_is_read() {
         let h = Host::this().unwrap();
         assert!(h.cpus >= 1 && h.memory > 1 << 20 && h.open_files > 0, "{h:?}");
-    }
-
-    #[test]
-    fn rule_capacity_comes_from_the_object() {
-        let c = RuleCapacity::classifier();
-        assert_eq!(c.rules, 16_383);
-        assert_eq!(c.port_keys, 65_536);
     }
 }

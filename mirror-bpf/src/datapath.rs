@@ -1,8 +1,9 @@
 //! The loaded classifier: loading (map sizes, pins, which programs) and one facade over what
 //! drives it. Each concern lives in its own module and is reached from here: settings and
 //! timing groups ([`crate::settings`]), attaching ([`crate::attach`]), rules
-//! (`rule_maps`), flows ([`crate::flow`]), counters ([`crate::stats`]), latency
-//! histograms ([`crate::latency`]) and trigger events ([`crate::event`]).
+//! ([`crate::rule`]), flows ([`crate::flow`]), counters ([`crate::stats`]), latency
+//! histograms ([`crate::latency`]), trigger events ([`crate::event`]) and the tracing programs,
+//! which it owns ([`crate::probes`]).
 
 use std::collections::BTreeSet;
 use std::mem::MaybeUninit;
@@ -15,18 +16,19 @@ use std::os::fd::{AsFd, AsRawFd};
 use libbpf_rs::{MapCore, MapFlags, OpenObject, RingBuffer};
 
 use crate::attach::{AttachMode, Attacher, Attachment, MirrorMethod, LINKS_DIR};
+use crate::budget::{Budget, Refused};
 use crate::error::{Context, Error, Result};
 use crate::event::{self, TriggerEvent};
 use crate::flow::{self, Flow, FlowKey, MirrorMark};
 use crate::latency::{self, Histogram};
+use crate::probes::{TraceGroup, Tracing};
 use crate::programs::ProgramStats;
 use crate::protocols::{Protocol, Protocols};
-use crate::rule::{Rule, RuleId};
-use crate::rule_maps::{self, InstalledRules, RuleInfo};
-use crate::scopes::Reach;
+use crate::rule::maps::{clear_scopes, InstalledRules};
+use crate::rule::{Reach, Rule, RuleId, RuleInfo};
 use crate::settings::MirrorDelivery;
 use crate::settings::{self, TimingGroup};
-use crate::shared::types;
+use crate::shared::{possible_cpus, types};
 use crate::skel::classifier::{ClassifierSkel, ClassifierSkelBuilder};
 use crate::stats::Counters;
 
@@ -107,6 +109,9 @@ impl Default for DatapathOptions {
 
 /// The loaded classifier.
 pub struct Datapath<'obj> {
+    /// The tracing programs, once loaded ([`Datapath::load_tracing`]); dropped (their groups
+    /// detached) before the classifier whose maps they share.
+    tracing: Option<Tracing>,
     skel: ClassifierSkel<'obj>,
     rules: InstalledRules,
     pin_path: Option<PathBuf>,
@@ -131,6 +136,14 @@ pub struct Datapath<'obj> {
 /// The classifier's `.data` (its knobs, `include/config.h`), which libbpf maps for us.
 fn mapped(data: Option<&mut types::data>) -> Result<&mut types::data> {
     data.ok_or_else(|| Error::Unsupported("the classifier's .data is not mapped".into()))
+}
+
+/// Whether the classifier stamps packets at tc ingress for the kernel stack latency (the stack
+/// group of the tracing programs); a plain flag in the program's data, read per packet.
+fn set_stack_stamps(skel: &mut ClassifierSkel<'_>, on: bool) {
+    if let Some(data) = skel.maps.data_data.as_deref_mut() {
+        data.stack_stamps = u32::from(on);
+    }
 }
 
 /// libbpf's own messages go to `tracing` (target "libbpf") at debug level instead of stderr:
@@ -290,6 +303,7 @@ impl<'obj> Datapath<'obj> {
         }
         let programs = crate::programs::stats(skel.object());
         let dp = Self {
+            tracing: None,
             protocols: opts.protocols,
             programs,
             load_time: started.elapsed(),
@@ -305,7 +319,7 @@ impl<'obj> Datapath<'obj> {
         if adopted {
             // The earlier instance's scope ids mean nothing to this one's rule set: its
             // interfaces' scopes go, and the interfaces select their rules again.
-            rule_maps::clear_scopes(&dp.skel.maps)?;
+            clear_scopes(&dp.skel.maps)?;
         }
         dp.sync_rules()?;
         if fresh_settings {
@@ -420,14 +434,14 @@ impl<'obj> Datapath<'obj> {
     }
 
     /// Sets the node-wide budget of copies, split evenly over the possible CPUs.
-    pub fn set_budget(&self, budget: crate::Budget) -> Result<()> {
-        let cpus = crate::possible_cpus()
+    pub fn set_budget(&self, budget: Budget) -> Result<()> {
+        let cpus = possible_cpus()
             .map_err(|cause| Error::Io { what: "counting the possible CPUs".into(), cause })?;
         crate::budget::set(&self.skel.maps.budget_config, budget, cpus)
     }
 
     /// Copies the node-wide budget refused so far.
-    pub fn budget_refused(&self) -> Result<crate::Refused> {
+    pub fn budget_refused(&self) -> Result<Refused> {
         crate::budget::refused(&self.skel.maps.budget_state)
     }
 
@@ -441,12 +455,55 @@ impl<'obj> Datapath<'obj> {
         settings::timing(&self.skel.maps.settings, group)
     }
 
-    /// Whether the classifier stamps packets at tc ingress for the kernel stack latency (see
-    /// [`crate::Tracing`]); a plain flag in the program's data, read per packet.
-    pub fn set_stack_stamps(&mut self, on: bool) {
-        if let Some(data) = self.skel.maps.data_data.as_deref_mut() {
-            data.stack_stamps = u32::from(on);
+    // The tracing programs (see crate::probes).
+
+    /// Loads the tracing programs, sharing this classifier's maps; nothing is attached until a
+    /// group is switched on ([`Datapath::set_trace_group`]). Call it from the network namespace
+    /// of the interfaces the classifier is attached to. Once loaded, they are kept: a later call
+    /// gives the same programs.
+    pub fn load_tracing(&mut self) -> Result<&mut Tracing> {
+        let tracing = match self.tracing.take() {
+            Some(t) => t,
+            None => Tracing::load(&self.skel.maps)?,
+        };
+        Ok(self.tracing.insert(tracing))
+    }
+
+    /// The tracing programs, when loaded.
+    pub fn tracing(&self) -> Option<&Tracing> {
+        self.tracing.as_ref()
+    }
+
+    /// The tracing programs, when loaded, for their settings (the stack group's sampling).
+    pub fn tracing_mut(&mut self) -> Option<&mut Tracing> {
+        self.tracing.as_mut()
+    }
+
+    /// Switches a group of the tracing programs on or off. The stack group also makes the
+    /// classifier stamp packets: from once its programs are attached, until before they are
+    /// detached. Switching a group on needs the programs loaded ([`Datapath::load_tracing`]).
+    pub fn set_trace_group(&mut self, group: TraceGroup, on: bool) -> Result<()> {
+        let Some(tracing) = &mut self.tracing else {
+            if on {
+                return Err(Error::Unsupported(format!(
+                    "the {} group needs the tracing programs, which are not loaded",
+                    group.name()
+                )));
+            }
+            return Ok(());
+        };
+        if tracing.is_on(group) == on {
+            return Ok(());
         }
+        let stamps = group == TraceGroup::Stack;
+        if stamps && !on {
+            set_stack_stamps(&mut self.skel, false);
+        }
+        tracing.set(group, on)?;
+        if stamps && on {
+            set_stack_stamps(&mut self.skel, true);
+        }
+        Ok(())
     }
 
     // Attaching.

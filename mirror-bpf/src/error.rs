@@ -24,7 +24,7 @@ pub enum Error {
     },
     /// A rule could not be parsed.
     #[error(transparent)]
-    Rule(#[from] crate::rule::RuleError),
+    Rule(#[from] crate::rule::syntax::RuleError),
     /// No rule has this id.
     #[error("no rule with id {0}")]
     NoSuchRule(u32),

@@ -6,8 +6,8 @@ use libbpf_rs::{MapMut, RingBuffer, RingBufferBuilder};
 
 use crate::error::{Context, Result};
 use crate::flow::FlowKey;
-use crate::grpc::grpc_status_name;
 use crate::replay::ReplayedRequest;
+use crate::rule::grpc::grpc_status_name;
 use crate::rule::TriggerKind;
 use crate::shared::{read_plain, types};
 

@@ -13,7 +13,6 @@ pub mod datapath;
 pub mod error;
 pub mod event;
 pub mod flow;
-pub mod grpc;
 pub mod latency;
 mod netlink;
 pub mod probes;
@@ -22,9 +21,6 @@ pub mod protocols;
 pub mod rcu;
 pub mod replay;
 pub mod rule;
-mod rule_maps;
-mod ruleset;
-mod scopes;
 pub mod settings;
 mod shared;
 pub mod skel;
@@ -39,7 +35,6 @@ pub use datapath::{Datapath, DatapathOptions};
 pub use error::{Error, Result};
 pub use event::{HttpProto, RequestState, Side, TriggerEvent};
 pub use flow::{DirStats, Flow, FlowKey, MirrorMark, NatTuples};
-pub use grpc::GrpcCodes;
 pub use latency::{HistKind, Histogram};
 /// The ring buffer of trigger events returned by [`Datapath::events`].
 pub use libbpf_rs::RingBuffer as EventRing;
@@ -47,9 +42,10 @@ pub use probes::{NetCpuTime, TraceGroup, Tracing};
 pub use programs::ProgramStats;
 pub use protocols::{Protocol, Protocols};
 pub use replay::{ReplayHook, ReplayedRequest};
-pub use rule::{Limits, RequestFilter, Rule, RuleError, RuleId, StatusMatch, Trigger, TriggerKind};
-pub use rule_maps::RuleInfo;
-pub use scopes::Reach;
+pub use rule::{
+    GrpcCodes, Limits, Reach, RequestFilter, Rule, RuleError, RuleId, RuleInfo, StatusMatch, Trigger,
+    TriggerKind,
+};
 pub use settings::MirrorDelivery;
 pub use settings::TimingGroup;
 pub use shared::{possible_cpus, types};

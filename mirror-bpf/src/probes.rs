@@ -4,6 +4,10 @@
 //! fexit is preferred where the kernel allows it (it lets clones inherit their parent's stamp);
 //! where it is refused (lockdown, or no BTF trampolines) the same groups run on tp_btf and raw
 //! tracepoints, and clones are not followed. The choice is made once, at load.
+//!
+//! The [`crate::datapath::Datapath`] owns them ([`crate::datapath::Datapath::load_tracing`]):
+//! they are given the classifier's maps they share, and the Datapath switches the classifier's
+//! stamps with the stack group.
 
 use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
@@ -13,9 +17,9 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, ProgramMut};
 
 use libbpf_rs::libbpf_sys;
 
-use crate::datapath::Datapath;
 use crate::error::{Context, Result};
 use crate::shared::read_plain;
+use crate::skel::classifier::ClassifierMaps;
 use crate::skel::tracing::{OpenTracingSkel, TracingSkel, TracingSkelBuilder};
 
 /// A group of tracing programs.
@@ -64,12 +68,11 @@ pub struct Tracing {
     cpu: Vec<Link>,
 }
 
-fn open(dp: &Datapath<'_>, with_fexit: bool) -> Result<OpenTracingSkel<'static>> {
+fn open(ours: &ClassifierMaps<'_>, with_fexit: bool) -> Result<OpenTracingSkel<'static>> {
     // One object per attempt, alive as long as the process (at most two per agent).
     let storage = Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit()));
     let mut open =
         TracingSkelBuilder::default().open(storage).context(|| "opening the tracing programs".into())?;
-    let ours = &dp.skel().maps;
     let maps = &mut open.maps;
     for (map, shared, name) in [
         (&mut maps.attached_ifaces, ours.attached_ifaces.as_fd(), "attached_ifaces"),
@@ -115,14 +118,14 @@ impl Tracing {
     /// packets (each stamp is a hash insert and delete).
     pub const STACK_SAMPLE: u32 = 16;
 
-    /// Loads the tracing programs (nothing is attached yet), sharing `dp`'s maps. Call it from
-    /// the network namespace of the interfaces `dp` is attached to.
-    pub fn load(dp: &Datapath<'_>) -> Result<Tracing> {
-        let (skel, fexit) = match open(dp, true)?.load() {
+    /// Loads the tracing programs (nothing is attached yet), sharing the classifier's maps
+    /// `shared`. Call it from the network namespace of the interfaces the classifier is on.
+    pub(crate) fn load(shared: &ClassifierMaps<'_>) -> Result<Tracing> {
+        let (skel, fexit) = match open(shared, true)?.load() {
             Ok(skel) => (skel, Ok(())),
             Err(e) => {
                 let why = e.to_string();
-                let skel = open(dp, false)?.load().context(|| "loading the tracing programs".into())?;
+                let skel = open(shared, false)?.load().context(|| "loading the tracing programs".into())?;
                 (skel, Err(why))
             }
         };
@@ -164,17 +167,15 @@ impl Tracing {
         }
     }
 
-    /// Switches a group on or off. The stack group also makes the classifier stamp packets.
-    pub fn set(&mut self, dp: &mut Datapath<'_>, group: TraceGroup, on: bool) -> Result<()> {
+    /// Attaches or detaches the programs of a group (the classifier's stamps for the stack
+    /// group are the caller's: [`crate::datapath::Datapath::set_trace_group`]).
+    pub(crate) fn set(&mut self, group: TraceGroup, on: bool) -> Result<()> {
         if self.is_on(group) == on {
             return Ok(());
         }
         if !on {
             match group {
-                TraceGroup::Stack => {
-                    dp.set_stack_stamps(false);
-                    self.stack.clear();
-                }
+                TraceGroup::Stack => self.stack.clear(),
                 TraceGroup::Cpu => self.cpu.clear(),
             }
             return Ok(());
@@ -207,10 +208,7 @@ impl Tracing {
             .map(|prog| prog.attach().context(|| format!("attaching {}", prog.name().to_string_lossy())))
             .collect::<Result<Vec<_>>>()?;
         match group {
-            TraceGroup::Stack => {
-                self.stack = links;
-                dp.set_stack_stamps(true);
-            }
+            TraceGroup::Stack => self.stack = links,
             TraceGroup::Cpu => self.cpu = links,
         }
         Ok(())

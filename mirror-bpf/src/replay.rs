@@ -148,7 +148,7 @@ enum Hook {
 }
 
 /// The replay program attached to a mirror interface's egress; give it back to
-/// [`crate::Datapath::detach_replay`].
+/// [`crate::datapath::Datapath::detach_replay`].
 #[derive(Debug)]
 pub struct ReplayHook {
     /// The interface.

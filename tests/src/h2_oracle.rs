@@ -449,7 +449,7 @@ impl fmt::Display for H2Rule {
 /// A gRPC code by number or name.
 pub fn grpc_code(word: &str) -> Option<u32> {
     word.parse().ok().or_else(|| {
-        mirror_bpf::grpc::GRPC_STATUS_NAMES
+        mirror_bpf::rule::grpc::GRPC_STATUS_NAMES
             .iter()
             .position(|n| n.eq_ignore_ascii_case(word))
             .map(|c| c as u32)

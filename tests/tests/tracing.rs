@@ -8,17 +8,22 @@ use mirror_e2e::scenario::{HTTP, PODS};
 use mirror_e2e::testbed::Testbed;
 
 /// A client and an nginx server pod, attached, with the tracing programs loaded and `group` on.
-fn bed_with(group: TraceGroup) -> (Testbed, Tracing) {
+fn bed_with(group: TraceGroup) -> Testbed {
     let mut bed = Testbed::builder(&PODS).nginx("server", HTTP).no_mirror().build();
-    let mut tracing = Tracing::load(&bed.dp).unwrap();
+    let tracing = bed.dp.load_tracing().unwrap();
     // Every packet: the stages' counts are compared with the packets sent.
     tracing.set_stack_sample(1);
     // Loaded is not on: nothing is measured before a group is switched on.
     let cpu: u64 = tracing.cpu_times().unwrap().iter().map(|c| c.syscall_ns + c.softirq_rx_ns).sum();
     assert_eq!(cpu, 0);
     assert!(bed.histogram(HistKind::StackXmit, None).is_none());
-    tracing.set(&mut bed.dp, group, true).unwrap();
-    (bed, tracing)
+    bed.dp.set_trace_group(group, true).unwrap();
+    bed
+}
+
+/// The tracing programs the data path of `bed` holds.
+fn tracing(bed: &Testbed) -> &Tracing {
+    bed.dp.tracing().expect("loaded by bed_with")
 }
 
 /// `n` keep-alive requests for nginx's /foo.
@@ -32,8 +37,8 @@ fn stack_stages_are_present_and_ordered_for_pod_to_pod_packets() {
     if !require_root() {
         return;
     }
-    let (mut bed, mut tracing) = bed_with(TraceGroup::Stack);
-    eprintln!("fexit: {:?}", tracing.fexit());
+    let mut bed = bed_with(TraceGroup::Stack);
+    eprintln!("fexit: {:?}", tracing(&bed).fexit());
     let urls = foo_urls(&bed, 20);
     assert!(client::get_keepalive(&bed.pod("client").ns, &urls).iter().all(|s| *s == 200));
 
@@ -49,7 +54,7 @@ fn stack_stages_are_present_and_ordered_for_pod_to_pod_packets() {
     assert!((sum - t.as_nanos() as i128).abs() * 10 <= t.as_nanos() as i128 + 1000, "{a:?} + {b:?} vs {t:?}");
 
     // 1 in 4: the same exchange gives about a quarter of the samples.
-    tracing.set_stack_sample(4);
+    bed.dp.tracing_mut().unwrap().set_stack_sample(4);
     assert!(client::get_keepalive(&bed.pod("client").ns, &urls).iter().all(|s| *s == 200));
     let sampled = bed.histogram(HistKind::StackXmit, None).unwrap().count - total.count;
     assert!(
@@ -60,7 +65,7 @@ fn stack_stages_are_present_and_ordered_for_pod_to_pod_packets() {
     let total = bed.histogram(HistKind::StackXmit, None).unwrap();
 
     // Off: no more samples.
-    tracing.set(&mut bed.dp, TraceGroup::Stack, false).unwrap();
+    bed.dp.set_trace_group(TraceGroup::Stack, false).unwrap();
     client::get_keepalive(&bed.pod("client").ns, &urls[..5]);
     assert_eq!(bed.histogram(HistKind::StackXmit, None).unwrap().count, total.count);
 }
@@ -70,7 +75,7 @@ fn stack_stages_for_packets_read_by_a_local_socket() {
     if !require_root() {
         return;
     }
-    let (bed, _tracing) = bed_with(TraceGroup::Stack);
+    let bed = bed_with(TraceGroup::Stack);
     client::get_keepalive(bed.node(), &foo_urls(&bed, 10));
     let read = bed.histogram(HistKind::StackRead, None).expect("netif_receive_skb to the socket read");
     let tc_read = bed.histogram(HistKind::StackTcRead, None).expect("tc ingress to the socket read");
@@ -83,9 +88,9 @@ fn network_cpu_time_is_counted_while_on() {
     if !require_root() {
         return;
     }
-    let (bed, tracing) = bed_with(TraceGroup::Cpu);
+    let bed = bed_with(TraceGroup::Cpu);
     client::get_keepalive(&bed.pod("client").ns, &foo_urls(&bed, 20));
-    let times = tracing.cpu_times().unwrap();
+    let times = tracing(&bed).cpu_times().unwrap();
     let syscall: u64 = times.iter().map(|c| c.syscall_ns).sum();
     let softirq: u64 = times.iter().map(|c| c.softirq_rx_ns + c.softirq_tx_ns).sum();
     assert!(syscall > 0 && softirq > 0, "{times:?}");
@@ -129,8 +134,8 @@ fn read_and_write_count_on_ip_sockets_and_not_on_files() {
     if !require_root() {
         return;
     }
-    let (bed, tracing) = bed_with(TraceGroup::Cpu);
-    let syscall_ns = || tracing.cpu_times().unwrap().iter().map(|c| c.syscall_ns).sum::<u64>();
+    let bed = bed_with(TraceGroup::Cpu);
+    let syscall_ns = || tracing(&bed).cpu_times().unwrap().iter().map(|c| c.syscall_ns).sum::<u64>();
     let pod = bed.pod("client");
     let script = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(script.path(), MOVE_GIB).unwrap();

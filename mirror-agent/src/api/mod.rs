@@ -117,7 +117,7 @@ async fn add_rule(
     let rule =
         crate::rules::parse(&body.rule).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
     let added = s.engine.add_rule(rule).await.map_err(|e| {
-        if let Some(o) = e.downcast_ref::<crate::rules::Overflow>() {
+        if let Some(o) = e.downcast_ref::<mirror_bpf::rule::capacity::CapacityError>() {
             return ApiError(StatusCode::CONFLICT, format!("rule not added: {o}"));
         }
         match e.downcast_ref::<mirror_bpf::Error>() {

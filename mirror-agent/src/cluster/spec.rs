@@ -67,7 +67,7 @@ pub fn rule_of(f: &RuleFields) -> Result<Rule, String> {
 pub fn expiry(f: &RuleFields, created: Option<&Time>) -> Result<Option<SystemTime>, String> {
     let mut end: Option<SystemTime> = f.expires_at.as_ref().map(|t| SystemTime::from(t.0));
     if let Some(ttl) = &f.ttl {
-        let d: Duration = mirror_bpf::rule::parse_duration(ttl)
+        let d: Duration = mirror_bpf::rule::syntax::parse_duration(ttl)
             .map_err(|_| format!("spec.ttl: '{ttl}' is not a duration (e.g. 30m, 2h)"))?;
         // A rule the API server has not stamped yet is as new as now.
         let from = created.map_or_else(SystemTime::now, |t| SystemTime::from(t.0));

@@ -246,7 +246,7 @@ impl Default for Api {
 /// A duration such as `500ms`, `10s`, `2m` (a YAML string).
 fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
-    match mirror_bpf::rule::parse_duration(&text) {
+    match mirror_bpf::rule::syntax::parse_duration(&text) {
         Ok(v) if !v.is_zero() => Ok(v),
         Ok(_) => Err(serde::de::Error::custom(format!("'{text}': must be more than 0"))),
         Err(_) => Err(serde::de::Error::custom(format!("'{text}' is not a duration (e.g. 500ms, 10s, 2m)"))),

@@ -6,10 +6,11 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use mirror_bpf::rule::capacity::{fits, Capacity};
 use mirror_bpf::DatapathOptions;
 
 use super::{err, AttachModeCfg, Config, ConfigError, DeliverCfg, FlowsMax, MethodCfg, SinkCreate};
-use crate::capacity::{RuleCapacity, HASH_MAX_ENTRIES};
+use crate::capacity::HASH_MAX_ENTRIES;
 
 /// The longest of the API's timeouts.
 const MAX_API_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -218,7 +219,7 @@ impl Config {
             }
             parsed.push(rule);
         }
-        crate::rules::check_fits(&parsed, RuleCapacity::classifier()).map_err(|e| err("rules", e.to_string()))
+        fits(&parsed, Capacity::classifier()).map_err(|e| err("rules", e.to_string()))
     }
 }
 

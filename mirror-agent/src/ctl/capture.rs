@@ -50,7 +50,7 @@ pub struct CaptureArgs {
 }
 
 fn parse_duration(v: &str) -> Result<Duration, String> {
-    mirror_bpf::rule::parse_duration(v)
+    mirror_bpf::rule::syntax::parse_duration(v)
 }
 
 /// How often the agent may be asked again about a tuple it did not know when asked first.

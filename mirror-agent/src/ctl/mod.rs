@@ -399,7 +399,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 pub fn trigger_text(kind: Option<&str>, status: u16, by: Option<&str>) -> String {
     match (kind.unwrap_or("status"), by) {
         ("status", _) => status.to_string(),
-        ("grpc-status", _) => match mirror_bpf::grpc::grpc_status_name(status) {
+        ("grpc-status", _) => match mirror_bpf::rule::grpc::grpc_status_name(status) {
             Some(name) => format!("grpc {status} {name}"),
             None => format!("grpc {status}"),
         },

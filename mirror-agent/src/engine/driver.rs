@@ -9,16 +9,14 @@ use std::time::Instant;
 use anyhow::Context;
 use tokio::sync::watch;
 
-use mirror_bpf::{
-    AttachMode, Datapath, MirrorDelivery, MirrorMethod, Reach, ReplayHook, Rule, TraceGroup, Tracing,
-};
+use mirror_bpf::rule::capacity::{fits, Capacity};
+use mirror_bpf::{AttachMode, Datapath, MirrorDelivery, MirrorMethod, Reach, ReplayHook, Rule, TraceGroup};
 
 use super::attached::{Attached, AttachedLinks};
 use super::cluster_rules::{ClusterRules, Installed, WantedRule};
 use super::cpu::CpuSampler;
 use super::events::Events;
 use super::{view, AddedRule, EngineConfig, EngineStatus, Stopped};
-use crate::capacity::RuleCapacity;
 use crate::event_log::EventLog;
 use crate::groups::Group;
 use crate::state::{SavedRule, StateStore};
@@ -33,8 +31,8 @@ pub(super) struct Driver {
     /// Attach latency, microseconds.
     latency: hdrhistogram::Histogram<u64>,
     events: Events,
-    /// The tracing programs, or why they could not be loaded.
-    tracing: Result<Tracing, String>,
+    /// Why the tracing programs could not be loaded (none: the data path holds them).
+    tracing_unavailable: Option<String>,
     cpu: CpuSampler,
     /// The replay program on the sink's egress (requests behind triggers), when attached.
     replay: Option<ReplayHook>,
@@ -92,8 +90,7 @@ impl Driver {
             );
         }
         let events = Events::open(&dp, log, cfg.budget != mirror_bpf::Budget::default())?;
-        let mut tracing = Tracing::load(&dp).map_err(|e| e.to_string());
-        match &mut tracing {
+        let tracing_unavailable = match dp.load_tracing() {
             Ok(t) => {
                 t.set_stack_sample(cfg.stack_sample);
                 match t.fexit() {
@@ -116,11 +113,13 @@ impl Driver {
                          read/write/sendfile on sockets are not counted, send and recv calls are"
                     );
                 }
+                None
             }
             Err(e) => {
-                tracing::warn!(error = %e, "tracing programs unavailable: the stack and cpu groups cannot be switched on")
+                tracing::warn!(error = %e, "tracing programs unavailable: the stack and cpu groups cannot be switched on");
+                Some(e.to_string())
             }
-        }
+        };
         let first_start = state.first_start();
         let mut d = Driver {
             dp,
@@ -130,7 +129,7 @@ impl Driver {
             tcx_available: None,
             latency: hdrhistogram::Histogram::new(3).expect("3 significant digits is valid"),
             events,
-            tracing,
+            tracing_unavailable,
             cpu: CpuSampler::default(),
             replay: None,
             cluster,
@@ -174,7 +173,7 @@ impl Driver {
     /// What runs between commands: the trigger events and the CPU sample.
     pub(super) fn tick(&mut self) {
         self.events.drain(&self.dp, &self.attached);
-        if let Ok(t) = &self.tracing {
+        if let Some(t) = self.dp.tracing() {
             self.cpu.sample(t);
         }
     }
@@ -325,10 +324,7 @@ impl Driver {
         }
         // Checked before anything is written: a map that fills halfway would leave the rule
         // partly installed.
-        crate::rules::check_fits(
-            present.iter().map(|(_, _, r)| r).chain([&rule]),
-            RuleCapacity::classifier(),
-        )?;
+        fits(present.iter().map(|(_, _, r)| r).chain([&rule]), Capacity::classifier())?;
         let id = self.dp.add_rule(rule.clone())?;
         self.save_rules()?;
         Ok(AddedRule { view: rule_view(id, &rule, 0, None), created: true })
@@ -361,11 +357,9 @@ impl Driver {
         &mut self,
         want: Vec<WantedRule>,
     ) -> anyhow::Result<Vec<(String, Installed)>> {
-        let fits = |rules: &[&Rule]| {
-            crate::rules::check_fits(rules.iter().copied(), RuleCapacity::classifier())
-                .map_err(|e| e.to_string())
-        };
-        let out = self.cluster.apply(&mut self.dp, &want, fits);
+        let check =
+            |rules: &[&Rule]| fits(rules.iter().copied(), Capacity::classifier()).map_err(|e| e.to_string());
+        let out = self.cluster.apply(&mut self.dp, &want, check);
         self.save_rules()?;
         Ok(out)
     }
@@ -373,10 +367,10 @@ impl Driver {
     fn set_group(&mut self, group: Group, on: bool) -> anyhow::Result<()> {
         match group {
             Group::Timing(g) => self.dp.set_timing(g, on)?,
-            Group::Trace(g) => match &mut self.tracing {
-                Ok(t) => t.set(&mut self.dp, g, on)?,
-                Err(why) if on => anyhow::bail!("the {} group needs the tracing programs: {why}", g.name()),
-                Err(_) => {}
+            Group::Trace(g) => match &self.tracing_unavailable {
+                None => self.dp.set_trace_group(g, on)?,
+                Some(why) if on => anyhow::bail!("the {} group needs the tracing programs: {why}", g.name()),
+                Some(_) => {}
             },
         }
         if group == Group::Trace(TraceGroup::Cpu) {
@@ -389,7 +383,7 @@ impl Driver {
     fn group_on(&self, group: Group) -> anyhow::Result<bool> {
         Ok(match group {
             Group::Timing(g) => self.dp.timing(g)?,
-            Group::Trace(g) => self.tracing.as_ref().is_ok_and(|t| t.is_on(g)),
+            Group::Trace(g) => self.dp.tracing().is_some_and(|t| t.is_on(g)),
         })
     }
 
@@ -410,7 +404,7 @@ impl Driver {
                 tcx_available: self.tcx_available,
                 attach_latency: &self.latency,
                 net_cpu: self.cpu.shares(),
-                tracing: &self.tracing,
+                tracing: self.dp.tracing().ok_or(self.tracing_unavailable.as_deref().unwrap_or("not loaded")),
             },
         )
     }

@@ -221,7 +221,7 @@ impl Engine {
 
     /// Adds a rule; it is saved at once. The same rule given again is not added twice: its
     /// existing id is returned. A rule that would not fit the rule maps is refused with a
-    /// [`crate::rules::Overflow`], and nothing changes.
+    /// [`mirror_bpf::rule::capacity::CapacityError`], and nothing changes.
     pub async fn add_rule(&self, rule: Rule) -> anyhow::Result<AddedRule> {
         self.call(|reply| Cmd::AddRule { rule, reply }).await
     }

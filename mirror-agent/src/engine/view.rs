@@ -73,7 +73,7 @@ pub(super) fn latency(dp: &Datapath<'_>, attached: &AttachedLinks) -> anyhow::Re
 }
 
 /// How the tracing programs run, for `mirrorctl status`.
-pub(super) fn tracing(tracing: &Result<Tracing, String>) -> String {
+pub(super) fn tracing(tracing: Result<&Tracing, &str>) -> String {
     match tracing {
         Ok(t) => {
             let how = match t.fexit() {
@@ -93,7 +93,8 @@ pub(super) struct StatusParts<'a> {
     /// Attach latency, microseconds.
     pub attach_latency: &'a hdrhistogram::Histogram<u64>,
     pub net_cpu: &'a [CpuShareView],
-    pub tracing: &'a Result<Tracing, String>,
+    /// The data path's tracing programs, or why they could not be loaded.
+    pub tracing: Result<&'a Tracing, &'a str>,
     /// The requests behind noresponse marks the agent replayed.
     pub replays: super::replay::ReplayCounts,
 }

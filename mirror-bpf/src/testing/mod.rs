@@ -49,7 +49,7 @@ pub fn load(opts: &DatapathOptions) -> Datapath<'static> {
 /// Loads the empty programs, the baseline every per-packet cost is compared with: `tc_empty`
 /// for test_run and clsact, `tcx_empty_ingress`/`tcx_empty_egress` for TCX links (its object
 /// lives as long as the process).
-pub fn empty_program() -> crate::Result<crate::skel::baseline::BaselineSkel<'static>> {
+pub fn empty_program() -> crate::error::Result<crate::skel::baseline::BaselineSkel<'static>> {
     use crate::error::Context;
     use libbpf_rs::skel::{OpenSkel, SkelBuilder};
     let storage = Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit()));

@@ -3,7 +3,7 @@
  * This file contains the rules as the data path sees them: which rule, if any, matches a
  * trigger of a kind (a response's status, a reset, a request unanswered) from a given server
  * port, a given time after its request, for a given request. Looked up by (port, status) and by
- * status in maps user space writes (rule_maps.rs), the kinds other than a status under their
+ * status in maps user space writes (rule/maps.rs), the kinds other than a status under their
  * pseudo-status (enum trigger_kind): constant in the number of rules. The rules with request
  * filters of a key are tried first (filter.h), then the others. Each lookup is made in one scope
  * (scope.h): 0, the rules that reach everywhere, in status_rules and port_rules; or a scope of

@@ -5,10 +5,11 @@ use std::collections::BTreeSet;
 
 use libbpf_rs::{MapCore, MapFlags, MapMut};
 
+use super::capacity::RULES_MAX;
+use super::scopes::{Reach, ScopeId, Scopes, Shrink, GLOBAL};
+use super::set::{AddError, KeyWrite, RuleSet, ANY_PORT, FILTERED_MAX, FILTERS_MAX};
+use super::syntax::{Rule, RuleId, TriggerKind};
 use crate::error::{Context, Error, Result};
-use crate::rule::{Rule, RuleId};
-use crate::ruleset::{AddError, KeyWrite, RuleSet, ANY_PORT, FILTERED_MAX, FILTERS_MAX};
-use crate::scopes::{Reach, ScopeId, Scopes, Shrink, GLOBAL};
 use crate::shared::{bytes_of, read_plain, types};
 use crate::skel::classifier::ClassifierMaps;
 
@@ -322,7 +323,7 @@ pub(crate) fn clear_scopes(maps: &ClassifierMaps<'_>) -> Result<()> {
 /// The error of a rule (or a scope) that does not fit the rule maps.
 fn fit_error(e: AddError) -> Error {
     match e {
-        AddError::NoSlot => Error::TooManyRules(types::mirror_limits::RULE_SLOTS.0 as usize - 1),
+        AddError::NoSlot => Error::TooManyRules(RULES_MAX),
         AddError::FilteredPerKey { port, status } => Error::RuleDoesNotFit(format!(
             "at most {FILTERED_MAX} rules with method=, path= or host= may cover one {} and {}",
             key_name(status),
@@ -350,7 +351,7 @@ fn filter_value(action: types::rule_action, rule: &Rule) -> types::rule_filter {
 
 /// "status 500", or the name of another kind's pseudo-status.
 fn key_name(status: u16) -> String {
-    use crate::grpc::{grpc_status_name, GRPC_STATUS_BASE};
+    use super::grpc::{grpc_status_name, GRPC_STATUS_BASE};
     if (GRPC_STATUS_BASE..100).contains(&status) {
         let code = status - GRPC_STATUS_BASE;
         return format!(
@@ -358,7 +359,7 @@ fn key_name(status: u16) -> String {
             grpc_status_name(code).map(|n| format!(" ({n})")).unwrap_or_default()
         );
     }
-    match crate::rule::TriggerKind::from_raw(u32::from(status)) {
+    match TriggerKind::from_raw(u32::from(status)) {
         Some(k) if status < 100 => format!("{k} rule"),
         _ => format!("status {status}"),
     }

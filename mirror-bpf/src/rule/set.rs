@@ -7,16 +7,16 @@
 //! The classifier tries the filtered ones first, then the unconditional one, then the timed one
 //! if the trigger came late enough. Port-scoped keys are looked up first.
 //!
-//! Keys are compiled per scope ([`crate::scopes`]): scope 0 holds the rules that reach
+//! Keys are compiled per scope ([`super::scopes`]): scope 0 holds the rules that reach
 //! everywhere, alone; each other scope the union of those and its selected rules, compiled
 //! the same way, so that a lookup in a scope is complete by itself. A rule keeps one hit-counter
 //! slot whatever the scopes it is in. This module is pure logic: it says which map entries
-//! change, [`crate::rule_maps`] writes them.
+//! change, [`super::maps`] writes them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::rule::{Rule, RuleId};
-use crate::scopes::{Reach, ScopeId, GLOBAL};
+use super::scopes::{Reach, ScopeId, GLOBAL};
+use super::syntax::{Rule, RuleId};
 use crate::shared::types;
 
 /// Port 0 stands for "any port" (the global status_rules array in scope 0).

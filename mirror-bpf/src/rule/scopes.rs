@@ -8,11 +8,11 @@
 //!
 //! This module is the bookkeeping of interfaces and ids alone: it says which scope to create,
 //! which interface entry to write and which scope to remove, in the order they are to be
-//! written. [`crate::ruleset`] compiles each scope's rules, [`crate::rule_maps`] writes them.
+//! written. [`super::set`] compiles each scope's rules, [`super::maps`] writes them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::rule::RuleId;
+use super::syntax::RuleId;
 
 /// Where a rule applies.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -20,7 +20,7 @@ pub enum Reach {
     /// On every interface, at whichever side of the flow the pod behind it stands.
     #[default]
     Everywhere,
-    /// Only on the interfaces whose pod selects it ([`crate::Datapath::select`]), and there only
+    /// Only on the interfaces whose pod selects it ([`crate::datapath::Datapath::select`]), and there only
     /// on the flows whose server is that pod.
     Selected,
 }

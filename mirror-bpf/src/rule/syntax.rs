@@ -16,7 +16,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::grpc::{parse_grpc_codes, GrpcCodes, GRPC_STATUS_BASE, GRPC_STATUS_CODES};
+use super::grpc::{parse_grpc_codes, GrpcCodes, GRPC_STATUS_BASE, GRPC_STATUS_CODES};
 use crate::shared::types;
 
 /// A rule's user-visible id.
@@ -570,7 +570,7 @@ impl fmt::Display for Rule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::grpc::grpc_status_name;
+    use crate::rule::grpc::grpc_status_name;
 
     fn rule(s: &str) -> Rule {
         s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
