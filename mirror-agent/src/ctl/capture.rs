@@ -16,7 +16,8 @@ use anyhow::Context;
 use hyper::Method;
 use tokio::io::unix::AsyncFd;
 
-use super::client::Client;
+use crate::api::client::Client;
+use crate::api::text::trigger_text;
 use crate::capture::packet::{self, Tuple};
 use crate::capture::socket::{PacketSocket, SNAPLEN};
 use crate::capture::{Direction, PcapNgOut};
@@ -253,7 +254,7 @@ fn place(known: &Known, tuple: Option<&Tuple>) -> Place {
 fn on(f: &FlowView, status: u16) -> String {
     match f.trigger.as_deref() {
         None | Some("status") => format!("a {status}"),
-        kind => super::trigger_text(kind, status, None),
+        kind => trigger_text(kind, status, None),
     }
 }
 

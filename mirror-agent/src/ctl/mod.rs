@@ -1,7 +1,6 @@
 //! mirrorctl: the operator's CLI, one subcommand per API resource.
 
 pub mod capture;
-pub mod client;
 pub mod events;
 pub mod hist;
 pub mod table;
@@ -13,9 +12,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use hyper::Method;
 use serde::Serialize;
 
+use crate::api::client::Client;
+use crate::api::text::trigger_text;
 use crate::config::DEFAULT_SOCKET;
 use crate::views::{FlowView, GroupView, HistogramView, NewRule, PodView, RuleView, SetGroup, StatusView};
-use client::Client;
 
 /// Drive the mirror agent of this node.
 #[derive(Parser)]
@@ -393,21 +393,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What triggered, as the tables show it: the status (`500`), `grpc 13 INTERNAL` (a gRPC
-/// code, its name when gRPC names it), `reset` (`reset by server` when `by` is known),
-/// `noresponse`. `kind` is a [`mirror_bpf::TriggerKind`] name (`None`: `status`).
-pub fn trigger_text(kind: Option<&str>, status: u16, by: Option<&str>) -> String {
-    match (kind.unwrap_or("status"), by) {
-        ("status", _) => status.to_string(),
-        ("grpc-status", _) => match mirror_bpf::grpc::grpc_status_name(status) {
-            Some(name) => format!("grpc {status} {name}"),
-            None => format!("grpc {status}"),
-        },
-        ("reset", Some(by)) => format!("reset by {by}"),
-        (kind, _) => kind.to_string(),
-    }
-}
-
 /// `k=v,k=v`, or `-`.
 pub fn labels_text(labels: &std::collections::BTreeMap<String, String>) -> String {
     if labels.is_empty() {
@@ -419,18 +404,6 @@ pub fn labels_text(labels: &std::collections::BTreeMap<String, String>) -> Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn triggers_are_named() {
-        assert_eq!(trigger_text(None, 500, None), "500");
-        assert_eq!(trigger_text(Some("status"), 503, Some("server")), "503");
-        assert_eq!(trigger_text(Some("grpc-status"), 13, Some("server")), "grpc 13 INTERNAL");
-        assert_eq!(trigger_text(Some("grpc-status"), 0, None), "grpc 0 OK");
-        assert_eq!(trigger_text(Some("grpc-status"), 42, None), "grpc 42");
-        assert_eq!(trigger_text(Some("reset"), 0, Some("client")), "reset by client");
-        assert_eq!(trigger_text(Some("reset"), 0, None), "reset");
-        assert_eq!(trigger_text(Some("noresponse"), 0, None), "noresponse");
-    }
 
     #[test]
     fn rules_list_names_the_kind() {
