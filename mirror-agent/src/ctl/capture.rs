@@ -198,7 +198,7 @@ pub async fn run(c: &Client<'_>, args: CaptureArgs) -> anyhow::Result<()> {
                     let mut desc =
                         format!("pod {} behind {} ({})", p.label(), p.interface, p.addresses.join(", "));
                     if !p.labels.is_empty() {
-                        desc += &format!(", labels {}", super::labels_text(&p.labels));
+                        desc += &format!(", labels {}", super::pods::labels_text(&p.labels));
                     }
                     (out.interface(&interface_name(p), &desc)?, *d)
                 }
