@@ -80,7 +80,7 @@ pub async fn acquire(socket: &Path, take_over: bool) -> anyhow::Result<File> {
         );
     }
     tracing::info!(pid = %holder, socket = %socket.display(), "another agent runs: asking it to hand over");
-    let client = crate::ctl::client::Client::new(socket);
+    let client = crate::api::client::Client::new(socket);
     let asked: anyhow::Result<serde_json::Value> =
         client.call(hyper::Method::POST, "/v1/handover", None).await;
     if let Err(e) = asked {

@@ -1,6 +1,11 @@
 //! The local API: HTTP/JSON on a Unix socket (mode 0600). Resources: rules, flows, pods,
 //! events, status, counters, latency and its measurement groups, and the hand-over to a newer
-//! agent. Bodies are the [`crate::views`]; bad requests get a 4xx with a message.
+//! agent. Bodies are the [`crate::views`]; bad requests get a 4xx with a message. Both sides
+//! use this module: [`client`] is the client (mirrorctl's, and an agent's asking another to hand
+//! over), [`text`] the views as both show them.
+
+pub mod client;
+pub mod text;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;

@@ -102,7 +102,7 @@ fn record(triggers: &Triggers, ev: &EventView) {
     let t = LastTrigger {
         time: ev.time.clone(),
         pod: ev.pod.clone().unwrap_or_else(|| ev.interface.clone()),
-        trigger: crate::ctl::trigger_text(Some(&ev.kind), ev.status, ev.by.as_deref()),
+        trigger: crate::api::text::trigger_text(Some(&ev.kind), ev.status, ev.by.as_deref()),
         request: ev.method.as_ref().map(|m| format!("{m} {}", ev.target.as_deref().unwrap_or_default())),
         flow: format!("{} -> {}", ev.client_side.client, ev.server_side.server),
     };
@@ -123,7 +123,7 @@ fn note(ev: &EventView, source: &str, node: &str, repeats: u64) -> String {
             "grpc-status" => "gRPC status",
             _ => "trigger",
         },
-        crate::ctl::trigger_text(Some(&ev.kind), ev.status, ev.by.as_deref()),
+        crate::api::text::trigger_text(Some(&ev.kind), ev.status, ev.by.as_deref()),
         ev.client_side.client,
         ev.server_side.server,
         ev.rule_id,

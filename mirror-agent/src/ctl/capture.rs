@@ -16,7 +16,8 @@ use anyhow::Context;
 use hyper::Method;
 use tokio::io::unix::AsyncFd;
 
-use super::client::Client;
+use crate::api::client::Client;
+use crate::api::text::trigger_text;
 use crate::capture::packet::{self, Tuple};
 use crate::capture::socket::{PacketSocket, SNAPLEN};
 use crate::capture::{Direction, PcapNgOut};
@@ -113,20 +114,7 @@ pub async fn run(c: &Client<'_>, args: CaptureArgs) -> anyhow::Result<()> {
     let want_outgoing = delivery != "ingress";
     let mut known = Known { pods: Vec::new(), flows: Vec::new(), rules: BTreeMap::new(), at: None };
     known.refresh(c).await?;
-    if let Some(want) = &args.pod {
-        if !known.pods.iter().any(|p| matches_pod(p, want)) {
-            let names: Vec<String> = known.pods.iter().map(PodView::label).collect();
-            anyhow::bail!("--pod {want}: no such pod behind an attached veth (pods: {})", names.join(", "));
-        }
-    }
-    if let Some(r) = args.rule {
-        if !known.rules.contains_key(&r) {
-            anyhow::bail!("--rule {r}: no such rule (see mirrorctl rules list)");
-        }
-    }
-    if args.snaplen == Some(0) {
-        anyhow::bail!("--snaplen 0 would keep nothing of a packet");
-    }
+    check(&args, &known)?;
     let sock = PacketSocket::open(&iface).with_context(|| format!("capturing on {iface}"))?;
     // SAFETY: the socket owns its descriptor and keeps it open, unchanged, while registered.
     let mut sock = unsafe { AsyncFd::register(sock)? };
@@ -181,43 +169,18 @@ pub async fn run(c: &Client<'_>, args: CaptureArgs) -> anyhow::Result<()> {
                 known.refresh(c).await?;
                 place = self::place(&known, tuple.as_ref());
             }
-            if let Some(want) = &args.pod {
-                if !place.pod.as_ref().is_some_and(|(p, _)| matches_pod(p, want)) {
-                    continue;
-                }
-            }
-            if args.rule.is_some() && place.rule.as_ref().map(|r| r.0) != args.rule {
+            if !wanted(&args, &place) {
                 continue;
             }
             if args.fix_checksums && frame.csum_not_ready && packet::fix_checksums(&mut frame.data) {
                 fixed += 1;
             }
-            let (id, direction) = match &place.pod {
-                Some((p, d)) => {
-                    let mut desc =
-                        format!("pod {} behind {} ({})", p.label(), p.interface, p.addresses.join(", "));
-                    if !p.labels.is_empty() {
-                        desc += &format!(", labels {}", super::labels_text(&p.labels));
-                    }
-                    (out.interface(&interface_name(p), &desc)?, *d)
-                }
-                None => {
-                    (out.interface(&iface, "copies not sent or received by a known pod")?, Direction::Unknown)
-                }
-            };
-            let mut comment = match place.rule {
-                Some((r, on)) => {
-                    let text = known.rules.get(&r).map_or("deleted since", String::as_str);
-                    let st = on.map_or(String::new(), |s| format!(", on {s}"));
-                    format!("mirrored by rule {r} ({text}){st}")
-                }
-                None => "rule unknown: the agent has no flow with this tuple".to_string(),
-            };
-            if frame.data.get(6..12) == Some(&mirror_bpf::replay::REPLAY_MAC[..]) {
+            let (id, direction) = interface_of(&mut out, &iface, &place)?;
+            let is_replay = frame.data.get(6..12) == Some(&mirror_bpf::replay::REPLAY_MAC[..]);
+            if is_replay {
                 replayed += 1;
-                comment =
-                    format!("replayed: the request before the trigger, kept by the classifier; {comment}");
             }
+            let comment = packet_comment(&known, place.rule, is_replay);
             let cut = frame.data.len().min(snaplen as usize);
             out.packet(id, frame.time, &frame.data[..cut], frame.orig_len, direction, &comment)?;
             written += 1;
@@ -239,6 +202,69 @@ pub async fn run(c: &Client<'_>, args: CaptureArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Refuses a `--pod` or `--rule` the agent does not know, and `--snaplen 0`.
+fn check(args: &CaptureArgs, known: &Known) -> anyhow::Result<()> {
+    if let Some(want) = &args.pod {
+        if !known.pods.iter().any(|p| matches_pod(p, want)) {
+            let names: Vec<String> = known.pods.iter().map(PodView::label).collect();
+            anyhow::bail!("--pod {want}: no such pod behind an attached veth (pods: {})", names.join(", "));
+        }
+    }
+    if let Some(r) = args.rule {
+        if !known.rules.contains_key(&r) {
+            anyhow::bail!("--rule {r}: no such rule (see mirrorctl rules list)");
+        }
+    }
+    if args.snaplen == Some(0) {
+        anyhow::bail!("--snaplen 0 would keep nothing of a packet");
+    }
+    Ok(())
+}
+
+/// Whether a copy passes `--pod` and `--rule`.
+fn wanted(args: &CaptureArgs, place: &Place) -> bool {
+    let pod =
+        args.pod.as_ref().is_none_or(|want| place.pod.as_ref().is_some_and(|(p, _)| matches_pod(p, want)));
+    let rule = args.rule.is_none() || place.rule.as_ref().map(|r| r.0) == args.rule;
+    pod && rule
+}
+
+/// The pcapng interface of a copy (its pod's veth, else `iface`), declared at its first
+/// packet, and the copy's direction relative to that pod.
+fn interface_of<W: Write>(
+    out: &mut PcapNgOut<W>,
+    iface: &str,
+    place: &Place,
+) -> anyhow::Result<(u32, Direction)> {
+    Ok(match &place.pod {
+        Some((p, d)) => {
+            let mut desc = format!("pod {} behind {} ({})", p.label(), p.interface, p.addresses.join(", "));
+            if !p.labels.is_empty() {
+                desc += &format!(", labels {}", super::pods::labels_text(&p.labels));
+            }
+            (out.interface(&interface_name(p), &desc)?, *d)
+        }
+        None => (out.interface(iface, "copies not sent or received by a known pod")?, Direction::Unknown),
+    })
+}
+
+/// A copy's comment: the rule that mirrored it, its text and what triggered; `replayed: ...`
+/// first for the request the classifier kept and sent ahead of the trigger.
+fn packet_comment(known: &Known, rule: Option<(u32, Option<String>)>, replayed: bool) -> String {
+    let comment = match rule {
+        Some((r, on)) => {
+            let text = known.rules.get(&r).map_or("deleted since", String::as_str);
+            let st = on.map_or(String::new(), |s| format!(", on {s}"));
+            format!("mirrored by rule {r} ({text}){st}")
+        }
+        None => "rule unknown: the agent has no flow with this tuple".to_string(),
+    };
+    if replayed {
+        return format!("replayed: the request before the trigger, kept by the classifier; {comment}");
+    }
+    comment
+}
+
 fn place(known: &Known, tuple: Option<&Tuple>) -> Place {
     let Some(t) = tuple else { return Place { pod: None, rule: None } };
     let side = |a: SocketAddr| known.pod_of(a.ip()).cloned();
@@ -253,7 +279,7 @@ fn place(known: &Known, tuple: Option<&Tuple>) -> Place {
 fn on(f: &FlowView, status: u16) -> String {
     match f.trigger.as_deref() {
         None | Some("status") => format!("a {status}"),
-        kind => super::trigger_text(kind, status, None),
+        kind => trigger_text(kind, status, None),
     }
 }
 
@@ -275,5 +301,25 @@ mod tests {
         assert_eq!(on(&flow(Some("status")), 404), "a 404");
         assert_eq!(on(&flow(Some("grpc-status")), 13), "grpc 13 INTERNAL");
         assert_eq!(on(&flow(Some("noresponse")), 0), "noresponse");
+    }
+
+    #[test]
+    fn comments_name_the_rule_and_a_replay() {
+        let known = Known {
+            pods: Vec::new(),
+            flows: Vec::new(),
+            rules: BTreeMap::from([(1, "status=500".to_string())]),
+            at: None,
+        };
+        assert_eq!(
+            packet_comment(&known, Some((1, Some("a 500".into()))), false),
+            "mirrored by rule 1 (status=500), on a 500"
+        );
+        assert_eq!(packet_comment(&known, Some((2, None)), false), "mirrored by rule 2 (deleted since)");
+        assert_eq!(
+            packet_comment(&known, None, true),
+            "replayed: the request before the trigger, kept by the classifier; rule unknown: the agent \
+             has no flow with this tuple"
+        );
     }
 }

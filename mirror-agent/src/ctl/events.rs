@@ -4,8 +4,9 @@
 
 use hyper::Method;
 
-use super::client::Client;
 use super::table;
+use crate::api::client::Client;
+use crate::api::text::trigger_text;
 use crate::views::EventView;
 
 /// How long one poll of `-f` waits for events (below the API's request timeout).
@@ -58,7 +59,7 @@ fn row(e: &EventView, with_protocol: bool) -> Vec<String> {
         if e.nat { format!("{} -> {}", e.server_side.client, e.server_side.server) } else { "-".into() },
         e.rule_id.to_string(),
         request,
-        super::trigger_text(Some(&e.kind), e.status, e.by.as_deref()),
+        trigger_text(Some(&e.kind), e.status, e.by.as_deref()),
         e.response_ms.or(e.after_request_ms).map_or("-".into(), |ms| format!("{ms:.1}ms")),
         c.community_id.clone(),
     ]

@@ -13,7 +13,8 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
 use ratatui::Frame;
 
-use super::client::Client;
+use crate::api::client::Client;
+use crate::api::text::trigger_text;
 use crate::views::{FlowView, RuleView, StatusView};
 
 /// How often the view is refreshed.
@@ -77,7 +78,7 @@ fn row(f: &FlowView, bps: f64) -> FlowRow {
         endpoints: format!("{} <-> {}", f.lo, f.hi),
         rule: match f.rule_id {
             Some(r) => {
-                let on = super::trigger_text(f.trigger.as_deref(), f.status.unwrap_or(0), None);
+                let on = trigger_text(f.trigger.as_deref(), f.status.unwrap_or(0), None);
                 format!("rule {r} ({on}){}", if f.mirror_ended { " ended" } else { "" })
             }
             None => "-".into(),

@@ -1,4 +1,5 @@
-//! A minimal HTTP/1 client over the agent's Unix socket.
+//! A minimal HTTP/1 client over the agent's Unix socket: mirrorctl's, and the agent's own
+//! when it asks another to hand over.
 
 use std::path::Path;
 
