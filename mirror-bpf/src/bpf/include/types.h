@@ -150,7 +150,10 @@ enum flow_dir {
     FLOW_DIRS = 2,
 };
 
-/* Per-CPU counters, one slot each in struct counters. */
+/*
+ * Per-CPU counters, one slot each in struct counters. Their names, metrics and help texts are in
+ * one table in Rust (COUNTERS, stats.rs), checked against this enum: a new counter goes there too.
+ */
 enum stat_idx {
     STAT_PACKETS = 0,          /* every packet the classifier saw */
     STAT_BYTES,                /* skb->len of those */
