@@ -23,89 +23,21 @@ use crate::pods::Pods;
 use crate::server;
 use crate::views::{HistogramView, PodView};
 
-/// Counters exported as `mirror_<metric>_total`: (counter, metric, help).
-const EXPORTED: &[(&str, &str, &str)] = &[
-    ("packets", "packets", "Packets seen by the classifier"),
-    ("bytes", "bytes", "Bytes seen by the classifier"),
-    ("http_requests", "http_requests", "HTTP/1.x requests recognised"),
-    ("http_responses", "http_responses", "HTTP/1.x status lines recognised"),
-    ("triggers", "triggers", "Triggers of every kind that matched a rule and marked their flow"),
-    ("reset_triggers", "reset_triggers", "TCP resets that matched a reset rule and marked their flow"),
-    (
-        "noresponse_triggers",
-        "noresponse_triggers",
-        "Requests unanswered for a noresponse rule's time that marked their flow",
-    ),
-    ("filtered_out", "filtered_out", "Triggers a rule's request filter (method, path, host) turned down"),
-    (
-        "noresponse_ticks",
-        "noresponse_ticks",
-        "Runs of the no-response tick (every 10 ms while noresponse rules exist)",
-    ),
-    ("noresponse_tick_failed", "noresponse_tick_failed", "Times the no-response tick could not be started"),
-    ("mirrored_packets", "mirrored_packets", "Packets copied to the mirror interface"),
-    ("mirrored_bytes", "mirrored_bytes", "Bytes copied to the mirror interface"),
-    ("mirror_errors", "copy_errors", "Copies that failed"),
-    ("mirror_no_target", "copy_no_target", "Marked packets not copied: no mirror interface"),
+/// The node-wide budget's counters (`budget_state`, not slots of the classifier's `counters`),
+/// exported after the classifier's: (counter, metric, help).
+const BUDGET_COUNTERS: &[(&str, &str, &str)] = &[
     ("budget_refused_packets", "budget_refused_packets", "Copies not made: the node-wide budget was spent"),
     ("budget_refused_bytes", "budget_refused_bytes", "Bytes of the copies the node-wide budget refused"),
-    ("mirror_ended", "marks_ended", "Marks that reached their limit"),
-    ("flows_created", "flows_created", "Flows inserted into the flow table"),
-    ("flow_insert_failed", "flow_insert_failed", "Flow table inserts that failed"),
-    ("mark_insert_failed", "mark_insert_failed", "Mirror marks that could not be inserted"),
-    ("ringbuf_drops", "ringbuf_drops", "Trigger events lost (ring buffer full)"),
-    ("duplicate", "duplicate_packets", "Packets skipped at egress: already seen at an attached ingress"),
-    ("malformed", "malformed_packets", "Packets with truncated or inconsistent headers (passed)"),
-    (
-        "http_unframed",
-        "http_unframed",
-        "HTTP streams whose framing was lost (looked at on segment starts until a message is found)",
-    ),
-    ("ct_lookups", "conntrack_lookups", "Conntrack lookups (new flows, responses or triggers across NAT)"),
-    ("nat_flows", "nat_flows", "Connections found translated by conntrack: one flow, two tuples"),
-    ("replay_kept", "requests_kept", "Request segments kept for a replay ahead of a trigger"),
-    (
-        "replayed",
-        "requests_replayed",
-        "Requests replayed to the mirror interface ahead of their trigger (a noresponse mark's by the agent)",
-    ),
-    (
-        "replay_missed",
-        "requests_not_kept",
-        "Triggers whose request had not been kept (or its slot was reused)",
-    ),
-    ("replay_failed", "replays_failed", "Replays that could not be made"),
-    (
-        "h2_connections",
-        "h2_connections",
-        "Directions of connections found speaking HTTP/2 (from their start, or found again)",
-    ),
-    ("h2_requests", "h2_requests", "HTTP/2 requests recognised (request header blocks)"),
-    ("h2_responses", "h2_responses", "HTTP/2 responses recognised (header blocks with a :status)"),
-    ("h2_trailers", "h2_trailers", "HTTP/2 trailers with a grpc-status recognised"),
-    (
-        "h2_unresolved",
-        "h2_unresolved",
-        "HTTP/2 header fields that named a header-table entry the classifier does not know",
-    ),
-    ("h2_lost", "h2_lost", "Times the HTTP/2 framing or header-table state of a direction was lost"),
-    (
-        "h2_continuation",
-        "h2_continuation",
-        "HTTP/2 header blocks continued in CONTINUATION frames (their first frame is read)",
-    ),
-    ("h2_stream_missed", "h2_stream_missed", "HTTP/2 responses whose request was not found on their stream"),
-    (
-        "grpc_triggers",
-        "grpc_triggers",
-        "gRPC trailers whose grpc-status matched a rule and marked their flow",
-    ),
-    (
-        "request_not_kept",
-        "http_answers_request_not_kept",
-        "HTTP answers and resets whose request was pending but not kept (pushed out of the queue, or uncertain after a loss of framing): their events name no request",
-    ),
 ];
+
+/// Counters exported as `mirror_<metric>_total`: (counter, metric, help). The classifier's
+/// names, metrics and help texts are those of its counter table (`mirror_bpf::stats::COUNTERS`).
+fn exported() -> impl Iterator<Item = (&'static str, &'static str, &'static str)> {
+    mirror_bpf::stats::COUNTERS
+        .iter()
+        .filter_map(|c| Some((c.name, c.metric?, c.help)))
+        .chain(BUDGET_COUNTERS.iter().copied())
+}
 
 /// What a scrape reads.
 #[derive(Clone)]
@@ -236,9 +168,9 @@ async fn render(
     let rules = engine.rules().await?;
     let hists = engine.latency().await?;
     let mut reg = Registry::with_prefix("mirror");
-    for (key, metric, help) in EXPORTED {
-        let v = status.counters.get(*key).copied().unwrap_or(0);
-        reg.register(*metric, *help, ConstCounter::new(v));
+    for (key, metric, help) in exported() {
+        let v = status.counters.get(key).copied().unwrap_or(0);
+        reg.register(metric, help, ConstCounter::new(v));
     }
     let hits = Family::<Vec<(String, String)>, prometheus_client::metrics::counter::Counter>::default();
     for r in &rules {
@@ -375,22 +307,29 @@ mod tests {
 
     #[test]
     fn exported_counters_exist_once_each() {
-        let known: Vec<&str> = mirror_bpf::stats::COUNTER_NAMES
-            .iter()
-            .map(|(_, n)| *n)
-            .chain(["budget_refused_packets", "budget_refused_bytes"])
-            .collect();
-        for (key, _, _) in EXPORTED {
-            assert!(known.contains(key), "{key} is no counter");
-        }
-        let mut metrics: Vec<&str> = EXPORTED.iter().map(|(_, m, _)| *m).collect();
+        let mut metrics: Vec<&str> = exported().map(|(_, m, _)| m).collect();
+        let all = metrics.len();
         metrics.sort_unstable();
         metrics.dedup();
-        assert_eq!(metrics.len(), EXPORTED.len(), "a metric name twice");
+        assert_eq!(metrics.len(), all, "a metric name twice");
         for want in
             ["h2_requests", "h2_responses", "h2_trailers", "h2_lost", "grpc_triggers", "reset_triggers"]
         {
             assert!(metrics.contains(&want), "{want} not exported");
+        }
+    }
+
+    #[test]
+    fn operations_doc_lists_every_counter_metric() {
+        let doc = include_str!("../../docs/operations.md");
+        let rows: Vec<&str> = doc.lines().filter(|l| l.starts_with("| `mirror_")).collect();
+        assert!(rows.len() > 10, "no metrics table in docs/operations.md");
+        for (_, metric, _) in exported() {
+            let name = format!("`mirror_{metric}_total`");
+            assert!(
+                rows.iter().any(|r| r.contains(&name)),
+                "docs/operations.md's metrics table lacks {name}"
+            );
         }
     }
 

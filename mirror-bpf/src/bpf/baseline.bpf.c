@@ -11,6 +11,7 @@
 
 #include "include/compat.h"
 #include "include/types.h"
+#include "include/scratch.h"
 #include "include/parse.h"
 #include "include/clock.h"
 #include "include/flow_dir.h"

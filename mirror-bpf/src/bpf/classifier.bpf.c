@@ -21,6 +21,7 @@
 
 #include "include/compat.h"
 #include "include/types.h"
+#include "include/scratch.h"
 #include "include/config.h"
 #include "include/maps.h"
 #include "include/parse.h"
@@ -64,11 +65,8 @@ enum hist_kind _hist_kind = 0;
 enum timing_group _timing_group = 0;
 enum mirror_limits _mirror_limits = 0;
 enum hook_kind _hook_kind = 0;
-enum mirror_method _mirror_method = 0;
 enum flow_dir _flow_dir = 0;
 enum stat_idx _stat_idx = 0;
-enum http_stream_state _http_stream_state = 0;
-enum http_dir_kind _http_dir_kind = 0;
 struct flow_nat _flow_nat = {};
 struct replay_slot _replay_slot = {};
 enum replay_keep _replay_keep = 0;
@@ -79,10 +77,6 @@ enum http_method _http_method = 0;
 enum proto_prog _proto_prog = 0;
 struct rule_filter _rule_filter = {};
 enum http_proto _http_proto = 0;
-enum h2_field _h2_field = 0;
-struct h2_conn _h2_conn = {};
-struct h2_stream _h2_stream = {};
-struct h2_stream_key _h2_stream_key = {};
 
 /*
  * egress_seen - did @skb, at egress, come in through an interface where our ingress runs? Then

@@ -19,6 +19,7 @@
 #include <bpf/bpf_tracing.h>
 
 #include "include/types.h"
+#include "include/scratch.h"
 #define MIRROR_TRACING_PROGRAMS /* this object's knobs, not the classifier's */
 #include "include/config.h"
 #include "include/shared_maps.h"

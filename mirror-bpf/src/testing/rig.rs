@@ -8,7 +8,7 @@ use super::fixtures::{Fixture, Parsed, Repeat};
 use super::{run_repeat, SkbContext, VERDICT_CONTINUE};
 use crate::datapath::{Datapath, DatapathOptions};
 use crate::shared::{bytes_of, types};
-use crate::stats::{Counters, COUNTER_NAMES};
+use crate::stats::{counter, Counters};
 use types::stat_idx as S;
 
 /// The rule every fixture is decided under: a 500 marks its flow, copied without limit (a
@@ -213,10 +213,7 @@ pub fn check(fx: &Fixture, delta: &Counters, n: u64) -> Result<(), String> {
         .into_iter()
         .chain(NEVER.map(|s| (s, 0)))
         .filter(|&(idx, per_run)| delta.get(idx) != per_run * n)
-        .map(|(idx, per_run)| {
-            let name = COUNTER_NAMES.iter().find(|(s, _)| *s == idx).map_or("?", |(_, name)| *name);
-            format!("{name} {} (expected {})", delta.get(idx), per_run * n)
-        })
+        .map(|(idx, per_run)| format!("{} {} (expected {})", counter(idx).name, delta.get(idx), per_run * n))
         .collect();
     if wrong.is_empty() {
         Ok(())

@@ -2,10 +2,11 @@
 /*
  * This file contains the dispatcher: which protocol program follows a packet's payload, and the
  * tail call to it. Each direction of a connection is classified once, and what it is kept in
- * this CPU's flow cache slot (http_kind, types.h), which the packet's first lookup finds:
- * unknown and HTTP/1.x directions go to the HTTP/1 program (which finds where HTTP/2 starts),
- * HTTP/2 directions to the HTTP/2 program, and a direction not followed (TLS, or no message
- * after HTTP_GIVE_UP segments) to none: it costs the flow cache's floor and nothing more.
+ * this CPU's flow cache slot (http_kind: enum http_dir_kind, scratch.h), which the packet's
+ * first lookup finds: unknown and HTTP/1.x directions go to the HTTP/1 program (which finds
+ * where HTTP/2 starts), HTTP/2 directions to the HTTP/2 program, and a direction not followed
+ * (TLS, or no message after HTTP_GIVE_UP segments) to none: it costs the flow cache's floor and
+ * nothing more.
  *
  * The programs sit in proto_progs, filled by user space with the protocols it loaded (the
  * protocols: setting, protocols_enabled). A tail call whose program is missing falls through:
@@ -19,6 +20,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "types.h"
+#include "scratch.h"
 #include "config.h"
 #include "parse.h"
 

@@ -11,6 +11,7 @@
 #define MIRROR_MAPS_H
 
 #include "types.h"
+#include "scratch.h"
 #include "shared_maps.h"
 #include "config.h"
 

@@ -11,6 +11,7 @@
 
 #include "compat.h"
 #include "types.h"
+#include "scratch.h"
 
 /* How many IPv6 extension headers are walked before giving up. */
 #define IPV6_EXT_MAX 6

@@ -8,6 +8,7 @@
 #define MIRROR_SHARED_MAPS_H
 
 #include "types.h"
+#include "scratch.h"
 
 /* Key: ifindex. Value: enum hook_kind bits attached. Lets egress skip packets already seen. */
 struct {
