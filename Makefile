@@ -13,7 +13,8 @@ build: deps
 	$(CARGO) build --workspace --all-targets --release
 
 # mirror-agent and mirrorctl into $(PREFIX)/bin (default /usr/local/bin, on the PATH), the
-# example configuration into /etc/mirror-agent/agent.yaml unless one is there.
+# example configuration into /etc/mirror-agent/agent.yaml unless one is there, and a systemd
+# unit for hosts without Kubernetes (not enabled: `systemctl enable --now mirror-agent`).
 PREFIX ?= /usr/local
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 install: deps
@@ -21,6 +22,8 @@ install: deps
 	install -D -m 0755 $(TARGET_DIR)/release/mirror-agent $(DESTDIR)$(PREFIX)/bin/mirror-agent
 	install -D -m 0755 $(TARGET_DIR)/release/mirrorctl $(DESTDIR)$(PREFIX)/bin/mirrorctl
 	test -e $(DESTDIR)/etc/mirror-agent/agent.yaml || install -D -m 0644 config/agent.yaml $(DESTDIR)/etc/mirror-agent/agent.yaml
+	sed 's|@PREFIX@|$(PREFIX)|g' config/mirror-agent.service > $(TARGET_DIR)/mirror-agent.service
+	install -D -m 0644 $(TARGET_DIR)/mirror-agent.service $(DESTDIR)$(PREFIX)/lib/systemd/system/mirror-agent.service
 
 # Every test: unit tests, BPF_PROG_TEST_RUN tests and end-to-end tests in network namespaces.
 # Needs root; with CI=true a test that lacks a privilege fails instead of skipping.

@@ -88,6 +88,11 @@ impl StateStore {
         Ok(Self { path: path.to_path_buf(), state, first_start })
     }
 
+    /// The state file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Whether there was no state file (the configured rules are installed then).
     pub fn first_start(&self) -> bool {
         self.first_start

@@ -194,7 +194,9 @@ fn the_example_config_is_valid() {
     let (out, said) = agent(&bins(), &example, true);
     assert!(out.status.success(), "{said}");
     // Then what the maps will take here, map by map, with the settings that size them.
-    assert!(said.starts_with("configuration is valid\nkernel memory of the data path's maps on "), "{said}");
+    let valid =
+        format!("configuration is valid: {}\nkernel memory of the data path's maps on ", example.display());
+    assert!(said.starts_with(&valid), "{said}");
     for map in ["flow_timing", "flow_table", "flow_nat", "mirror_marks", "request_replay", "port_rules"] {
         assert!(said.lines().any(|l| l.trim_start().starts_with(map) && l.contains(" MiB")), "{map}: {said}");
     }

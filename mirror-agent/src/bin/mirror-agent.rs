@@ -13,7 +13,9 @@ use mirror_agent::config::{Config, LogFormat};
 #[derive(Parser)]
 #[command(version)]
 struct Args {
-    /// Configuration file (YAML); see config/agent.yaml for every key.
+    /// Configuration file (YAML); see config/agent.yaml for every key. Without it,
+    /// /etc/mirror-agent/agent.yaml when it exists (`make install` puts it there), else the
+    /// built-in defaults.
     #[arg(long, short)]
     config: Option<PathBuf>,
     /// On SIGTERM, leave the data path attached and pinned for the next agent.
@@ -36,13 +38,20 @@ struct Args {
     crds: bool,
 }
 
+/// The configuration read when `--config` is not given, if it exists.
+const DEFAULT_CONFIG: &str = "/etc/mirror-agent/agent.yaml";
+
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.crds {
         print!("{}", mirror_agent::cluster::crd::crds_yaml());
         return ExitCode::SUCCESS;
     }
-    let cfg = match &args.config {
+    let path = args.config.clone().or_else(|| {
+        let installed = PathBuf::from(DEFAULT_CONFIG);
+        installed.exists().then_some(installed)
+    });
+    let cfg = match &path {
         Some(p) => Config::load(p).map_err(|e| format!("config {}: {e}", p.display())),
         None => Ok(Config::default()),
     };
@@ -64,8 +73,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let source =
+        path.as_ref().map_or("built-in defaults (no /etc/mirror-agent/agent.yaml)".to_string(), |p| {
+            p.display().to_string()
+        });
     if args.check {
-        println!("configuration is valid");
+        println!("configuration is valid: {source}");
         match mirror_agent::capacity::Host::this() {
             Ok(host) => print!("{}", cfg.memory_report(&host)),
             Err(e) => eprintln!("mirror-agent: the maps' memory on this host: {e:#}"),
@@ -80,6 +93,7 @@ fn main() -> ExitCode {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
+    tracing::info!(config = %source, "mirror-agent {}", env!("CARGO_PKG_VERSION"));
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -69,6 +69,14 @@ impl Driver {
             }
         }
         cluster.reselect(&mut dp);
+        if !state.first_start() {
+            // The configuration's `rules` seed the first start only: say where these came from.
+            tracing::info!(
+                rules = state.rules().len(),
+                state = %state.path().display(),
+                "rules restored from the state file (the configuration's rules apply at the first start only)"
+            );
+        }
         let path =
             dp.loaded_programs().map_or("all", |(m, _)| if m == AttachMode::Tcx { "tcx" } else { "tc" });
         tracing::info!(
