@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use mirror_bpf::{AttachMode, AttachTimings, Datapath, DatapathOptions, MirrorMethod};
 use mirror_e2e::agent::Binaries;
-use mirror_e2e::netns::Netns;
+use mirror_e2e::topology::netns::Netns;
 
 use crate::host::Host;
 use crate::report::{self, Check};

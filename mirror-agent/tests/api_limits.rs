@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
-use mirror_e2e::netns::Topology;
 use mirror_e2e::proc::wait_until;
+use mirror_e2e::topology::netns::Topology;
 
 use common::{bins, status, METRICS};
 

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use mirror_bpf::testing::{ifindex, require_root, sh};
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
-use mirror_e2e::netns::Topology;
 use mirror_e2e::proc::wait_until;
+use mirror_e2e::topology::netns::Topology;
 
 use common::{bins, status, tcx_programs};
 

@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv, Binaries};
-use mirror_e2e::netns::Topology;
+use mirror_e2e::topology::netns::Topology;
 
 use common::{bins, rules};
 

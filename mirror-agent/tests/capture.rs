@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
-use mirror_e2e::client::{self, url};
-use mirror_e2e::kubelet::{pod_uid, PodProcess, PodSpec};
-use mirror_e2e::netns::{nsenter, Topology};
+use mirror_e2e::cluster::kubelet::{pod_uid, PodProcess, PodSpec};
 use mirror_e2e::proc::{wait_until, Proc};
 use mirror_e2e::scenario::PODS;
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::netns::{nsenter, Topology};
+use mirror_e2e::workload::client::{self, url};
+use mirror_e2e::workload::servers::Server;
 
 use common::{bins, json, status, ATTACH, VETHS};
 
@@ -27,7 +27,7 @@ const ALT: u16 = 8080;
 /// A 500 with a body large enough for GSO packets.
 const BODY: u32 = 300_000;
 
-fn pod(ns: &mirror_e2e::netns::Netns, name: &str, namespace: &str, n: u32) -> PodProcess {
+fn pod(ns: &mirror_e2e::topology::netns::Netns, name: &str, namespace: &str, n: u32) -> PodProcess {
     let spec = PodSpec {
         env_name: Some(name.into()),
         env_namespace: Some(namespace.into()),

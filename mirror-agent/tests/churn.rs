@@ -16,9 +16,9 @@ use std::time::Duration;
 use mirror_bpf::rcu::RCU_EXPEDITED;
 use mirror_bpf::testing::{ifindex, require_root};
 use mirror_e2e::agent::{Agent, AgentConfig, AgentEnv};
-use mirror_e2e::footprint::{links, map_entries, pins, process};
-use mirror_e2e::netns::Netns;
+use mirror_e2e::capture::footprint::{links, map_entries, pins, process};
 use mirror_e2e::proc::wait_until;
+use mirror_e2e::topology::netns::Netns;
 
 use common::{bins, status, tcx_programs};
 

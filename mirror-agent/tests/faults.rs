@@ -18,15 +18,15 @@ use std::time::{Duration, Instant};
 
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{Agent, AgentConfig, AgentEnv};
-use mirror_e2e::flood;
-use mirror_e2e::footprint::{map_entries, map_size};
-use mirror_e2e::load::{self, HttpLoad, HttpSpec, Iperf, Request};
-use mirror_e2e::mirror_watch::MirrorWatch;
-use mirror_e2e::netns::{join, Topology};
+use mirror_e2e::capture::footprint::{map_entries, map_size};
+use mirror_e2e::capture::mirror_watch::MirrorWatch;
 use mirror_e2e::proc::wait_until;
-use mirror_e2e::raw;
 use mirror_e2e::scenario::{HTTP, PODS};
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::netns::{join, Topology};
+use mirror_e2e::workload::flood;
+use mirror_e2e::workload::load::{self, HttpLoad, HttpSpec, Iperf, Request};
+use mirror_e2e::workload::raw;
+use mirror_e2e::workload::servers::Server;
 
 use common::{bins, flows, rules, status, ATTACH, VETHS};
 

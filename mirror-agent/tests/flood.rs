@@ -13,14 +13,14 @@ use std::time::{Duration, Instant};
 
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
-use mirror_e2e::flood;
-use mirror_e2e::footprint::{map_size, Footprint};
-use mirror_e2e::load::{HttpLoad, HttpSpec};
-use mirror_e2e::mirror_watch::MirrorWatch;
-use mirror_e2e::netns::Topology;
+use mirror_e2e::capture::footprint::{map_size, Footprint};
+use mirror_e2e::capture::mirror_watch::MirrorWatch;
 use mirror_e2e::proc::wait_until;
 use mirror_e2e::scenario::{HTTP, PODS};
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::netns::Topology;
+use mirror_e2e::workload::flood;
+use mirror_e2e::workload::load::{HttpLoad, HttpSpec};
+use mirror_e2e::workload::servers::Server;
 
 use common::{bins, status, ATTACH, VETHS};
 

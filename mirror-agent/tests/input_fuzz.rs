@@ -13,7 +13,7 @@ use std::path::Path;
 use mirror_agent::config::Config;
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
-use mirror_e2e::netns::Netns;
+use mirror_e2e::topology::netns::Netns;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestRunner};
 

@@ -5,7 +5,7 @@ mod common;
 
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
-use mirror_e2e::netns::Topology;
+use mirror_e2e::topology::netns::Topology;
 
 use common::{bins, rules};
 

@@ -21,12 +21,12 @@ use std::time::Duration;
 use mirror_agent::views::EventView;
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
-use mirror_e2e::capture::{Capture, SETTLE};
-use mirror_e2e::client::{self, url};
-use mirror_e2e::kubeproxy::{Flavour, KubeProxy, SERVICE_PORT};
-use mirror_e2e::netns::Topology;
+use mirror_e2e::capture::tcpdump::{Capture, SETTLE};
 use mirror_e2e::scenario::{HTTP, PODS};
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::kubeproxy::{Flavour, KubeProxy, SERVICE_PORT};
+use mirror_e2e::topology::netns::Topology;
+use mirror_e2e::workload::client::{self, url};
+use mirror_e2e::workload::servers::Server;
 
 use common::{bins, json, ATTACH, VETHS};
 

@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
-use mirror_e2e::client::{self, url};
-use mirror_e2e::kubelet::{plug, pod_uid, PodProcess, PodSpec};
-use mirror_e2e::netns::{Netns, Topology};
+use mirror_e2e::cluster::kubelet::{plug, pod_uid, PodProcess, PodSpec};
 use mirror_e2e::proc::wait_until;
 use mirror_e2e::scenario::HTTP;
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::netns::{Netns, Topology};
+use mirror_e2e::workload::client::{self, url};
+use mirror_e2e::workload::servers::Server;
 
 use common::{add_rule, bins, find, flows, pods, status, ATTACH, METRICS};
 

@@ -18,9 +18,9 @@ use mirror_agent::pods::{cri::Cri, resolve};
 use mirror_agent::views::PodView;
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
-use mirror_e2e::kubelet::{plug, pod_uid, PodProcess, PodSpec};
-use mirror_e2e::netns::{Netns, Topology};
+use mirror_e2e::cluster::kubelet::{plug, pod_uid, PodProcess, PodSpec};
 use mirror_e2e::proc::wait_until;
+use mirror_e2e::topology::netns::{Netns, Topology};
 
 use common::{bins, find, pods, ATTACH};
 use fake_cri::{FakeCri, FakeSandbox, Silent};

@@ -7,12 +7,12 @@ mod common;
 
 use mirror_bpf::testing::{ifindex, require_root};
 use mirror_e2e::agent::{Agent, AgentConfig, AgentEnv};
-use mirror_e2e::capture::Recorder;
-use mirror_e2e::client::{self, url, Session};
-use mirror_e2e::netns::Topology;
-use mirror_e2e::oracle::Expected;
+use mirror_e2e::capture::tcpdump::Recorder;
+use mirror_e2e::oracles::oracle::Expected;
 use mirror_e2e::scenario::{HTTP, PODS};
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::netns::Topology;
+use mirror_e2e::workload::client::{self, url, Session};
+use mirror_e2e::workload::servers::Server;
 
 use common::{add_rule, bins, flows, link_exists, rules, status, tcx_programs, ATTACH, VETHS};
 

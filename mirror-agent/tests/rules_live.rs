@@ -5,12 +5,12 @@ mod common;
 
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
-use mirror_e2e::capture::Recorder;
-use mirror_e2e::client::{self, url};
-use mirror_e2e::netns::Topology;
-use mirror_e2e::oracle::Expected;
+use mirror_e2e::capture::tcpdump::Recorder;
+use mirror_e2e::oracles::oracle::Expected;
 use mirror_e2e::scenario::{HTTP, PODS};
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::netns::Topology;
+use mirror_e2e::workload::client::{self, url};
+use mirror_e2e::workload::servers::Server;
 
 use common::{add_rule, bins, flows, json, rules, status, ATTACH, VETHS};
 

@@ -7,13 +7,13 @@ mod common;
 use mirror_agent::state::SavedState;
 use mirror_bpf::testing::{ifindex, require_root};
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
-use mirror_e2e::capture::Recorder;
-use mirror_e2e::client::{self, url};
-use mirror_e2e::netns::Topology;
-use mirror_e2e::oracle::Expected;
+use mirror_e2e::capture::tcpdump::Recorder;
+use mirror_e2e::oracles::oracle::Expected;
 use mirror_e2e::scenario::{HTTP, PODS};
-use mirror_e2e::servers::Server;
-use mirror_e2e::tc::{self, Hook, FOREIGN_PRIO};
+use mirror_e2e::topology::netns::Topology;
+use mirror_e2e::topology::tc::{self, Hook, FOREIGN_PRIO};
+use mirror_e2e::workload::client::{self, url};
+use mirror_e2e::workload::servers::Server;
 
 use common::{bins, link_exists, tcx_programs, ATTACH, VETHS};
 

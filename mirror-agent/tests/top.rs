@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
-use mirror_e2e::client::{self, url};
-use mirror_e2e::kubelet::{pod_uid, PodProcess, PodSpec};
-use mirror_e2e::netns::Topology;
+use mirror_e2e::cluster::kubelet::{pod_uid, PodProcess, PodSpec};
 use mirror_e2e::proc::wait_until;
 use mirror_e2e::scenario::{HTTP, PODS};
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::netns::Topology;
+use mirror_e2e::workload::client::{self, url};
+use mirror_e2e::workload::servers::Server;
 
 use common::{bins, ATTACH, VETHS};
 

@@ -14,8 +14,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::netns::{nsenter, Netns};
 use crate::proc::{wait_until, Proc};
+use crate::topology::netns::{nsenter, Netns};
 
 /// How long an agent may take to serve its API, and to stop.
 const STARTUP: Duration = Duration::from_secs(10);

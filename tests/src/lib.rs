@@ -8,33 +8,19 @@
 //!
 //! Everything runs in namespaces created here (198.18.0.0/15 and 2001:2::/48 only) and is
 //! removed on drop, panics included.
+//!
+//! By concern: [`topology`] (namespaces, veths, the testbed, kube-proxy's NAT, tc state),
+//! [`workload`] (servers, clients and load), [`oracles`] (what the mirror must carry),
+//! [`capture`] (what was seen: captures, their readers, the agent's footprint) and [`cluster`]
+//! (containerd, the control plane, kubelet-made pods, podman). At the root, the vocabulary all
+//! of them share: [`agent`] (the system under test as an operator runs it), [`proc`] (child
+//! processes and bounded waits) and [`scenario`] (the scenarios several tests share).
 
 pub mod agent;
 pub mod capture;
-pub mod client;
-pub mod containerd;
-pub mod control_plane;
-pub mod crowd;
-pub mod flood;
-pub mod footprint;
-pub mod h2_oracle;
-pub mod h2_scenario;
-pub mod h2_stacks;
-pub mod http_stream;
-pub mod kube;
-pub mod kubelet;
-pub mod kubeproxy;
-pub mod load;
-pub mod mirror_watch;
-pub mod nat_oracle;
-pub mod netns;
-pub mod oracle;
-pub mod pcap;
-pub mod podman;
+pub mod cluster;
+pub mod oracles;
 pub mod proc;
-pub mod raw;
 pub mod scenario;
-pub mod servers;
-pub mod tc;
-pub mod testbed;
-pub mod tshark;
+pub mod topology;
+pub mod workload;

@@ -3,9 +3,9 @@
 
 use mirror_bpf::{AttachMode, MirrorDelivery, MirrorMethod};
 
-use crate::client::{self, url};
-use crate::oracle::Expected;
-use crate::testbed::{Recording, Testbed};
+use crate::oracles::oracle::Expected;
+use crate::topology::testbed::{Recording, Testbed};
+use crate::workload::client::{self, url};
 
 /// nginx's port.
 pub const HTTP: u16 = 80;

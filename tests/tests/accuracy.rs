@@ -14,11 +14,11 @@ use std::time::Instant;
 use mirror_bpf::testing::{in_ci, require_root};
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{AttachMode, FlowKey, MirrorMethod};
-use mirror_e2e::http_stream::{self, ResponseSeen};
-use mirror_e2e::oracle::{self, Expected};
-use mirror_e2e::raw::{self, get};
-use mirror_e2e::servers::{self, Server};
-use mirror_e2e::testbed::Testbed;
+use mirror_e2e::oracles::http_stream::{self, ResponseSeen};
+use mirror_e2e::oracles::oracle::{self, Expected};
+use mirror_e2e::topology::testbed::Testbed;
+use mirror_e2e::workload::raw::{self, get};
+use mirror_e2e::workload::servers::{self, Server};
 
 /// Connections per stack.
 const CONNECTIONS: usize = 80;
@@ -77,41 +77,14 @@ struct Received {
     statuses: Vec<u16>,
 }
 
+/// The columns of a row of the table after its connections (besides those that received a
+/// 500, shown after the pipelined): the indices of `Row::counts`.
+const PIPELINED: usize = 0;
+const RESPONSES_500: usize = 1;
+const MID_SEGMENT_500: usize = 2;
+
 /// One row of the table.
-#[derive(Default)]
-struct Row {
-    connections: usize,
-    pipelined: usize,
-    with_500: usize,
-    responses_500: usize,
-    mid_segment_500: usize,
-    triggered: usize,
-    correct: usize,
-    mirrored: usize,
-    expected_mirrored: u64,
-}
-
-impl Row {
-    fn precision(&self) -> f64 {
-        oracle::precision(self.correct, self.triggered)
-    }
-
-    fn recall(&self) -> f64 {
-        oracle::recall(self.correct, self.with_500)
-    }
-
-    fn add(&mut self, o: &Row) {
-        self.connections += o.connections;
-        self.pipelined += o.pipelined;
-        self.with_500 += o.with_500;
-        self.responses_500 += o.responses_500;
-        self.mid_segment_500 += o.mid_segment_500;
-        self.triggered += o.triggered;
-        self.correct += o.correct;
-        self.mirrored += o.mirrored;
-        self.expected_mirrored += o.expected_mirrored;
-    }
-}
+type Row = oracle::Row<3>;
 
 /// A stack that cannot run here: fails in CI, else says so and is left out (false).
 fn missing(stack: &str, what: &str) -> bool {
@@ -264,10 +237,10 @@ fn triggers_are_exact_under_concurrency_on_five_server_stacks() {
         let fail = truth.contains(&r.flow);
         let hit = triggered.contains(&r.flow);
         row.connections += 1;
-        row.pipelined += usize::from(r.pipelined);
-        row.with_500 += usize::from(fail);
-        row.responses_500 += r.statuses.iter().filter(|s| **s == 500).count();
-        row.mid_segment_500 += mid_segment.get(&r.flow).copied().unwrap_or(0);
+        row.counts[PIPELINED] += usize::from(r.pipelined);
+        row.relevant += usize::from(fail);
+        row.counts[RESPONSES_500] += r.statuses.iter().filter(|s| **s == 500).count();
+        row.counts[MID_SEGMENT_500] += mid_segment.get(&r.flow).copied().unwrap_or(0);
         row.triggered += usize::from(hit);
         row.correct += usize::from(hit && fail);
         row.mirrored += mirrored.get(&r.flow).copied().unwrap_or(0);
@@ -275,21 +248,8 @@ fn triggers_are_exact_under_concurrency_on_five_server_stacks() {
     }
     let mut total = Row::default();
     rows.iter().for_each(|(_, r)| total.add(r));
-    let line = |name: &str, r: &Row| {
-        format!(
-            "| {name} | {} | {} | {} | {} | {} | {} | {:.3} | {:.3} | {} / {} |",
-            r.connections,
-            r.pipelined,
-            r.with_500,
-            r.responses_500,
-            r.mid_segment_500,
-            r.triggered,
-            r.precision(),
-            r.recall(),
-            r.mirrored,
-            r.expected_mirrored
-        )
-    };
+    // Those that received a 500 are shown after the pipelined.
+    let line = |name: &str, r: &Row| r.line(name, RESPONSES_500);
     let mut table = vec![
         "| stack | connections | pipelined | received a 500 | 500s | 500s mid-segment | triggered | precision | recall | mirrored / expected packets |".to_string(),
         "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|".to_string(),

@@ -4,10 +4,10 @@
 use mirror_bpf::testing::require_root;
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{AttachMode, MirrorMethod};
-use mirror_e2e::client::{self, url};
 use mirror_e2e::scenario::{keepalive_pod_to_pod, HTTP, PODS};
-use mirror_e2e::tc::{self, Hook, FOREIGN_PRIO};
-use mirror_e2e::testbed::Testbed;
+use mirror_e2e::topology::tc::{self, Hook, FOREIGN_PRIO};
+use mirror_e2e::topology::testbed::Testbed;
+use mirror_e2e::workload::client::{self, url};
 
 /// Every way to attach.
 const WAYS: [(AttachMode, MirrorMethod); 3] = [

@@ -1,8 +1,8 @@
 //! Rules as Kubernetes resources, against a real API server (kube-apiserver and etcd built from
-//! their Go modules, [`mirror_e2e::control_plane`]) and two nodes: a node namespace each, with
-//! pods whose processes say who they are as the kubelet's do, their API objects bound to the
-//! node, real HTTP servers, and an agent with a kubeconfig of the DaemonSet's service account
-//! (so that the RBAC of `deploy/` is what it runs with).
+//! their Go modules, [`mirror_e2e::cluster::control_plane`]) and two nodes: a node namespace
+//! each, with pods whose processes say who they are as the kubelet's do, their API objects
+//! bound to the node, real HTTP servers, and an agent with a kubeconfig of the DaemonSet's
+//! service account (so that the RBAC of `deploy/` is what it runs with).
 //!
 //! On both nodes, by the agents' own API and the rules' status in the cluster:
 //! - a rule created, changed and deleted through the API reaches both agents within a second;
@@ -21,13 +21,13 @@ use std::time::{Duration, Instant};
 
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv, Binaries};
-use mirror_e2e::client;
-use mirror_e2e::control_plane::{self, ControlPlane};
-use mirror_e2e::kube::deploy_dir;
-use mirror_e2e::kubelet::{pod_uid, PodProcess, PodSpec};
-use mirror_e2e::netns::Topology;
+use mirror_e2e::cluster::control_plane::{self, ControlPlane};
+use mirror_e2e::cluster::kube::deploy_dir;
+use mirror_e2e::cluster::kubelet::{pod_uid, PodProcess, PodSpec};
 use mirror_e2e::proc::wait_until;
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::netns::Topology;
+use mirror_e2e::workload::client;
+use mirror_e2e::workload::servers::Server;
 use serde_json::Value;
 
 /// The servers' port.

@@ -1,6 +1,6 @@
 //! deploy/ against a real API server (etcd and kube-apiserver, no kubelet: see
-//! tests/src/control_plane.rs): `kubectl apply -k deploy/` as an operator runs it, then what the
-//! agent's service account may do, asked with `kubectl auth can-i` both by the admin
+//! tests/src/cluster/control_plane.rs): `kubectl apply -k deploy/` as an operator runs it, then
+//! what the agent's service account may do, asked with `kubectl auth can-i` both by the admin
 //! impersonating it and with the account's own token (TokenRequest) from a node namespace:
 //! every permission the agent needs is granted, a list of what it must never do is refused, and
 //! the rules it holds beyond those of any service account are exactly the ones it needs. Also
@@ -12,10 +12,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use mirror_bpf::testing::require_root;
-use mirror_e2e::control_plane::{self, ControlPlane, ADMIN};
-use mirror_e2e::kube::deploy_dir;
-use mirror_e2e::netns::Netns;
+use mirror_e2e::cluster::control_plane::{self, ControlPlane, ADMIN};
+use mirror_e2e::cluster::kube::deploy_dir;
 use mirror_e2e::proc::{wait_until, Proc};
+use mirror_e2e::topology::netns::Netns;
 use serde_json::Value;
 
 /// The agent's identity.

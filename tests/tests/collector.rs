@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv, Binaries};
-use mirror_e2e::capture::Capture;
-use mirror_e2e::client::Session;
-use mirror_e2e::netns::{Netns, Topology};
+use mirror_e2e::capture::tcpdump::Capture;
 use mirror_e2e::scenario::PODS;
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::netns::{Netns, Topology};
+use mirror_e2e::workload::client::Session;
+use mirror_e2e::workload::servers::Server;
 
 /// python's port in the server pods.
 const PORT: u16 = 8080;

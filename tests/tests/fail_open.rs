@@ -4,11 +4,11 @@
 use mirror_bpf::testing::require_root;
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{AttachMode, MirrorMethod};
-use mirror_e2e::client::{self, url};
-use mirror_e2e::netns::MIRROR_DEV;
-use mirror_e2e::oracle::Expected;
+use mirror_e2e::oracles::oracle::Expected;
 use mirror_e2e::scenario::{HTTP, PODS};
-use mirror_e2e::testbed::{Recording, Testbed};
+use mirror_e2e::topology::netns::MIRROR_DEV;
+use mirror_e2e::topology::testbed::{Recording, Testbed};
+use mirror_e2e::workload::client::{self, url};
 
 /// What became of the mirror interface.
 enum Mirror {

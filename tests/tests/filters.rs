@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use mirror_bpf::testing::require_root;
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{FlowKey, RuleId, TriggerKind};
-use mirror_e2e::oracle::Expected;
-use mirror_e2e::raw::{self, Conn};
+use mirror_e2e::oracles::oracle::Expected;
 use mirror_e2e::scenario::PODS;
-use mirror_e2e::testbed::{Events, Testbed};
+use mirror_e2e::topology::testbed::{Events, Testbed};
+use mirror_e2e::workload::raw::{self, Conn};
 
 /// The asyncio server's port.
 const PORT: u16 = 8080;

@@ -10,11 +10,11 @@ use std::net::SocketAddr;
 
 use mirror_bpf::testing::require_root;
 use mirror_bpf::TriggerEvent;
-use mirror_e2e::oracle::Expected;
-use mirror_e2e::pcap::Packet;
-use mirror_e2e::raw::{self, get, pipelined, Exchange};
+use mirror_e2e::capture::pcap::Packet;
+use mirror_e2e::oracles::oracle::Expected;
 use mirror_e2e::scenario::{HTTP, PODS};
-use mirror_e2e::testbed::{Recording, Testbed};
+use mirror_e2e::topology::testbed::{Recording, Testbed};
+use mirror_e2e::workload::raw::{self, get, pipelined, Exchange};
 
 /// The raw server's port.
 const RAW: u16 = 8080;

@@ -1,6 +1,6 @@
 //! HTTP/2 cleartext and gRPC on real stacks, end to end: the classifier follows HTTP/2 on each
 //! pod's veth, and rules on a response's `:status` or a call's `grpc-status` mark the
-//! connection at the packet carrying that HEADERS frame ([`mirror_e2e::h2_scenario`]).
+//! connection at the packet carrying that HEADERS frame ([`mirror_e2e::workload::h2_scenario`]).
 //!
 //! Servers, each in a pod of its own: grpc-go, grpcio (Python) and @grpc/grpc-js (Node), each
 //! failing the calls whose request asks for it; nginx serving h2c with prior knowledge (`/fail`
@@ -35,18 +35,20 @@ use std::time::Instant;
 use mirror_bpf::testing::{in_ci, require_root};
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{AttachMode, Counters, FlowKey, MirrorMethod, TriggerEvent, TriggerKind};
-use mirror_e2e::h2_oracle::{self, frame, H2Expected, H2Kind, H2Rule, H2Trigger, LateDirection};
-use mirror_e2e::h2_scenario::{self, channel, grpc_conns, Stacks, GREETER, GRPC_PORT, PORTS, ROLES, RULES};
-use mirror_e2e::h2_stacks::{self, Grpc, GrpcPlan};
-use mirror_e2e::kubeproxy::{Flavour, KubeProxy, SERVICE_PORT};
-use mirror_e2e::nat_oracle::{self, CopyPoints, NatExpected, Point};
-use mirror_e2e::netns::MIRROR_SINK;
-use mirror_e2e::oracle;
-use mirror_e2e::pcap::{Packet, Trace};
+use mirror_e2e::capture::pcap::{Packet, Trace};
+use mirror_e2e::capture::tshark::{self, Aspects, Decode};
+use mirror_e2e::oracles::h2_oracle::{self, frame, H2Expected, H2Kind, H2Rule, H2Trigger, LateDirection};
+use mirror_e2e::oracles::nat_oracle::{self, CopyPoints, NatExpected, Point};
+use mirror_e2e::oracles::oracle;
 use mirror_e2e::scenario::PODS;
-use mirror_e2e::servers;
-use mirror_e2e::testbed::Testbed;
-use mirror_e2e::tshark::{self, Aspects, Decode};
+use mirror_e2e::topology::kubeproxy::{Flavour, KubeProxy, SERVICE_PORT};
+use mirror_e2e::topology::netns::MIRROR_SINK;
+use mirror_e2e::topology::testbed::Testbed;
+use mirror_e2e::workload::h2_scenario::{
+    self, channel, grpc_conns, Stacks, GREETER, GRPC_PORT, PORTS, ROLES, RULES,
+};
+use mirror_e2e::workload::h2_stacks::{self, Grpc, GrpcPlan};
+use mirror_e2e::workload::servers;
 
 /// The one file of `dir` whose name starts with `prefix` (a recording's capture).
 #[track_caller]
@@ -60,54 +62,13 @@ fn only_file(dir: &Path, prefix: &str) -> PathBuf {
     found[0].clone()
 }
 
+/// The columns of a row of the table after its connections (the connections failed after
+/// them all): the indices of `Row::counts`.
+const CALLS: usize = 0;
+const FAILING_CALLS: usize = 1;
+
 /// One row of the table.
-#[derive(Default)]
-struct Row {
-    connections: usize,
-    calls: usize,
-    failing_calls: usize,
-    failed: usize,
-    triggered: usize,
-    correct: usize,
-    mirrored: usize,
-    expected_mirrored: u64,
-}
-
-impl Row {
-    fn precision(&self) -> f64 {
-        oracle::precision(self.correct, self.triggered)
-    }
-
-    fn recall(&self) -> f64 {
-        oracle::recall(self.correct, self.failed)
-    }
-
-    fn add(&mut self, o: &Row) {
-        self.connections += o.connections;
-        self.calls += o.calls;
-        self.failing_calls += o.failing_calls;
-        self.failed += o.failed;
-        self.triggered += o.triggered;
-        self.correct += o.correct;
-        self.mirrored += o.mirrored;
-        self.expected_mirrored += o.expected_mirrored;
-    }
-
-    fn line(&self, name: &str) -> String {
-        format!(
-            "| {name} | {} | {} | {} | {} | {} | {:.3} | {:.3} | {} / {} |",
-            self.connections,
-            self.calls,
-            self.failing_calls,
-            self.failed,
-            self.triggered,
-            self.precision(),
-            self.recall(),
-            self.mirrored,
-            self.expected_mirrored
-        )
-    }
-}
+type Row = oracle::Row<2>;
 
 /// Pushes `msg` when `ok` is false.
 fn check(failures: &mut Vec<String>, ok: bool, msg: impl FnOnce() -> String) {
@@ -288,9 +249,9 @@ fn http2_and_grpc_triggers_are_exact_on_real_stacks() {
         let row = &mut rows[i].1;
         let (fail, hit) = (judged.failed.contains(f), triggered.contains(f));
         row.connections += 1;
-        row.calls += c.calls.len();
-        row.failing_calls += c.calls.iter().filter(|k| k.fails(&rules)).count();
-        row.failed += usize::from(fail);
+        row.counts[CALLS] += c.calls.len();
+        row.counts[FAILING_CALLS] += c.calls.iter().filter(|k| k.fails(&rules)).count();
+        row.relevant += usize::from(fail);
         row.triggered += usize::from(hit);
         row.correct += usize::from(hit && fail);
         row.mirrored += mirrored.get(f).copied().unwrap_or(0);
@@ -302,8 +263,8 @@ fn http2_and_grpc_triggers_are_exact_on_real_stacks() {
         "| stack | connections | calls | calls matching a rule | connections failed | triggered | precision | recall | mirrored / expected packets |".to_string(),
         "|---|--:|--:|--:|--:|--:|--:|--:|--:|".to_string(),
     ];
-    table.extend(rows.iter().map(|(n, r)| r.line(n)));
-    table.push(total.line("all"));
+    table.extend(rows.iter().map(|(n, r)| r.line(n, FAILING_CALLS + 1)));
+    table.push(total.line("all", FAILING_CALLS + 1));
     let show = |set: &BTreeSet<FlowKey>| set.iter().map(|f| format!("  {f}")).collect::<Vec<_>>().join("\n");
     let false_triggers: BTreeSet<FlowKey> = triggered.difference(&judged.failed).copied().collect();
     let missed: BTreeSet<FlowKey> = judged.failed.difference(&triggered).copied().collect();

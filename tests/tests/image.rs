@@ -13,16 +13,16 @@ use std::time::{Duration, Instant};
 use mirror_bpf::attach::tcx_prog_ids;
 use mirror_bpf::testing::{ifindex, require_root};
 use mirror_e2e::agent::Binaries;
-use mirror_e2e::capture::Recorder;
-use mirror_e2e::client::{self, url, Session};
-use mirror_e2e::kube::{Manifests, Node};
-use mirror_e2e::kubelet::{pod_uid, PodProcess, PodSpec};
-use mirror_e2e::netns::Topology;
-use mirror_e2e::oracle::Expected;
-use mirror_e2e::podman::{build_prebuilt, Container, SharedMount};
+use mirror_e2e::capture::tcpdump::Recorder;
+use mirror_e2e::cluster::kube::{Manifests, Node};
+use mirror_e2e::cluster::kubelet::{pod_uid, PodProcess, PodSpec};
+use mirror_e2e::cluster::podman::{build_prebuilt, Container, SharedMount};
+use mirror_e2e::oracles::oracle::Expected;
 use mirror_e2e::proc::wait_until;
 use mirror_e2e::scenario::{HTTP, PODS};
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::netns::Topology;
+use mirror_e2e::workload::client::{self, url, Session};
+use mirror_e2e::workload::servers::Server;
 
 /// The bpffs magic number (statfs f_type).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;

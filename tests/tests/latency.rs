@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use mirror_bpf::testing::require_root;
 use mirror_bpf::HistKind;
-use mirror_e2e::client::{self, url};
 use mirror_e2e::scenario::PODS;
-use mirror_e2e::testbed::Testbed;
+use mirror_e2e::topology::testbed::Testbed;
+use mirror_e2e::workload::client::{self, url};
 
 /// python's port.
 const PY: u16 = 8080;

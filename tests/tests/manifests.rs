@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use mirror_e2e::kube::{deploy_dir, load, Manifests};
+use mirror_e2e::cluster::kube::{deploy_dir, load, Manifests};
 
 /// Where scripts/install-deps.sh installs the validator.
 const VALIDATOR: &str = "/opt/kubernetes-validate/bin/kubernetes-validate";

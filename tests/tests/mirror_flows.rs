@@ -7,10 +7,10 @@ use std::net::IpAddr;
 use mirror_bpf::testing::{ifindex, require_root};
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{AttachMode, MirrorDelivery, MirrorMethod};
-use mirror_e2e::client::{self, url};
-use mirror_e2e::oracle::Expected;
+use mirror_e2e::oracles::oracle::Expected;
 use mirror_e2e::scenario::{keepalive_pod_to_pod, large_500_response, ALT, HTTP, PODS};
-use mirror_e2e::testbed::Testbed;
+use mirror_e2e::topology::testbed::Testbed;
+use mirror_e2e::workload::client::{self, url};
 
 #[test]
 fn keepalive_pod_to_pod_ipv4_is_mirrored_from_the_500_on() {

@@ -36,14 +36,14 @@ use std::net::SocketAddr;
 use mirror_bpf::testing::require_root;
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{FlowKey, HistKind};
-use mirror_e2e::client::{self, url};
-use mirror_e2e::containerd::{self, CriNode, SandboxSpec};
-use mirror_e2e::kubeproxy::{Flavour, KubeProxy, Translation, SERVICE_PORT};
-use mirror_e2e::nat_oracle::{self, Connection, CopyPoints, NatExpected, Point};
-use mirror_e2e::netns::MIRROR_SINK;
-use mirror_e2e::oracle::{self, WantedReplay};
+use mirror_e2e::cluster::containerd::{self, CriNode, SandboxSpec};
+use mirror_e2e::oracles::nat_oracle::{self, Connection, CopyPoints, NatExpected, Point};
+use mirror_e2e::oracles::oracle::{self, WantedReplay};
 use mirror_e2e::scenario::{HTTP, PODS};
-use mirror_e2e::testbed::{Testbed, TestbedBuilder};
+use mirror_e2e::topology::kubeproxy::{Flavour, KubeProxy, Translation, SERVICE_PORT};
+use mirror_e2e::topology::netns::MIRROR_SINK;
+use mirror_e2e::topology::testbed::{Testbed, TestbedBuilder};
+use mirror_e2e::workload::client::{self, url};
 
 /// Who reaches the Service, and how.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -410,9 +410,9 @@ fn hairpin_nftables_ipv4_is_one_flow_mirrored_from_the_500_on() {
     run(Path::Hairpin, Flavour::Nftables, false);
 }
 
-/// Pods of containerd on the CNI bridge (`mirror_e2e::containerd`), a ClusterIP's iptables
-/// rules in front of the server pod, bridged packets through them: one flow, its 500's request
-/// replayed first and once.
+/// Pods of containerd on the CNI bridge (`mirror_e2e::cluster::containerd`), a ClusterIP's
+/// iptables rules in front of the server pod, bridged packets through them: one flow, its 500's
+/// request replayed first and once.
 #[test]
 fn bridged_pod_to_cluster_ip_iptables_ipv4_is_one_flow_mirrored_from_the_500_on() {
     if !require_root() || !containerd::available() {

@@ -19,12 +19,12 @@ use std::time::Duration;
 
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv, Binaries};
-use mirror_e2e::capture::{Capture, SETTLE};
-use mirror_e2e::netns::{nsenter, Netns, Topology};
-use mirror_e2e::pcap::{Packet, Trace};
+use mirror_e2e::capture::pcap::{Packet, Trace};
+use mirror_e2e::capture::tcpdump::{Capture, SETTLE};
 use mirror_e2e::proc::Proc;
 use mirror_e2e::scenario::PODS;
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::netns::{nsenter, Netns, Topology};
+use mirror_e2e::workload::servers::Server;
 
 /// The servers' port.
 const PORT: u16 = 8080;

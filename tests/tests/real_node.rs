@@ -1,11 +1,11 @@
-//! The agent on a node made of the real parts ([`mirror_e2e::containerd`]): containerd's CRI
-//! plugin makes the pods and the CNI bridge plugin their `veth…` links, as on a kubelet's node.
-//! The agent, told the runtime's socket, attaches to the veths as pods come and go, names the
-//! pods from the runtime (name, namespace, UID, sandbox, the configured labels) in `mirrorctl
-//! pods`, flows, events, captures and metrics, and mirrors a 500's connection exactly once from
-//! the trigger on; a pod deleted while its connection is mirrored; the agent killed and started
-//! again while pods change; a ClusterIP in front of the pods (kube-proxy's iptables rules, with
-//! `bridge-nf-call-iptables`).
+//! The agent on a node made of the real parts ([`mirror_e2e::cluster::containerd`]):
+//! containerd's CRI plugin makes the pods and the CNI bridge plugin their `veth…` links, as on
+//! a kubelet's node. The agent, told the runtime's socket, attaches to the veths as pods come
+//! and go, names the pods from the runtime (name, namespace, UID, sandbox, the configured
+//! labels) in `mirrorctl pods`, flows, events, captures and metrics, and mirrors a 500's
+//! connection exactly once from the trigger on; a pod deleted while its connection is mirrored;
+//! the agent killed and started again while pods change; a ClusterIP in front of the pods
+//! (kube-proxy's iptables rules, with `bridge-nf-call-iptables`).
 //!
 //! The tests run one at a time: each has a containerd, a node and an agent of its own, and
 //! timing bounds that two at once on a small machine would blur.
@@ -18,18 +18,18 @@ use std::time::{Duration, Instant};
 use mirror_bpf::attach::tcx_prog_ids;
 use mirror_bpf::testing::{ifindex, require_root};
 use mirror_e2e::agent::{AgentConfig, AgentEnv, Binaries};
-use mirror_e2e::capture::Recorder;
-use mirror_e2e::client::{self, url, Session};
-use mirror_e2e::containerd::{self, CriNode, CriPod, SandboxSpec};
-use mirror_e2e::kube::{Manifests, Node};
-use mirror_e2e::kubeproxy::{Flavour, KubeProxy, SERVICE_PORT};
-use mirror_e2e::nat_oracle::{self, CopyPoints, NatExpected, Point};
-use mirror_e2e::netns::nsenter;
-use mirror_e2e::oracle::Expected;
-use mirror_e2e::podman::{build_prebuilt, Container, SharedMount};
+use mirror_e2e::capture::tcpdump::Recorder;
+use mirror_e2e::cluster::containerd::{self, CriNode, CriPod, SandboxSpec};
+use mirror_e2e::cluster::kube::{Manifests, Node};
+use mirror_e2e::cluster::podman::{build_prebuilt, Container, SharedMount};
+use mirror_e2e::oracles::nat_oracle::{self, CopyPoints, NatExpected, Point};
+use mirror_e2e::oracles::oracle::Expected;
 use mirror_e2e::proc::{wait_until, Proc};
 use mirror_e2e::scenario::HTTP;
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::kubeproxy::{Flavour, KubeProxy, SERVICE_PORT};
+use mirror_e2e::topology::netns::nsenter;
+use mirror_e2e::workload::client::{self, url, Session};
+use mirror_e2e::workload::servers::Server;
 use serde_json::Value;
 
 /// How long the agent may take to attach to a new veth, and to name its pod from the runtime

@@ -11,12 +11,12 @@ use std::time::Instant;
 use mirror_bpf::testing::require_root;
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{AttachMode, FlowKey, MirrorDelivery, MirrorMethod};
-use mirror_e2e::http_stream;
-use mirror_e2e::oracle::{check_replay, WantedReplay};
-use mirror_e2e::pcap::Packet;
-use mirror_e2e::raw;
+use mirror_e2e::capture::pcap::Packet;
+use mirror_e2e::oracles::http_stream;
+use mirror_e2e::oracles::oracle::{check_replay, WantedReplay};
 use mirror_e2e::scenario::{ALT, HTTP, PODS};
-use mirror_e2e::testbed::{Recording, Testbed};
+use mirror_e2e::topology::testbed::{Recording, Testbed};
+use mirror_e2e::workload::raw;
 
 /// How a test sets the mirror up.
 struct Setup {

@@ -17,11 +17,11 @@ use std::time::Instant;
 use mirror_bpf::testing::require_root;
 use mirror_bpf::types::{mirror_limits, stat_idx};
 use mirror_bpf::{FlowKey, RequestState, TriggerEvent};
-use mirror_e2e::http_stream;
-use mirror_e2e::oracle::{check_replay, WantedReplay};
-use mirror_e2e::raw;
+use mirror_e2e::oracles::http_stream;
+use mirror_e2e::oracles::oracle::{check_replay, WantedReplay};
 use mirror_e2e::scenario::{ALT, HTTP, PODS};
-use mirror_e2e::testbed::{Recording, Testbed};
+use mirror_e2e::topology::testbed::{Recording, Testbed};
+use mirror_e2e::workload::raw;
 
 /// Connections per stack, all at once: requests in flight 1 to 16, three connections each.
 const CONNECTIONS: usize = 48;

@@ -3,9 +3,9 @@
 
 use mirror_bpf::testing::require_root;
 use mirror_bpf::{HistKind, TraceGroup, Tracing};
-use mirror_e2e::client::{self, url};
 use mirror_e2e::scenario::{HTTP, PODS};
-use mirror_e2e::testbed::Testbed;
+use mirror_e2e::topology::testbed::Testbed;
+use mirror_e2e::workload::client::{self, url};
 
 /// A client and an nginx server pod, attached, with the tracing programs loaded and `group` on.
 fn bed_with(group: TraceGroup) -> Testbed {

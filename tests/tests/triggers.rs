@@ -16,14 +16,14 @@ use mirror_bpf::flow::monotonic_ns;
 use mirror_bpf::testing::require_root;
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{Counters, FlowKey, MirrorMark, Side, TriggerEvent, TriggerKind};
-use mirror_e2e::crowd::{Crowd, Held};
-use mirror_e2e::http_stream::{Conversation, Response};
-use mirror_e2e::netns::Netns;
-use mirror_e2e::oracle::Expected;
-use mirror_e2e::pcap::{Packet, Trace};
-use mirror_e2e::raw::{self, get, Conn};
+use mirror_e2e::capture::pcap::{Packet, Trace};
+use mirror_e2e::oracles::http_stream::{Conversation, Response};
+use mirror_e2e::oracles::oracle::Expected;
 use mirror_e2e::scenario::PODS;
-use mirror_e2e::testbed::{Recording, Snapshot, Testbed};
+use mirror_e2e::topology::netns::Netns;
+use mirror_e2e::topology::testbed::{Recording, Snapshot, Testbed};
+use mirror_e2e::workload::crowd::{Crowd, Held};
+use mirror_e2e::workload::raw::{self, get, Conn};
 
 /// The asyncio server's port.
 const PORT: u16 = 8080;

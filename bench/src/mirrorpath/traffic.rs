@@ -16,8 +16,8 @@ use anyhow::{bail, ensure, Context, Result};
 use mirror_bpf::testing;
 use mirror_bpf::types::stat_idx;
 use mirror_bpf::{AttachMode, Datapath, DatapathOptions, MirrorMethod};
-use mirror_e2e::netns::{Netns, Topology};
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::netns::{Netns, Topology};
+use mirror_e2e::workload::servers::Server;
 
 use super::perf::{self, Breakdown};
 use super::sinks::{self, SinkKind, Variant};

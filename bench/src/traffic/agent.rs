@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, ensure, Context, Result};
 use mirror_e2e::agent::{AgentConfig, AgentEnv, Binaries};
-use mirror_e2e::netns::Netns;
+use mirror_e2e::topology::netns::Netns;
 use serde_json::Value;
 
 /// How the agent copies packets.

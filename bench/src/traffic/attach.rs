@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use mirror_e2e::agent::Binaries;
-use mirror_e2e::netns::Netns;
+use mirror_e2e::topology::netns::Netns;
 use serde_json::Value;
 
 use super::agent::{self, AgentSpec, Method, Rules, Timing};

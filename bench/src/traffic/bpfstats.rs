@@ -9,7 +9,7 @@ use libbpf_rs::libbpf_sys;
 use libbpf_rs::query::ProgInfoIter;
 use mirror_bpf::attach::TcxLink;
 use mirror_bpf::skel::baseline::BaselineSkel;
-use mirror_e2e::netns::Netns;
+use mirror_e2e::topology::netns::Netns;
 
 /// Keeps run-time accounting on while held.
 pub struct StatsOn {

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use mirror_e2e::netns::{Netns, MIRROR_DEV};
 use mirror_e2e::proc::Proc;
+use mirror_e2e::topology::netns::{Netns, MIRROR_DEV};
 
 use super::agent::{AgentSpec, Agents, Method, Rules, Timing};
 use super::loads::{Load, Sample};

@@ -7,10 +7,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use mirror_e2e::h2_stacks::{nginx_h2c, Daemon};
-use mirror_e2e::netns::{Netns, Pod, Topology};
 use mirror_e2e::proc::{wait_until, Proc};
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::netns::{Netns, Pod, Topology};
+use mirror_e2e::workload::h2_stacks::{nginx_h2c, Daemon};
+use mirror_e2e::workload::servers::Server;
 use tempfile::TempDir;
 
 /// iperf3's port.

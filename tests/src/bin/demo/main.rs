@@ -15,12 +15,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use mirror_e2e::agent::{AgentConfig, AgentEnv, Binaries};
-use mirror_e2e::capture::Capture;
-use mirror_e2e::client::{self, url};
-use mirror_e2e::netns::Topology;
-use mirror_e2e::oracle::Expected;
+use mirror_e2e::capture::tcpdump::Capture;
+use mirror_e2e::oracles::oracle::Expected;
 use mirror_e2e::scenario::{HTTP, PODS};
-use mirror_e2e::servers::Server;
+use mirror_e2e::topology::netns::Topology;
+use mirror_e2e::workload::client::{self, url};
+use mirror_e2e::workload::servers::Server;
 
 /// The connections the client opens: a name and the paths it GETs, in order, keep-alive.
 const CONNECTIONS: [(&str, &[&str]); 4] =

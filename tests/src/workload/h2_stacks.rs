@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::netns::{Netns, Pod};
 use crate::proc::{wait_until, Proc};
-use crate::servers::{self, find_program};
+use crate::topology::netns::{Netns, Pod};
+use crate::workload::servers::{self, find_program};
 
 /// The sources: `tests/h2`.
 pub fn sources() -> PathBuf {

@@ -108,7 +108,8 @@ pub struct Container {
 }
 
 impl Container {
-    /// `podman run -d --name NAME ARGS...` (args from [`crate::kube::Manifests::podman_args`]).
+    /// `podman run -d --name NAME ARGS...` (args from
+    /// [`crate::cluster::kube::Manifests::podman_args`]).
     #[track_caller]
     pub fn start(name: &str, args: &[String]) -> Container {
         let _ = podman().args(["rm", "-f", name]).output();

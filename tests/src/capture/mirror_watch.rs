@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::netns::{join, Netns};
+use crate::topology::netns::{join, Netns};
 
 /// A copy seen on the sink: when, and its TCP ports.
 #[derive(Debug, Clone, Copy)]

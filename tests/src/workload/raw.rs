@@ -1,7 +1,7 @@
 //! A raw HTTP/1.x client on `std::net`, for byte layouts curl does not make: each round of
 //! requests goes out in one write (TCP_NODELAY), several pipelined requests in one segment;
-//! responses are read with their framing ([`crate::http_stream`]). The client closes first,
-//! unless it resets the connection ([`Conn::abort`]) or waits for the server's reset
+//! responses are read with their framing ([`crate::oracles::http_stream`]). The client closes
+//! first, unless it resets the connection ([`Conn::abort`]) or waits for the server's reset
 //! ([`Conn::expect_reset`]).
 
 use std::io::{Read, Write};
@@ -9,8 +9,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use crate::http_stream::{self, Parsed, Response};
-use crate::netns::Netns;
+use crate::oracles::http_stream::{self, Parsed, Response};
+use crate::topology::netns::Netns;
 
 /// How long to wait for a connection or for the next bytes of a response.
 const TIMEOUT: Duration = Duration::from_secs(5);

@@ -8,7 +8,7 @@ use std::path::Path;
 use libbpf_rs::MapCore;
 
 use crate::agent::AgentEnv;
-use crate::netns::Netns;
+use crate::topology::netns::Netns;
 
 /// Entries of a pinned map of the agent.
 #[track_caller]
@@ -66,7 +66,7 @@ pub fn filters(node: &Netns, veths: &[&str]) -> usize {
     let path = node.path();
     let tcx: usize = std::thread::scope(|s| {
         s.spawn(|| {
-            crate::netns::join(&path);
+            crate::topology::netns::join(&path);
             veths
                 .iter()
                 .map(|v| {

@@ -36,11 +36,11 @@ use std::thread;
 
 use mirror_bpf::FlowKey;
 
-use crate::capture::{Capture, Direction, SETTLE};
-use crate::http_stream;
-use crate::netns::Netns;
-use crate::oracle::Expected;
-use crate::pcap::{Packet, PacketId, Trace};
+use crate::capture::pcap::{Packet, PacketId, Trace};
+use crate::capture::tcpdump::{Capture, Direction, SETTLE};
+use crate::oracles::http_stream;
+use crate::oracles::oracle::Expected;
+use crate::topology::netns::Netns;
 
 /// Where the data path copies one direction of a connection: a link of the node namespace and
 /// the way the packets cross it there.

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::http_stream::{self, Parsed};
-use crate::netns::{join, Netns};
+use crate::oracles::http_stream::{self, Parsed};
 use crate::proc::Proc;
+use crate::topology::netns::{join, Netns};
 
 /// How long a connection or a request may take before it counts as failed.
 const TIMEOUT: Duration = Duration::from_secs(5);

@@ -13,8 +13,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use crate::netns::{nsenter, Netns};
 use crate::proc::{wait_until, Proc};
+use crate::topology::netns::{nsenter, Netns};
 
 /// What a pod's container is given.
 #[derive(Debug, Clone, Default)]

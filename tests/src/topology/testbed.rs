@@ -15,11 +15,11 @@ use mirror_bpf::{
 };
 use tempfile::TempDir;
 
-use crate::capture::Recorder;
-pub use crate::capture::Recording;
-use crate::netns::{Entered, Netns, Pod, Topology, MIRROR_DEV, MIRROR_SINK};
-use crate::oracle::Expected;
-use crate::servers::Server;
+use crate::capture::tcpdump::Recorder;
+pub use crate::capture::tcpdump::Recording;
+use crate::oracles::oracle::Expected;
+use crate::topology::netns::{Entered, Netns, Pod, Topology, MIRROR_DEV, MIRROR_SINK};
+use crate::workload::servers::Server;
 
 /// Trigger events, collected as they are polled.
 pub struct Events {
@@ -121,7 +121,7 @@ impl Testbed {
     }
 
     /// Attaches the replay program to the mirror sink: the request behind each trigger reaches
-    /// the mirror ahead of the response (recorded in [`crate::pcap::Trace::replayed`]).
+    /// the mirror ahead of the response (recorded in [`crate::capture::pcap::Trace::replayed`]).
     pub fn replay_to_sink(&mut self) {
         let hook = self.dp.attach_replay(ifindex(MIRROR_DEV)).expect("attaching the replay program");
         self.replay = Some(hook);

@@ -24,7 +24,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use mirror_bpf::FlowKey;
 
-use crate::netns::Netns;
+use crate::topology::netns::Netns;
 
 /// The Service's port on its ClusterIP, and the endpoint's port.
 pub const SERVICE_PORT: u16 = 80;

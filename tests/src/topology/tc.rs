@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use mirror_bpf::attach::TC_HANDLE;
 
-use crate::netns::Netns;
+use crate::topology::netns::Netns;
 
 /// A clsact hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 
 use mirror_bpf::FlowKey;
 
-use crate::pcap::{Packet, Trace};
+use crate::capture::pcap::{Packet, Trace};
 
 /// The outcome of parsing one item at the start of a buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use std::mem::{size_of, zeroed};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use crate::netns::{join, Netns};
+use crate::topology::netns::{join, Netns};
 
 /// Flows per destination port: source ports 1024..=65023.
 const SOURCE_PORTS: u32 = 64_000;

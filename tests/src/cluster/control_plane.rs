@@ -1,8 +1,9 @@
 //! A Kubernetes control plane for the end-to-end tests: etcd and kube-apiserver, built once per
-//! machine by `tests/kube/build.sh` into the cache (see [`crate::h2_stacks::cache_dir`]), run in
-//! a network namespace of their own. No controller-manager, scheduler nor kubelet: objects are
-//! stored, validated, admitted, authorised and watched as in a cluster, never acted upon (a pod
-//! bound to a node by `spec.nodeName` stays Pending; a DaemonSet makes no pods).
+//! machine by `tests/kube/build.sh` into the cache (see
+//! [`crate::workload::h2_stacks::cache_dir`]), run in a network namespace of their own. No
+//! controller-manager, scheduler nor kubelet: objects are stored, validated, admitted,
+//! authorised and watched as in a cluster, never acted upon (a pod bound to a node by
+//! `spec.nodeName` stays Pending; a DaemonSet makes no pods).
 //!
 //! Addresses, all from 198.19.250.0/24 and all inside namespaces made here:
 //! - [`ADDRESS`] (198.19.250.1/32) on the control plane namespace's loopback: the API server's
@@ -31,10 +32,10 @@ use std::time::{Duration, Instant};
 use mirror_bpf::testing::in_ci;
 use serde_json::{json, Value};
 
-use crate::h2_stacks::{cache_dir, run_ok};
-use crate::netns::{nsenter, Netns};
 use crate::proc::{wait_until, Proc};
-use crate::servers::find_program;
+use crate::topology::netns::{nsenter, Netns};
+use crate::workload::h2_stacks::{cache_dir, run_ok};
+use crate::workload::servers::find_program;
 
 /// The API server's address: on the control plane namespace's loopback, routed to from the
 /// node namespaces that [`ControlPlane::connect`] joins.

@@ -3,8 +3,8 @@
 //! code and every later packet of the connection, both directions, each exactly once (for a
 //! trigger that is not a response, a reset or a request left unanswered, from the packet the
 //! caller names); nothing of any other connection. Responses are found by reading each
-//! connection as HTTP/1.x with its framing ([`crate::http_stream`]): wherever one begins in a
-//! segment, across segments, and never in a body.
+//! connection as HTTP/1.x with its framing ([`crate::oracles::http_stream`]): wherever one
+//! begins in a segment, across segments, and never in a body.
 //!
 //! Ahead of a triggered flow's copies, the mirror carries the request the trigger answered
 //! (a replay, [`check_replay`]): the segment that carried its first byte, in the form the
@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use mirror_bpf::FlowKey;
 
-use crate::http_stream::{self, Conversation, ResponseSeen};
-use crate::pcap::{Packet, PacketId, Replayed, Trace};
+use crate::capture::pcap::{Packet, PacketId, Replayed, Trace};
+use crate::oracles::http_stream::{self, Conversation, ResponseSeen};
 
 /// Precision: of the `triggered` flows, the share that were right (`correct`); 1 when none
 /// triggered.
@@ -34,6 +34,74 @@ pub fn recall(correct: usize, relevant: usize) -> f64 {
         1.0
     } else {
         correct as f64 / relevant as f64
+    }
+}
+
+/// One row of a table of the classifier's accuracy over a set of connections: how many there
+/// were, how many should have triggered (`relevant`: the clients saw them fail), how many
+/// triggered and how many of those rightly, and their packets on the mirror against what the
+/// oracle expects. `counts` are the test's own columns, shown after `connections` with
+/// `relevant` among them (see [`Row::line`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Row<const N: usize> {
+    pub connections: usize,
+    pub counts: [usize; N],
+    pub relevant: usize,
+    pub triggered: usize,
+    pub correct: usize,
+    pub mirrored: usize,
+    pub expected_mirrored: u64,
+}
+
+impl<const N: usize> Default for Row<N> {
+    fn default() -> Self {
+        Row {
+            connections: 0,
+            counts: [0; N],
+            relevant: 0,
+            triggered: 0,
+            correct: 0,
+            mirrored: 0,
+            expected_mirrored: 0,
+        }
+    }
+}
+
+impl<const N: usize> Row<N> {
+    pub fn precision(&self) -> f64 {
+        precision(self.correct, self.triggered)
+    }
+
+    pub fn recall(&self) -> f64 {
+        recall(self.correct, self.relevant)
+    }
+
+    /// Adds `o`'s counts to this row's (a total).
+    pub fn add(&mut self, o: &Row<N>) {
+        self.connections += o.connections;
+        for (c, oc) in self.counts.iter_mut().zip(o.counts) {
+            *c += oc;
+        }
+        self.relevant += o.relevant;
+        self.triggered += o.triggered;
+        self.correct += o.correct;
+        self.mirrored += o.mirrored;
+        self.expected_mirrored += o.expected_mirrored;
+    }
+
+    /// The row as a line of a Markdown table: `name`, connections, the counts with `relevant`
+    /// shown before the count at `relevant_at` (after them all when it is `N`), triggered,
+    /// precision, recall, mirrored / expected packets.
+    pub fn line(&self, name: &str, relevant_at: usize) -> String {
+        let mut cells = vec![name.to_string(), self.connections.to_string()];
+        cells.extend(self.counts[..relevant_at].iter().map(usize::to_string));
+        cells.push(self.relevant.to_string());
+        cells.extend(self.counts[relevant_at..].iter().map(usize::to_string));
+        cells.push(self.triggered.to_string());
+        cells.push(format!("{:.3}", self.precision()));
+        cells.push(format!("{:.3}", self.recall()));
+        cells.push(format!("{} / {}", self.mirrored, self.expected_mirrored));
+        format!("| {} |", cells.join(" | "))
     }
 }
 

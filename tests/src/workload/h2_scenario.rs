@@ -15,12 +15,12 @@ use std::path::{Path, PathBuf};
 use mirror_bpf::testing::in_ci;
 use mirror_bpf::FlowKey;
 
-use crate::h2_oracle::{self, H2Expected, H2Rule};
-use crate::h2_stacks::{self, at, Channel, Daemon, Grpc, GrpcCall, GrpcPlan, H2Call, PlannedCall};
-use crate::netns::{Pod, Topology};
-use crate::pcap::Trace;
-use crate::servers;
-use crate::tshark::{self, Aspects, Decode};
+use crate::capture::pcap::Trace;
+use crate::capture::tshark::{self, Aspects, Decode};
+use crate::oracles::h2_oracle::{self, H2Expected, H2Rule};
+use crate::topology::netns::{Pod, Topology};
+use crate::workload::h2_stacks::{self, at, Channel, Daemon, Grpc, GrpcCall, GrpcPlan, H2Call, PlannedCall};
+use crate::workload::servers;
 
 /// The rules, in the order installed.
 pub const RULES: [&str; 3] =

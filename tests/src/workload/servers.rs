@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::netns::{Netns, Pod};
 use crate::proc::{wait_until, Proc};
+use crate::topology::netns::{Netns, Pod};
 
 /// A server process, stopped on drop.
 pub struct Server {

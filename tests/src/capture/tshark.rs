@@ -9,8 +9,8 @@ use std::process::Command;
 
 use mirror_bpf::FlowKey;
 
-use crate::h2_oracle::{frame, Fields, LateDirection, UNKNOWN};
-use crate::pcap::PacketId;
+use crate::capture::pcap::PacketId;
+use crate::oracles::h2_oracle::{frame, Fields, LateDirection, UNKNOWN};
 
 /// One TCP segment as tshark dissected it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -32,9 +32,9 @@ use mirror_bpf::testing::in_ci;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::netns::{Netns, Pod, Topology};
-use crate::podman::{self, run_ok, BASE_IMAGE};
+use crate::cluster::podman::{self, run_ok, BASE_IMAGE};
 use crate::proc::{wait_until, Proc};
+use crate::topology::netns::{Netns, Pod, Topology};
 
 /// The pause image, as the runtime's `sandbox_image` names it.
 pub const PAUSE_IMAGE: &str = "localhost/mirror-pause:bookworm";
@@ -162,7 +162,7 @@ impl SandboxSpec {
         SandboxSpec {
             name: name.into(),
             namespace: namespace.into(),
-            uid: crate::kubelet::pod_uid(n),
+            uid: crate::cluster::kubelet::pod_uid(n),
             labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         }
     }
@@ -228,7 +228,7 @@ impl CriNode {
         };
         n.write_config(&format!("me2e-{unique}"));
         let t = Instant::now();
-        let mut cmd = crate::netns::nsenter(&n.node.path(), "containerd");
+        let mut cmd = crate::topology::netns::nsenter(&n.node.path(), "containerd");
         cmd.arg("--config").arg(n.path("config.toml"));
         let mut proc = Proc::spawn(&format!("containerd in {}", n.node.name()), &mut cmd);
         let serving = wait_until(STARTUP, || n.crictl(&["version"]).status.success() || !proc.running());
@@ -428,8 +428,9 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
     }
 
     /// The node and `pods`, each under a role, as a test's topology with a mirror sink of its
-    /// own ([`crate::testbed::Testbed::builder_on`]: the classifier loaded by the test, attached
-    /// to the CNI's veths). The namespaces stay this node's: the topology deletes none.
+    /// own ([`crate::topology::testbed::Testbed::builder_on`]: the classifier loaded by the
+    /// test, attached to the CNI's veths). The namespaces stay this node's: the topology
+    /// deletes none.
     pub fn topology(&self, pods: &[(&str, &CriPod)]) -> Topology {
         let pods = pods
             .iter()

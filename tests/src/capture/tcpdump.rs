@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::Duration;
 
-use crate::netns::Netns;
-use crate::pcap::{self, Trace};
+use crate::capture::pcap::{self, Trace};
 use crate::proc::Proc;
+use crate::topology::netns::Netns;
 
 /// A running capture.
 pub struct Capture {

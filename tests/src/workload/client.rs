@@ -5,8 +5,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::netns::Netns;
 use crate::proc::{wait_until, Proc};
+use crate::topology::netns::Netns;
 
 /// The outcome of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

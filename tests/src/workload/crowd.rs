@@ -7,8 +7,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::netns::Netns;
 use crate::proc::Proc;
+use crate::topology::netns::Netns;
 
 /// One connection's request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,9 +31,9 @@ use loona_hpack::huffman::HuffmanDecoder;
 use loona_hpack::Decoder;
 use mirror_bpf::FlowKey;
 
-use crate::http_stream::{self, Parsed, Stream};
-use crate::oracle::{Expected, TriggeredFlow};
-use crate::pcap::{Packet, PacketId, Trace};
+use crate::capture::pcap::{Packet, PacketId, Trace};
+use crate::oracles::http_stream::{self, Parsed, Stream};
+use crate::oracles::oracle::{Expected, TriggeredFlow};
 
 /// What a client sends first when it knows the server speaks HTTP/2.
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -629,8 +629,8 @@ impl H2Expected {
 }
 
 /// The trigger packets of `trace` under `rules`, with the code each reports: what
-/// [`crate::nat_oracle::NatExpected::from_triggers`] takes, for a capture that may hold one
-/// direction only (then the rules must not filter on the request).
+/// [`crate::oracles::nat_oracle::NatExpected::from_triggers`] takes, for a capture that may
+/// hold one direction only (then the rules must not filter on the request).
 pub fn trigger_packets(trace: &Trace, rules: &[H2Rule]) -> Vec<(usize, u16)> {
     conversations(trace)
         .iter()

@@ -1,0 +1,12 @@
+//! The traffic a test makes: real HTTP servers and HTTP/2 and gRPC stacks, clients (curl, a
+//! raw HTTP/1.x client, many connections at once), production load, SYN floods, and the HTTP/2
+//! scenario built of them.
+
+pub mod client;
+pub mod crowd;
+pub mod flood;
+pub mod h2_scenario;
+pub mod h2_stacks;
+pub mod load;
+pub mod raw;
+pub mod servers;
