@@ -10,7 +10,7 @@ use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
-use mirror_bpf::{DatapathOptions, MirrorDelivery, Rule};
+use mirror_bpf::{DatapathOptions, Rule};
 
 use crate::api::{self, AgentInfo, ApiState};
 use crate::config::Config;
@@ -21,9 +21,8 @@ use crate::links::{self, LinkEvent};
 use crate::metrics;
 use crate::pods::Pods;
 use crate::server;
-use crate::sink::{Sink, Target};
+use crate::sink::Sink;
 use crate::state::StateStore;
-use crate::views::MirrorView;
 
 /// How the agent is started.
 #[derive(Debug, Clone, Copy, Default)]
@@ -117,22 +116,20 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     let handed_over = matches!(served, Ok(Stop::HandOver));
     let keep = opts.keep_attached || cfg.keep_attached || handed_over || (served.is_err() && adopted);
     tracing::info!(keep_attached = keep, handed_over, "stopping");
-    let res = match engine.shutdown(keep).await {
+    let stopped = engine.shutdown(keep).await;
+    if !keep {
+        sink.remove().await?;
+    }
+    let res = match stopped {
         Ok(stopped) => {
             if !keep {
-                sink.remove().await?;
                 // The engine has stopped and handed the state file back: ours to write now.
                 let mut state = stopped.state;
                 state.set_created_sink(false)?;
             }
             stopped.result
         }
-        Err(e) => {
-            if !keep {
-                sink.remove().await?;
-            }
-            Err(e)
-        }
+        Err(e) => Err(e),
     };
     let _ = std::fs::remove_file(&cfg.api.socket);
     if handed_over && res.is_ok() {
@@ -194,25 +191,7 @@ async fn serve(
     term: &mut tokio::signal::unix::Signal,
     int: &mut tokio::signal::unix::Signal,
 ) -> anyhow::Result<Stop> {
-    let mirror_ifindex = sink.ensure().await?;
-    let target = point_at_sink(engine, sink, mirror_ifindex).await?;
-    if mirror_ifindex.is_none() {
-        tracing::warn!(
-            interface = sink.name(),
-            "no mirror interface yet: triggered packets are counted, not copied"
-        );
-    }
-    engine.set_created_sink(sink.created).await?;
-
-    let mut mirror = MirrorView {
-        interface: cfg.mirror.interface.clone(),
-        ifindex: mirror_ifindex,
-        created: sink.created,
-        copies_to: None,
-        delivery: None,
-        kind: None,
-    };
-    mirror.set_target(target.as_ref());
+    let mirror = sink.start(engine).await?;
     let info = Arc::new(Mutex::new(AgentInfo {
         attach_mode: format!("{:?}", cfg.attach.mode).to_lowercase(),
         mirror,
@@ -332,22 +311,23 @@ async fn on_link_event(
     known: &mut BTreeMap<u32, String>,
     ev: LinkEvent,
 ) {
+    // Every link is known by name, the sink's too.
+    let renamed = match &ev {
+        LinkEvent::Present { ifindex, name, .. } => {
+            known.insert(*ifindex, name.clone()).is_some_and(|old| old != *name)
+        }
+        LinkEvent::Gone { ifindex, .. } => {
+            known.remove(ifindex);
+            ready.settled(*ifindex);
+            false
+        }
+        LinkEvent::Synced => false,
+    };
+    if sink.follow(engine, info, &ev).await {
+        return;
+    }
     match ev {
-        LinkEvent::Present { ifindex, name, up, at } => {
-            let renamed = known.insert(ifindex, name.clone()).is_some_and(|old| old != name);
-            if name == sink.name() {
-                set_sink(engine, sink, info, Some(ifindex)).await;
-            }
-            if sink.owns(&name) {
-                if !up && sink.created {
-                    // Copies to a link that is down (or to the peer of one) are lost.
-                    tracing::warn!(interface = %name, "mirror sink set down: bringing it up again");
-                    if let Err(e) = sink.bring_up(&name).await {
-                        tracing::error!(interface = %name, error = format!("{e:#}"), "bringing the sink up");
-                    }
-                }
-                return;
-            }
+        LinkEvent::Present { ifindex, name, at, .. } => {
             if cfg.interfaces.matches(&name) {
                 match engine.attach(ifindex, name.clone(), at.into_std()).await {
                     Ok(_) => ready.settled(ifindex),
@@ -365,23 +345,6 @@ async fn on_link_event(
             }
         }
         LinkEvent::Gone { ifindex, name } => {
-            known.remove(&ifindex);
-            ready.settled(ifindex);
-            if sink.owns(&name) && name == sink.name() {
-                tracing::warn!(interface = %name, "{}", sink.vanished());
-                set_sink(engine, sink, info, None).await;
-                match sink.ensure().await {
-                    Ok(i) => {
-                        set_sink(engine, sink, info, i).await;
-                        info.lock().expect("info lock").mirror.created = sink.created;
-                        if let Err(e) = engine.set_created_sink(sink.created).await {
-                            tracing::warn!(error = format!("{e:#}"), "recording the recreated sink");
-                        }
-                    }
-                    Err(e) => tracing::error!(error = format!("{e:#}"), "recreating the mirror sink"),
-                }
-                return;
-            }
             if let Err(e) = engine.detach(ifindex).await {
                 tracing::warn!(%name, ifindex, error = format!("{e:#}"), "forgetting a vanished link");
             }
@@ -394,55 +357,5 @@ async fn on_link_event(
                 Err(e) => tracing::warn!(error = format!("{e:#}"), "removing stale pins"),
             }
         }
-    }
-}
-
-impl MirrorView {
-    /// Shows where copies go (nowhere: `None`).
-    fn set_target(&mut self, target: Option<&Target>) {
-        self.copies_to = target.map(|t| t.name.clone());
-        self.kind = target.and_then(|t| t.kind.clone());
-        self.delivery = target.map(|t| {
-            match t.delivery {
-                MirrorDelivery::Egress => "egress",
-                MirrorDelivery::Ingress => "ingress",
-            }
-            .to_string()
-        });
-    }
-}
-
-/// Points the data path at the sink whose ifindex is `ifindex` (`None`: no sink, copies are
-/// only counted), handing copies to it, or to its peer, the way its kind calls for.
-async fn point_at_sink(engine: &Engine, sink: &Sink, ifindex: Option<u32>) -> anyhow::Result<Option<Target>> {
-    let target = match ifindex {
-        Some(i) => Some(sink.target(i).await?),
-        None => None,
-    };
-    let (i, delivery) = target.as_ref().map_or((0, MirrorDelivery::Egress), |t| (t.ifindex, t.delivery));
-    engine.set_mirror(i, delivery, ifindex.unwrap_or(0)).await?;
-    if let Some(t) = &target {
-        tracing::info!(
-            interface = sink.name(),
-            copies_to = %t.name,
-            delivery = ?t.delivery,
-            "mirror interface set"
-        );
-    }
-    Ok(target)
-}
-
-async fn set_sink(engine: &Engine, sink: &Sink, info: &Arc<Mutex<AgentInfo>>, ifindex: Option<u32>) {
-    let current = info.lock().expect("info lock").mirror.ifindex;
-    if current == ifindex {
-        return;
-    }
-    match point_at_sink(engine, sink, ifindex).await {
-        Ok(target) => {
-            let mut info = info.lock().expect("info lock");
-            info.mirror.ifindex = ifindex;
-            info.mirror.set_target(target.as_ref());
-        }
-        Err(e) => tracing::error!(error = format!("{e:#}"), "setting the mirror interface"),
     }
 }

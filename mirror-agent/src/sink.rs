@@ -1,15 +1,23 @@
-//! The mirror sink: the link mirrored packets are copied to. Created when asked (dummy, a veth
-//! pair whose peer is where captures read, or auto: dummy where the kernel has the type, else
-//! a veth pair), brought up with a large MTU, recreated if it disappears, brought up again if
-//! set down (when we created it); removed at exit only if we created it. Where and how copies are handed to it
-//! (its transmit, its receive path, or its veth peer's) depends on its kind: see [`deliver_for`].
+//! The mirror sink: the link mirrored packets are copied to, its whole life. Created when asked
+//! (dummy, a veth pair whose peer is where captures read, or auto: dummy where the kernel has
+//! the type, else a veth pair), brought up with a large MTU, the data path pointed at it
+//! ([`Sink::start`]); recreated if it disappears, brought up again if set down (when we created
+//! it), the data path pointed at it again ([`Sink::follow`]); removed at exit only if we created
+//! it ([`Sink::remove`]). Where and how copies are handed to it (its transmit, its receive path,
+//! or its veth peer's) depends on its kind: see [`deliver_for`].
+
+use std::sync::Mutex;
 
 use futures::TryStreamExt;
 use mirror_bpf::MirrorDelivery;
 use netlink_packet_route::link::{LinkAttribute, LinkInfo};
 use rtnetlink::{Handle, LinkDummy, LinkGeneve, LinkGre, LinkUnspec, LinkVeth, LinkVxlan};
 
+use crate::api::AgentInfo;
 use crate::config::{DeliverCfg, MethodCfg, Mirror, SinkCreate};
+use crate::engine::Engine;
+use crate::links::LinkEvent;
+use crate::views::MirrorView;
 
 /// The mirror sink.
 pub struct Sink {
@@ -100,13 +108,119 @@ impl Sink {
         Ok(Self { cfg, handle, created })
     }
 
+    /// Makes sure the sink exists (creating it when ours to create), points the data path at
+    /// it, and records in the state file whether we created it; returns what the API shows of
+    /// it.
+    pub async fn start(&mut self, engine: &Engine) -> anyhow::Result<MirrorView> {
+        let ifindex = self.ensure().await?;
+        let target = self.point_engine_at(engine, ifindex).await?;
+        if ifindex.is_none() {
+            tracing::warn!(
+                interface = self.name(),
+                "no mirror interface yet: triggered packets are counted, not copied"
+            );
+        }
+        engine.set_created_sink(self.created).await?;
+        let mut mirror = MirrorView {
+            interface: self.cfg.interface.clone(),
+            ifindex,
+            created: self.created,
+            copies_to: None,
+            delivery: None,
+            kind: None,
+        };
+        mirror.set_target(target.as_ref());
+        Ok(mirror)
+    }
+
+    /// Follows link event `ev` if it is about the sink or its veth peer: points the data path
+    /// at the sink when it appears (again), brings it up again if set down, recreates it if it
+    /// vanished, and keeps `info` current. Returns whether the event was the sink's (then the
+    /// link is not one to attach to).
+    pub async fn follow(&mut self, engine: &Engine, info: &Mutex<AgentInfo>, ev: &LinkEvent) -> bool {
+        match ev {
+            LinkEvent::Present { ifindex, name, up, .. } => {
+                if name == self.name() {
+                    self.repoint(engine, info, Some(*ifindex)).await;
+                }
+                if !self.owns(name) {
+                    return false;
+                }
+                if !up && self.created {
+                    // Copies to a link that is down (or to the peer of one) are lost.
+                    tracing::warn!(interface = %name, "mirror sink set down: bringing it up again");
+                    if let Err(e) = self.bring_up(name).await {
+                        tracing::error!(interface = %name, error = format!("{e:#}"), "bringing the sink up");
+                    }
+                }
+                true
+            }
+            LinkEvent::Gone { name, .. } => {
+                if !(self.owns(name) && name == self.name()) {
+                    return false;
+                }
+                tracing::warn!(interface = %name, "{}", self.vanished());
+                self.repoint(engine, info, None).await;
+                match self.ensure().await {
+                    Ok(i) => {
+                        self.repoint(engine, info, i).await;
+                        info.lock().expect("info lock").mirror.created = self.created;
+                        if let Err(e) = engine.set_created_sink(self.created).await {
+                            tracing::warn!(error = format!("{e:#}"), "recording the recreated sink");
+                        }
+                    }
+                    Err(e) => tracing::error!(error = format!("{e:#}"), "recreating the mirror sink"),
+                }
+                true
+            }
+            LinkEvent::Synced => false,
+        }
+    }
+
+    /// Points the data path at the sink whose ifindex is `ifindex` (`None`: no sink, copies are
+    /// only counted), handing copies to it, or to its peer, the way its kind calls for.
+    async fn point_engine_at(&self, engine: &Engine, ifindex: Option<u32>) -> anyhow::Result<Option<Target>> {
+        let target = match ifindex {
+            Some(i) => Some(self.target(i).await?),
+            None => None,
+        };
+        let (i, delivery) = target.as_ref().map_or((0, MirrorDelivery::Egress), |t| (t.ifindex, t.delivery));
+        engine.set_mirror(i, delivery, ifindex.unwrap_or(0)).await?;
+        if let Some(t) = &target {
+            tracing::info!(
+                interface = self.name(),
+                copies_to = %t.name,
+                delivery = ?t.delivery,
+                "mirror interface set"
+            );
+        }
+        Ok(target)
+    }
+
+    /// Points the data path at the sink whose ifindex is `ifindex` unless it already is, and
+    /// shows it in `info`.
+    async fn repoint(&self, engine: &Engine, info: &Mutex<AgentInfo>, ifindex: Option<u32>) {
+        let current = info.lock().expect("info lock").mirror.ifindex;
+        if current == ifindex {
+            return;
+        }
+        match self.point_engine_at(engine, ifindex).await {
+            Ok(target) => {
+                let mut info = info.lock().expect("info lock");
+                info.mirror.ifindex = ifindex;
+                info.mirror.set_target(target.as_ref());
+            }
+            Err(e) => tracing::error!(error = format!("{e:#}"), "setting the mirror interface"),
+        }
+    }
+
     /// The configured name.
     pub fn name(&self) -> &str {
         &self.cfg.interface
     }
 
     /// What happens now that the sink has vanished, for the log.
-    pub fn vanished(&self) -> &'static str {
+    fn vanished(&self) -> &'static str {
         match self.cfg.create {
             SinkCreate::None => {
                 "mirror sink vanished: waiting for it to appear again (mirror.create: none, the agent does not create it)"
@@ -147,7 +261,7 @@ impl Sink {
     }
 
     /// Where and how copies go to the sink whose ifindex is `ifindex` (see [`deliver_for`]).
-    pub async fn target(&self, ifindex: u32) -> anyhow::Result<Target> {
+    async fn target(&self, ifindex: u32) -> anyhow::Result<Target> {
         let name = self.cfg.interface.clone();
         let kind = self.link(&name).await?.and_then(|(_, k)| k);
         let deliver = deliver_for(&self.cfg, kind.as_deref());
@@ -192,12 +306,12 @@ impl Sink {
 
     /// Brings `name` (the sink or its peer, when we created them) up again after someone set it
     /// down.
-    pub async fn bring_up(&self, name: &str) -> anyhow::Result<()> {
+    async fn bring_up(&self, name: &str) -> anyhow::Result<()> {
         self.set_up(name, None).await
     }
 
     /// Makes sure the sink exists and is up; returns its ifindex (`None`: absent, not ours to create).
-    pub async fn ensure(&mut self) -> anyhow::Result<Option<u32>> {
+    async fn ensure(&mut self) -> anyhow::Result<Option<u32>> {
         let name = self.cfg.interface.clone();
         if let Some(i) = self.index_of(&name).await? {
             self.set_up(&name, None).await?;
@@ -351,6 +465,21 @@ impl Sink {
         }
         self.created = false;
         Ok(())
+    }
+}
+
+impl MirrorView {
+    /// Shows where copies go (nowhere: `None`).
+    fn set_target(&mut self, target: Option<&Target>) {
+        self.copies_to = target.map(|t| t.name.clone());
+        self.kind = target.and_then(|t| t.kind.clone());
+        self.delivery = target.map(|t| {
+            match t.delivery {
+                MirrorDelivery::Egress => "egress",
+                MirrorDelivery::Ingress => "ingress",
+            }
+            .to_string()
+        });
     }
 }
 
