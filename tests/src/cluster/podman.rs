@@ -69,6 +69,17 @@ pub fn build_prebuilt(bins: &Binaries, tag: &str) -> Built {
         run_ok(Command::new("strip").arg("-o").arg(prebuilt.join(name)).arg(bin));
     }
     let t = Instant::now();
+    // The image the tag names now: replaced below, and removed once untagged (as `make image`
+    // does), so that runs do not pile up untagged images.
+    let inspect_id = |image: &str| {
+        podman()
+            .args(["image", "inspect", "--format", "{{.ID}}", image])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let old = inspect_id(tag);
     run_ok(
         podman()
             .args(["build", "-q", "-f"])
@@ -79,6 +90,12 @@ pub fn build_prebuilt(bins: &Binaries, tag: &str) -> Built {
             .arg(ctx.path()),
     );
     let build_s = t.elapsed().as_secs_f64();
+    if let Some(old) = old.filter(|old| inspect_id(tag).as_ref() != Some(old)) {
+        let tags = podman().args(["image", "inspect", "--format", "{{len .RepoTags}}", &old]).output();
+        if tags.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0") {
+            let _ = podman().args(["rmi", &old]).output();
+        }
+    }
     let out = run_ok(podman().args(["image", "inspect", "--format", "{{.Size}}", tag]));
     let size = String::from_utf8_lossy(&out.stdout).trim().parse().expect("an image size");
     Built { tag: tag.to_string(), base_s, build_s, size }
