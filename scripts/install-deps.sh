@@ -27,6 +27,7 @@ PACKAGES=(
     podman runc debootstrap binutils                               # the image: base, build, run (tests/tests/image.rs)
     python3-venv                                                   # kubernetes-validate (tests/tests/manifests.rs)
     containerd containernetworking-plugins                         # the real node (tests/tests/real_node.rs)
+    systemd                                                        # systemd-analyze verify of the unit (mirror-agent/tests/service_unit.rs)
 )
 
 # The accuracy test builds a Go net/http server and runs a Node http one (it fails without them
