@@ -127,8 +127,8 @@ static __always_inline int mark_flow(const struct flow_key *key, const struct fl
 }
 
 /*
- * mirror_trigger - a packet of @m's flow (@skb) matched @ra: mark the flow (and, across NAT,
- * the connection's other key), replay the request behind it ahead of the packet, report. The
+ * mirror_trigger - a packet of @m's flow (@skb) matched @ra: replay the request behind it
+ * ahead of the packet, mark the flow (and, across NAT, the connection's other key), report. The
  * packet itself is copied by the caller, like every packet of a marked flow. A global
  * function: verified once.
  * @t: the flow's shared entry (may be NULL); the request behind the trigger, if any, is in
@@ -146,10 +146,14 @@ __noinline int mirror_trigger(struct __sk_buff *skb, struct pkt_meta *m, struct 
         return 0;
     struct flow_key *peer = &s->peer;
     int nat = nat_peer(skb, m, t, peer, 1);
+    if (bpf_map_lookup_elem(&mirror_marks, &m->key))
+        return 0; /* marked before: nothing to do */
+    /* The request before the trigger goes to the mirror first, the mark after: a packet copied
+     * because of the mark, on any CPU, is handled after the replay has left. (Two CPUs
+     * triggering the same flow at once may both replay; only one marks.) */
+    struct replay_slot *r = replay_trigger(skb, s, ti, cnt);
     if (!mark_flow(&m->key, nat ? peer : NULL, ra, ti, m->now, &s->mark, cnt))
         return 0;
-    /* The request before the trigger goes to the mirror now, ahead of this packet. */
-    struct replay_slot *r = replay_trigger(skb, s, ti, cnt);
     emit_trigger(&m->key, m->dir, skb->ifindex, ra, ti, &s->req, &s->host, nat ? peer : NULL, r,
                  cnt);
     return 1;
