@@ -77,6 +77,7 @@ enum http_method _http_method = 0;
 enum proto_prog _proto_prog = 0;
 struct rule_filter _rule_filter = {};
 enum http_proto _http_proto = 0;
+struct dns_rcode_counts _dns_rcode_counts = {};
 
 /*
  * egress_seen - did @skb, at egress, come in through an interface where our ingress runs? Then

@@ -254,6 +254,25 @@ struct {
     __type(value, struct replay_slot);
 } request_replay SEC(".maps");
 
+/*
+ * Key: struct dns_key (the flow as the query was seen, and its id). Value: struct dns_query.
+ * LRU: a query never answered ages out instead of filling the map (dns.h).
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, DNS_QUERIES_MAX);
+    __type(key, struct dns_key);
+    __type(value, struct dns_query);
+} dns_queries SEC(".maps");
+
+/* Key: 0. Value: DNS responses by response code, per CPU (summed in user space). */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct dns_rcode_counts);
+} dns_rcodes SEC(".maps");
+
 /* How many request_replay slots were handed out: the next is replay_next & replay_mask(). User
  * space starts it at a fresh value at each load, so that numbers adopted from an earlier
  * instance are not taken for recent ones. */

@@ -181,6 +181,23 @@ struct trigger_info {
     struct flow_key replay_key; /* the key it was kept under (the other one across NAT) */
 };
 
+/* A DNS query, by its flow and id (dns_queries key). */
+struct dns_key {
+    struct flow_key key;
+    __u16 id;
+    __u16 _pad[3];
+};
+
+/* A DNS query awaiting its response (dns_queries value; dns.h). */
+struct dns_query {
+    __u64 ts_ns;   /* when it passed, packet_time() */
+    __u32 replay;  /* request_replay hand-out number + 1 of its segment (0: not kept) */
+    __u16 qtype;   /* its question's type */
+    __u8 name_len; /* bytes of name */
+    __u8 _pad;
+    __u8 name[DNS_NAME_MAX]; /* its question's name, as text, lower case */
+};
+
 /* What the classifier needs from one packet. */
 struct pkt_meta {
     struct flow_key key;

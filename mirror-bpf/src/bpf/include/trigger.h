@@ -46,7 +46,8 @@ static __always_inline int emit_trigger(const struct flow_key *key, __u32 dir, _
     ev->by = ti->by;
     ev->proto = ti->proto;
     ev->request = ti->request;
-    __builtin_memset(ev->_pad, 0, sizeof(ev->_pad));
+    ev->dns_type = 0;
+    ev->dns_id = 0;
     ev->stream = ti->stream;
     ev->authority_len = 0;
     if (authority && ti->proto == HTTP_PROTO_2) {

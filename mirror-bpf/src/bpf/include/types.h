@@ -60,6 +60,18 @@ enum mirror_limits {
     /* A grpc-status code c is the pseudo-status GRPC_STATUS_BASE + c in the rule maps (below
      * 100, beside enum trigger_kind); codes 0..GRPC_STATUS_CODES - 1. */
     GRPC_STATUS_BASE = 32,
+    /* A DNS response code r (the header's 4 bits) is the pseudo-status DNS_RCODE_BASE + r in the
+     * rule maps (below the gRPC codes); codes 0..DNS_RCODES - 1. */
+    DNS_RCODE_BASE = 8,
+    DNS_RCODES = 16,
+    /* Bytes of a DNS question's name kept, as text ("www.example.com", no final dot): a longer
+     * name is cut (and a qname= filter does not match it). */
+    DNS_NAME_MAX = 80,
+    /* dns_queries entries: DNS queries awaiting their responses, an LRU map (a query pushed out
+     * is answered without its time, its kept segment or a noresponse mark). */
+    DNS_QUERIES_MAX = 8192,
+    /* Server ports a DNS rule follows (settings.dns_ports; 53 unless configured). */
+    DNS_PORTS_MAX = 8,
     GRPC_STATUS_CODES = 64,
     /* Dynamic-table entries of one direction of an HTTP/2 connection remembered by value: those
      * naming :status, grpc-status, :method, :path or :authority, the latest inserted. */
@@ -101,6 +113,7 @@ enum hist_kind {
     HIST_STACK_TC_READ = 4, /* tc ingress to a local socket read (skb_copy_datagram_iovec) */
     HIST_STACK_XMIT = 5,    /* netif_receive_skb to leaving the node */
     HIST_STACK_READ = 6,    /* netif_receive_skb to a local socket read */
+    HIST_DNS_RESPONSE = 7,  /* a DNS query to its response (class: 0) */
 };
 
 /* Which tc hook a program runs at. */
@@ -119,6 +132,7 @@ enum trigger_kind {
     TRIGGER_RESET = 1,      /* a TCP RST in an established HTTP connection */
     TRIGGER_NORESPONSE = 2, /* a request without the start of a response within a time */
     TRIGGER_GRPC = 3, /* a gRPC call's grpc-status (pseudo-statuses GRPC_STATUS_BASE + code) */
+    TRIGGER_DNS = 4,  /* a DNS response's rcode (pseudo-statuses DNS_RCODE_BASE + rcode) */
 };
 
 /* The HTTP version of the request behind a trigger. */
@@ -126,6 +140,7 @@ enum http_proto {
     HTTP_PROTO_UNKNOWN = 0,
     HTTP_PROTO_1 = 1, /* HTTP/1.x */
     HTTP_PROTO_2 = 2, /* HTTP/2 (cleartext: prior knowledge or Upgrade: h2c) */
+    PROTO_DNS = 3,    /* DNS: the question's name in the event's request_head */
 };
 
 /* The request behind a trigger, as far as the classifier can name it: never another one. */
@@ -207,6 +222,12 @@ enum stat_idx {
     STAT_REQUEST_NOT_KEPT,  /* answers (or resets) whose request was pending but not kept: pushed
                              * out of the queue by later ones, or after a loss of framing that
                              * leaves which request it answers uncertain (timing.h) */
+    STAT_DNS_QUERIES,       /* DNS queries seen (on a DNS port, while some rule is a DNS rule) */
+    STAT_DNS_RESPONSES,     /* DNS responses seen */
+    STAT_DNS_UNMATCHED,     /* DNS responses whose query was not kept (not seen, or pushed out) */
+    STAT_DNS_MALFORMED,     /* DNS messages on a DNS port that could not be read (not DNS, a
+                             * question cut or compressed, more than one question) */
+    STAT_DNS_TRIGGERS,      /* DNS responses that matched a rule and marked their flow */
     STAT_MAX,
 };
 
@@ -268,6 +289,7 @@ struct flow_dir_stats {
 enum proto_prog {
     PROG_HTTP1 = 0, /* HTTP/1.x messages (http.h), which also finds where HTTP/2 starts */
     PROG_HTTP2 = 1, /* HTTP/2 frames, HPACK and gRPC (h2.h) */
+    PROG_DNS = 2,   /* DNS messages over UDP (dns.h) */
     PROG_RESET = 3, /* not a protocol: a TCP RST while some rule is a reset rule (decide.h) */
     PROGS_MAX = 4,
 };
@@ -353,9 +375,14 @@ struct rule_filter {
     __u32 methods;             /* bits of enum http_method (0: any) */
     __u8 path_len;             /* bytes of path, a prefix of the target (0: any) */
     __u8 host_len;             /* bytes of host, lower case (0: any) */
-    __u8 _pad[2];
+    __u8 qname_len;            /* bytes of qname, a suffix of a DNS question's name (0: any) */
+    __u8 _pad;
+    __u16 qtype;               /* a DNS question's type (0: any) */
+    __u16 _pad2;
+    __u32 _pad3;
     __u8 path[RULE_FILTER_TEXT];
     __u8 host[RULE_FILTER_TEXT];
+    __u8 qname[RULE_FILTER_TEXT]; /* lower case, no final dot */
 };
 
 /* Request methods, as bits of rule_filter.methods. */
@@ -509,9 +536,11 @@ struct trigger_event {
     __u8 by;       /* enum trigger_side: who sent the packet that triggered */
     __u8 proto;    /* enum http_proto of the request */
     __u8 request;  /* enum trigger_request */
-    __u8 _pad[4];
+    __u16 dns_type; /* DNS: the question's type (proto PROTO_DNS) */
+    __u16 dns_id;   /* DNS: the message's id */
     __u32 request_head_len;
-    __u8 request_head[HTTP_REQUEST_HEAD_LEN]; /* HTTP/2: "METHOD path", from its HEADERS */
+    /* HTTP/2: "METHOD path", from its HEADERS; DNS: the question's name (DNS_NAME_MAX) */
+    __u8 request_head[HTTP_REQUEST_HEAD_LEN];
     __u32 stream;                             /* HTTP/2: the stream's id (0: HTTP/1.x) */
     __u32 authority_len;                      /* HTTP/2: bytes of the request's :authority */
     __u8 authority[H2_TEXT];
@@ -525,6 +554,7 @@ struct trigger_event {
 enum timing_group {
     TIMING_HTTP = 1,      /* HTTP response times (needed by latency> rules) */
     TIMING_HANDSHAKE = 2, /* TCP handshake times */
+    TIMING_DNS = 4,       /* DNS answer times and response codes (also followed for DNS rules) */
 };
 
 /* Runtime settings, one entry in the settings map, changed by user space at any time. */
@@ -535,6 +565,7 @@ struct settings {
     __u32 replay_ifindex; /* where the replay program runs (the sink's egress; 0: no replays) */
     __u32 kinds;          /* bit (1 << enum trigger_kind) of each kind some rule has */
     __u32 scoped;         /* some interface selects rules: iface_scopes has entries (scope.h) */
+    __u16 dns_ports[DNS_PORTS_MAX]; /* server ports DNS is followed on (0: unused) */
 };
 
 /* Which flows keep the segment of their latest request for a replay (settings.replay_keep). */
@@ -542,6 +573,11 @@ enum replay_keep {
     REPLAY_OFF = 0,   /* none */
     REPLAY_ALL = 1,   /* every flow: a rule for any server port exists */
     REPLAY_PORTS = 2, /* flows to a server port that has rules of its own */
+};
+
+/* DNS responses seen, by response code (one entry in the dns_rcodes map, per CPU). */
+struct dns_rcode_counts {
+    __u64 v[DNS_RCODES];
 };
 
 /* Per-CPU counters (one entry in the stats map). */
