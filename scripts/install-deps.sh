@@ -6,7 +6,8 @@
 # reference Community ID hashing), the Go toolchain and Node.js with npm for the accuracy and
 # HTTP/2 tests' server stacks (when no go/node/npm is found already), podman, runc and
 # debootstrap for the image, kubernetes-validate for the manifests, containerd, the CNI plugins
-# and crictl (built from its Go module) for the real node's tests, and Rust. Idempotent: only
+# and crictl (built from its Go module) for the real node's tests, dnsmasq and dig for the DNS
+# test, and Rust. Idempotent: only
 # what is missing is installed. Run as root.
 set -euo pipefail
 
@@ -28,6 +29,7 @@ PACKAGES=(
     python3-venv                                                   # kubernetes-validate (tests/tests/manifests.rs)
     containerd containernetworking-plugins                         # the real node (tests/tests/real_node.rs)
     systemd                                                        # systemd-analyze verify of the unit (mirror-agent/tests/service_unit.rs)
+    dnsmasq-base bind9-dnsutils                                    # the DNS test: a resolver, dig (tests/tests/dns.rs)
 )
 
 # The accuracy test builds a Go net/http server and runs a Node http one (it fails without them

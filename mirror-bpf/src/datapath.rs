@@ -155,6 +155,10 @@ fn route_libbpf_logs() {
         fn log(_level: libbpf_rs::PrintLevel, msg: String) {
             crate::programs::note_log(&msg);
             tracing::debug!(target: "libbpf", "{}", msg.trim_end());
+            // For a program the verifier refuses, without a tracing subscriber (examples, tests).
+            if std::env::var_os("MIRROR_LIBBPF_LOG").is_some() {
+                eprint!("{msg}");
+            }
         }
         libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, log)));
     });
@@ -323,8 +327,11 @@ impl<'obj> Datapath<'obj> {
         }
         dp.sync_rules()?;
         if fresh_settings {
-            // The timing groups on by default; adopted settings are kept.
-            settings::update(&dp.skel.maps.settings, |s| s.timing = TimingGroup::default_bits())?;
+            // The timing groups on by default, DNS on its port; adopted settings are kept.
+            settings::update(&dp.skel.maps.settings, |s| {
+                s.timing = TimingGroup::default_bits();
+                settings::set_dns_ports(s, &[settings::DNS_PORT]);
+            })?;
         }
         Ok(dp)
     }
@@ -411,6 +418,17 @@ impl<'obj> Datapath<'obj> {
     /// The runtime settings.
     pub fn settings(&self) -> Result<types::settings> {
         settings::read(&self.skel.maps.settings)
+    }
+
+    /// Sets the server ports DNS is followed on (1 to 8 of them, none 0).
+    pub fn set_dns_ports(&self, ports: &[u16]) -> Result<()> {
+        if ports.is_empty() || ports.len() > settings::DNS_PORTS_MAX || ports.contains(&0) {
+            return Err(crate::error::Error::Unsupported(format!(
+                "DNS ports {ports:?}: 1 to {} ports, none 0",
+                settings::DNS_PORTS_MAX
+            )));
+        }
+        settings::update(&self.skel.maps.settings, |s| settings::set_dns_ports(s, ports))
     }
 
     /// Sets the interface that mirrored packets are copied to (0: none, packets are only counted).

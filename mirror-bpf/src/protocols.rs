@@ -14,17 +14,20 @@ pub enum Protocol {
     Http1,
     /// HTTP/2 in cleartext: frames, HPACK, gRPC status.
     Http2,
+    /// DNS over UDP: queries kept until their responses, response codes, answer times.
+    Dns,
 }
 
 impl Protocol {
     /// Every protocol, in the order of their programs.
-    pub const ALL: [Protocol; 2] = [Protocol::Http1, Protocol::Http2];
+    pub const ALL: [Protocol; 3] = [Protocol::Http1, Protocol::Http2, Protocol::Dns];
 
     /// Its name in the configuration and in reports.
     pub fn name(self) -> &'static str {
         match self {
             Protocol::Http1 => "http1",
             Protocol::Http2 => "http2",
+            Protocol::Dns => "dns",
         }
     }
 
@@ -33,6 +36,7 @@ impl Protocol {
         match self {
             Protocol::Http1 => proto_prog::PROG_HTTP1.0,
             Protocol::Http2 => proto_prog::PROG_HTTP2.0,
+            Protocol::Dns => proto_prog::PROG_DNS.0,
         }
     }
 
@@ -41,6 +45,7 @@ impl Protocol {
         match self {
             Protocol::Http1 => "proto_http1",
             Protocol::Http2 => "proto_http2",
+            Protocol::Dns => "proto_dns",
         }
     }
 
@@ -122,7 +127,7 @@ mod tests {
             assert_eq!(Protocol::parse(p.name()), Ok(p));
         }
         let err = Protocol::parse("http3").unwrap_err();
-        assert!(err.contains("'http3'") && err.contains("http1, http2"), "{err}");
+        assert!(err.contains("'http3'") && err.contains("http1, http2, dns"), "{err}");
     }
 
     #[test]
@@ -132,7 +137,7 @@ mod tests {
         assert!(Protocols::NONE.check().is_ok());
         let err = Protocols::from_iter([Protocol::Http2]).check().unwrap_err();
         assert!(err.contains("http2 needs http1"), "{err}");
-        assert_eq!(Protocols::default().to_string(), "http1, http2");
+        assert_eq!(Protocols::default().to_string(), "http1, http2, dns");
         assert_eq!(Protocols::NONE.to_string(), "none");
     }
 }

@@ -52,17 +52,20 @@ pub enum TimingGroup {
     Http,
     /// TCP handshake times.
     Handshake,
+    /// DNS answer times and response codes.
+    Dns,
 }
 
 impl TimingGroup {
     /// Every group.
-    pub const ALL: [TimingGroup; 2] = [TimingGroup::Http, TimingGroup::Handshake];
+    pub const ALL: [TimingGroup; 3] = [TimingGroup::Http, TimingGroup::Handshake, TimingGroup::Dns];
 
     /// Its bit in the `timing` mask of the settings.
     pub(crate) fn bit(self) -> u32 {
         match self {
             TimingGroup::Http => types::timing_group::TIMING_HTTP.0,
             TimingGroup::Handshake => types::timing_group::TIMING_HANDSHAKE.0,
+            TimingGroup::Dns => types::timing_group::TIMING_DNS.0,
         }
     }
 
@@ -70,7 +73,7 @@ impl TimingGroup {
     /// `latency.<name>`'s default.
     pub const fn on_by_default(self) -> bool {
         match self {
-            TimingGroup::Http | TimingGroup::Handshake => true,
+            TimingGroup::Http | TimingGroup::Handshake | TimingGroup::Dns => true,
         }
     }
 
@@ -84,12 +87,27 @@ impl TimingGroup {
         match self {
             TimingGroup::Http => "http",
             TimingGroup::Handshake => "handshake",
+            TimingGroup::Dns => "dns",
         }
     }
 
     /// The group of that name.
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|g| g.name() == name)
+    }
+}
+
+/// The DNS server port of the classifier's settings unless configured.
+pub const DNS_PORT: u16 = 53;
+
+/// Most DNS ports the settings hold.
+pub const DNS_PORTS_MAX: usize = types::mirror_limits::DNS_PORTS_MAX.0 as usize;
+
+/// Sets the ports DNS is followed on (at most [`DNS_PORTS_MAX`], none 0; checked by the caller).
+pub(crate) fn set_dns_ports(s: &mut types::settings, ports: &[u16]) {
+    s.dns_ports = [0; DNS_PORTS_MAX];
+    for (slot, port) in s.dns_ports.iter_mut().zip(ports) {
+        *slot = *port;
     }
 }
 

@@ -6,9 +6,9 @@
  * (flow.h); follow the HTTP stream where a message can begin (http.h), timing each answer
  * (timing.h) and deciding what it makes of the flow (decide.h: a rule matched marks the flow,
  * trigger.h), or, on HTTP/2 connections, every frame (h2.h) and header block (hpack.h, decided in
- * h2_decide.h), a reset too; then, when the flow is marked (mark.h), copy the packet to the
- * mirror interface (mirror.h), within its budget. A request left unanswered is decided by a
- * timer, not a packet (noresponse.h).
+ * h2_decide.h), a reset too; DNS over UDP (dns.h, decided in dns_decide.h); then, when the flow
+ * is marked (mark.h), copy the packet to the mirror interface (mirror.h), within its budget. A
+ * request left unanswered is decided by a timer, not a packet (noresponse.h).
  *
  * Fail-open: every entry point returns "continue" (TC_ACT_UNSPEC / TCX_NEXT, both -1), so
  * the production packet and any filter after ours always go on, whatever happens here.
@@ -38,6 +38,7 @@
 #include "include/dispatch.h"
 #include "include/finish.h"
 #include "include/decide.h"
+#include "include/dns_decide.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -123,11 +124,15 @@ static __always_inline int classify_head(struct __sk_buff *skb, __u32 hook, __u3
     struct http_scratch *hs = scratch_get();
     if (!hs)
         return NEXT_SKIP;
-    /* Not zeroed: the parser writes every field a TCP packet's stages read (the key's
-     * padding too). */
+    /* Not zeroed: the parser writes every field a packet's stages read (the key's padding
+     * too). */
     struct pkt_meta *m = &hs->meta;
     int res = parse_packet(skb, m);
-    if (res != PARSE_TCP) {
+    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
+    /* UDP that is not DNS followed costs this much and no more. */
+    if (res == PARSE_UDP && !dns_followed(set, m))
+        res = PARSE_OTHER;
+    if (res != PARSE_TCP && res != PARSE_UDP) {
         cnt->v[res == PARSE_OTHER ? STAT_NON_TCP : STAT_MALFORMED]++;
         return NEXT_SKIP;
     }
@@ -139,6 +144,10 @@ static __always_inline int classify_head(struct __sk_buff *skb, __u32 hook, __u3
     __u64 now = m->now = packet_time(skb);
     int created = 0;
     struct flow_cache_slot *fs = flow_account(m, skb->len, now, &created);
+    /* DNS: a response finds its query across NAT itself (dns.h), a query needs no lookup.
+     * (Asked of the key, not of res: the verifier then walks one path through the above.) */
+    if (m->key.proto == IPPROTO_UDP)
+        return PROG_DNS;
 
     /* A new flow: is it one side of a translated connection? Not on a SYN: conntrack has no
      * entry before the SYN has passed the node. */
@@ -146,7 +155,6 @@ static __always_inline int classify_head(struct __sk_buff *skb, __u32 hook, __u3
         nat_learn(skb, m);
 
     /* A payload is followed even on marked flows: their response times count too. */
-    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
     if (m->payload_len)
         return dispatch_reset(m->tcp_flags, set, dispatch_next(fs, m->dir, set));
     if (handshake_packet(m, fs))
@@ -268,6 +276,19 @@ int proto_http2(struct __sk_buff *skb)
     if (h2_stage(skb, hs, fs, cnt) == PROG_HTTP1)
         bpf_tail_call_static(skb, &proto_progs, PROG_HTTP1);
     return verdict(hs->meta.method, packet_finish(skb, hs, fs, cnt));
+}
+
+/* The DNS program: a DNS message over UDP (dns_decide.h), then finished. */
+SEC("tc")
+int proto_dns(struct __sk_buff *skb)
+{
+    struct http_scratch *hs = scratch_get();
+
+    if (!hs)
+        return TC_ACT_UNSPEC;
+    struct flow_cache_slot *fs = slot_get(&hs->meta);
+    dns_stage(skb, hs);
+    return verdict(hs->meta.method, packet_finish(skb, hs, fs, counters_get()));
 }
 
 /*

@@ -6,7 +6,8 @@
  * first lookup finds: unknown and HTTP/1.x directions go to the HTTP/1 program (which finds
  * where HTTP/2 starts), HTTP/2 directions to the HTTP/2 program, and a direction not followed
  * (TLS, or no message after HTTP_GIVE_UP segments) to none: it costs the flow cache's floor and
- * nothing more.
+ * nothing more. A UDP datagram goes to the DNS program when it is to or from a DNS port and DNS
+ * is followed (a dns= rule, or DNS times on); any other costs the parser alone.
  *
  * The programs sit in proto_progs, filled by user space with the protocols it loaded (the
  * protocols: setting, protocols_enabled). A tail call whose program is missing falls through:
@@ -66,6 +67,29 @@ static __always_inline int dispatch_next(const struct flow_cache_slot *fs, __u32
     return protocol_on(PROG_HTTP1) ? PROG_HTTP1 : NEXT_FINISH;
 }
 
+/* dns_port - is @port one of the DNS ports (settings.dns_ports)? */
+static __always_inline int dns_port(const struct settings *set, __u16 port)
+{
+    int hit = 0;
+
+#pragma unroll
+    for (int i = 0; i < DNS_PORTS_MAX; i++)
+        hit |= port && set->dns_ports[i] == port;
+    return hit;
+}
+
+/*
+ * dns_followed - does the UDP datagram of @m go to the DNS program? When the program was
+ * loaded, DNS is followed (a dns= rule, or DNS times on) and either port is a DNS port.
+ */
+static __always_inline int dns_followed(const struct settings *set, const struct pkt_meta *m)
+{
+    if (!set || !protocol_on(PROG_DNS) ||
+        !((set->kinds & (1 << TRIGGER_DNS)) || (set->timing & TIMING_DNS)))
+        return 0;
+    return dns_port(set, m->src_port) || dns_port(set, m->dst_port);
+}
+
 /*
  * dispatch_reset - a TCP RST (@flags) while some rule is a reset rule goes to the reset stage
  * (its payload, which TCP discards, is not followed); else @next.
@@ -89,6 +113,8 @@ static __always_inline void dispatch(struct __sk_buff *skb, int next)
         bpf_tail_call_static(skb, &proto_progs, PROG_HTTP2);
     else if (next == PROG_RESET)
         bpf_tail_call_static(skb, &proto_progs, PROG_RESET);
+    else if (next == PROG_DNS)
+        bpf_tail_call_static(skb, &proto_progs, PROG_DNS);
 }
 
 /*

@@ -41,11 +41,12 @@ static __always_inline void ct_tuple_read(struct ct_tuple *out, const struct nf_
     out->dport = bpf_ntohs(t->dst.u.tcp.port);
 }
 
-/* ct_tuple_key - the flow key of a conntrack tuple. */
-static __always_inline void ct_tuple_key(struct flow_key *k, const struct ct_tuple *t, __u8 family)
+/* ct_tuple_key - the flow key of a conntrack tuple of protocol @proto. */
+static __always_inline void ct_tuple_key(struct flow_key *k, const struct ct_tuple *t, __u8 family,
+                                         __u8 proto)
 {
     flow_key_make(k, t->src, t->dst, t->sport, t->dport);
-    k->proto = IPPROTO_TCP;
+    k->proto = proto;
     k->family = family;
     k->_pad[0] = 0;
     k->_pad[1] = 0;
@@ -94,7 +95,7 @@ __noinline int nat_learn(struct __sk_buff *skb, struct pkt_meta *m)
         tup_sz = sizeof(tup->ipv4);
     }
     opts->netns_id = -1; /* BPF_F_CURRENT_NETNS */
-    opts->l4proto = IPPROTO_TCP;
+    opts->l4proto = m->key.proto;
     cnt->v[STAT_CT_LOOKUPS]++;
     struct nf_conn *ct = bpf_skb_ct_lookup(skb, tup, tup_sz, opts, CT_OPTS_SZ);
     if (!ct)
@@ -104,8 +105,8 @@ __noinline int nat_learn(struct __sk_buff *skb, struct pkt_meta *m)
     ct_tuple_read(&n->reply, &ct->tuplehash[IP_CT_DIR_REPLY].tuple, v6);
     bpf_ct_release(ct);
 
-    ct_tuple_key(&s->orig, &n->orig, m->key.family);
-    ct_tuple_key(&s->reply, &n->reply, m->key.family);
+    ct_tuple_key(&s->orig, &n->orig, m->key.family, m->key.proto);
+    ct_tuple_key(&s->reply, &n->reply, m->key.family, m->key.proto);
     if (flow_key_eq(&s->orig, &s->reply))
         return 0;
     __builtin_memset(n->_pad, 0, sizeof(n->_pad));

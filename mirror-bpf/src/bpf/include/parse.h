@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * This file contains the header parser: Ethernet, up to two 802.1Q/802.1ad tags, IPv4 with
- * options, IPv6 with a bounded walk over extension headers, TCP with options. Headers are
+ * options, IPv6 with a bounded walk over extension headers, TCP with options, UDP. Headers are
  * read in the linear area; anything truncated or inconsistent is reported, never guessed.
  */
 #ifndef MIRROR_PARSE_H
@@ -27,8 +27,9 @@
 
 enum parse_result {
     PARSE_TCP = 0,   /* a TCP segment: struct pkt_meta is filled */
-    PARSE_OTHER,     /* valid, but not for us (non-IP, non-TCP, non-first fragment) */
+    PARSE_OTHER,     /* valid, but not for us (non-IP, not TCP or UDP, non-first fragment) */
     PARSE_MALFORMED, /* truncated or inconsistent */
+    PARSE_UDP,       /* a UDP datagram: struct pkt_meta is filled (tcp_flags and seq 0) */
 };
 
 struct cursor {
@@ -141,6 +142,38 @@ static __always_inline int parse_tcp(struct cursor *c, void *frame, struct pkt_m
     return PARSE_TCP;
 }
 
+/*
+ * parse_udp - parse the UDP header at the cursor and finish @m, as parse_tcp does. A datagram
+ * is taken whole or not at all: its length must agree with the IP header's and the frame's.
+ */
+static __always_inline int parse_udp(struct cursor *c, void *frame, struct pkt_meta *m,
+                                     const __u32 *saddr, const __u32 *daddr, __u32 l4_len,
+                                     __u32 skb_len)
+{
+    __u32 l4_off = (__u32)(c->pos - frame);
+    struct udphdr *udp = cursor_take(c, sizeof(*udp));
+
+    if (!udp)
+        return PARSE_MALFORMED;
+    __u32 ulen = bpf_ntohs(udp->len);
+    /* Not one datagram as sent (UDP GSO, a length the IP header disagrees with): not for us. */
+    if (l4_len == L4_LEN_FROM_SKB || ulen < sizeof(*udp) || ulen > l4_len ||
+        l4_off + ulen > skb_len)
+        return PARSE_OTHER;
+    __u16 sport = bpf_ntohs(udp->source);
+    m->dir = flow_key_make(&m->key, saddr, daddr, sport, bpf_ntohs(udp->dest));
+    m->key.proto = IPPROTO_UDP;
+    m->key._pad[0] = 0;
+    m->key._pad[1] = 0;
+    m->src_port = sport;
+    m->dst_port = bpf_ntohs(udp->dest);
+    m->seq = 0;
+    m->tcp_flags = 0;
+    m->payload_off = l4_off + sizeof(*udp);
+    m->payload_len = ulen - sizeof(*udp);
+    return PARSE_UDP;
+}
+
 /* parse_ipv4 - IPv4 header with options; non-first fragments are PARSE_OTHER. */
 static __always_inline int parse_ipv4(struct cursor *c, void *frame, struct pkt_meta *m,
                                       __u32 skb_len)
@@ -158,13 +191,16 @@ static __always_inline int parse_ipv4(struct cursor *c, void *frame, struct pkt_
         return PARSE_MALFORMED;
     if (bpf_ntohs(ip->frag_off) & IP_OFFSET_MASK)
         return PARSE_OTHER;
-    if (ip->protocol != IPPROTO_TCP)
+    if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
         return PARSE_OTHER;
 
     __u32 saddr[4] = {ip->saddr, 0, 0, 0};
     __u32 daddr[4] = {ip->daddr, 0, 0, 0};
+    __u32 l4_len = tot_len ? tot_len - ihl : L4_LEN_FROM_SKB;
     m->key.family = 4;
-    return parse_tcp(c, frame, m, saddr, daddr, tot_len ? tot_len - ihl : L4_LEN_FROM_SKB, skb_len);
+    if (ip->protocol == IPPROTO_UDP)
+        return parse_udp(c, frame, m, saddr, daddr, l4_len, skb_len);
+    return parse_tcp(c, frame, m, saddr, daddr, l4_len, skb_len);
 }
 
 /* parse_ipv6 - IPv6 header, then hop-by-hop, routing, destination-options, fragment, AH. */
@@ -223,6 +259,10 @@ static __always_inline int parse_ipv6(struct cursor *c, void *frame, struct pkt_
             m->key.family = 6;
             return parse_tcp(c, frame, m, (__u32 *)&ip6->saddr, (__u32 *)&ip6->daddr,
                              jumbo ? L4_LEN_FROM_SKB : l4_len, skb_len);
+        case IPPROTO_UDP:
+            m->key.family = 6;
+            return parse_udp(c, frame, m, (__u32 *)&ip6->saddr, (__u32 *)&ip6->daddr,
+                             jumbo ? L4_LEN_FROM_SKB : l4_len, skb_len);
         default:
             return PARSE_OTHER;
         }
@@ -231,7 +271,7 @@ static __always_inline int parse_ipv6(struct cursor *c, void *frame, struct pkt_
             return PARSE_MALFORMED;
         l4_len -= jumbo ? 0 : len;
     }
-    return next == IPPROTO_TCP ? PARSE_MALFORMED : PARSE_OTHER;
+    return next == IPPROTO_TCP || next == IPPROTO_UDP ? PARSE_MALFORMED : PARSE_OTHER;
 }
 
 /*

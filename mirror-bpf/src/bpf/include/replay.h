@@ -120,6 +120,51 @@ static __always_inline __u32 replay_from_scratch(struct __sk_buff *skb, struct r
 }
 
 /*
+ * replay_load - read @skb's frame into @r from its start, up to REPLAY_FRAME_MAX bytes.
+ * @return the bytes read (0: none could be).
+ */
+static __always_inline __u32 replay_load(struct __sk_buff *skb, struct replay_slot *r)
+{
+    __u64 len = skb->len < REPLAY_FRAME_MAX ? skb->len : REPLAY_FRAME_MAX;
+
+    /* A no-op the compiler cannot drop: it bounds the register for the verifier. */
+    asm volatile("%0 &= 0x3ff" : "+r"(len));
+    if (len < 1 || len > REPLAY_FRAME_MAX || bpf_skb_load_bytes(skb, 0, r->frame, len))
+        return 0;
+    return len;
+}
+
+/*
+ * replay_take - keep the whole frame of @m's packet (up to REPLAY_FRAME_MAX bytes), its
+ * message at payload offset 0, in the next slot: for a message that is a packet of its own (a
+ * DNS query). A global function: verified once.
+ * @return the slot's hand-out number + 1 (0: not kept).
+ */
+__noinline __u32 replay_take(struct __sk_buff *skb, const struct pkt_meta *m)
+{
+    __u32 zero = 0;
+    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
+
+    if (!skb || !m || !cnt)
+        return 0;
+    __u32 number = __sync_fetch_and_add(&replay_next, 1);
+    __u32 idx = number & replay_mask();
+    struct replay_slot *r = bpf_map_lookup_elem(&request_replay, &idx);
+    if (!r)
+        return 0;
+    r->key = m->key;
+    __u32 len = replay_load(skb, r);
+    r->len = len;
+    if (!len)
+        return 0;
+    r->req_off = m->payload_off;
+    r->wire_len = skb->len;
+    r->ts_ns = m->now;
+    cnt->v[STAT_REPLAY_KEPT]++;
+    return number + 1;
+}
+
+/*
  * replay_keep - a request starts at payload offset @off of @m's segment: keep the segment (from
  * its Ethernet header, up to REPLAY_FRAME_MAX bytes; when the request starts the payload, its
  * headers and the first HTTP_SCAN_MAX bytes of the payload) for a replay. Each request pending
@@ -159,15 +204,12 @@ __noinline __u32 replay_keep(struct __sk_buff *skb, struct http_scratch *s, stru
         return 0;
     /* Written, never read here: the slot's lines are not loaded before they are overwritten. */
     r->key = m->key;
-    __u64 len = off || !loaded ? 0 : replay_from_scratch(skb, r, s, m->payload_off, loaded);
+    __u32 len = off || !loaded ? 0 : replay_from_scratch(skb, r, s, m->payload_off, loaded);
+    if (!len)
+        len = replay_load(skb, r);
     if (!len) {
-        len = skb->len < REPLAY_FRAME_MAX ? skb->len : REPLAY_FRAME_MAX;
-        /* A no-op the compiler cannot drop: it bounds the register for the verifier. */
-        asm volatile("%0 &= 0x3ff" : "+r"(len));
-        if (len < 1 || len > REPLAY_FRAME_MAX || bpf_skb_load_bytes(skb, 0, r->frame, len)) {
-            r->len = 0;
-            return 0;
-        }
+        r->len = 0;
+        return 0;
     }
     r->len = len;
     r->req_off = m->payload_off + off;

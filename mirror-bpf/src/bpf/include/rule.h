@@ -15,6 +15,25 @@
 #include "maps.h"
 #include "filter.h"
 
+/* rule_filtered - the action of the rule with filters in rule_filters slot @slot (0: none). */
+static __always_inline struct rule_action *rule_filtered(__u32 slot)
+{
+    struct rule_filter *f = slot ? bpf_map_lookup_elem(&rule_filters, &slot) : NULL;
+
+    return f ? &f->action : NULL;
+}
+
+/* rule_unfiltered - the rule of @e without filters that matches a trigger @took ns after its
+ * request (0: unknown): an unconditional one, else a timed one. */
+static __always_inline struct rule_action *rule_unfiltered(struct rule_entry *e, __u64 took)
+{
+    if (e->any.rule_id)
+        return &e->any;
+    if (e->slow.rule_id && took && took >= e->slow.min_latency_ns)
+        return &e->slow;
+    return NULL;
+}
+
 /*
  * rule_pick - the rule of @e that matches a trigger @took ns after its request (0: unknown),
  * for the request @req (may be NULL: rules with filters do not match then), kept under @key,
@@ -28,16 +47,11 @@ static __always_inline struct rule_action *rule_pick(struct rule_entry *e, __u64
     if (!e)
         return NULL;
     if (e->filtered[0] && req) {
-        __u32 slot = filter_pick(e, took, req, key, host);
-        struct rule_filter *f = slot ? bpf_map_lookup_elem(&rule_filters, &slot) : NULL;
-        if (f)
-            return &f->action;
+        struct rule_action *ra = rule_filtered(filter_pick(e, took, req, key, host));
+        if (ra)
+            return ra;
     }
-    if (e->any.rule_id)
-        return &e->any;
-    if (e->slow.rule_id && took && took >= e->slow.min_latency_ns)
-        return &e->slow;
-    return NULL;
+    return rule_unfiltered(e, took);
 }
 
 /* rule_entries - the entries of (@port, @status) in @scope: port-scoped in @scoped (NULL when

@@ -179,6 +179,9 @@ struct trigger_info {
     __u32 stream;  /* HTTP/2: the stream's id */
     __u32 request; /* enum trigger_request: what is known of the request behind it */
     struct flow_key replay_key; /* the key it was kept under (the other one across NAT) */
+    __u16 dns_type;             /* DNS (proto PROTO_DNS): the question's type */
+    __u16 dns_id;               /* DNS: the message's id */
+    __u32 _pad;
 };
 
 /* A DNS query, by its flow and id (dns_queries key). */
@@ -196,6 +199,15 @@ struct dns_query {
     __u8 name_len; /* bytes of name */
     __u8 _pad;
     __u8 name[DNS_NAME_MAX]; /* its question's name, as text, lower case */
+};
+
+/* The header and question of a DNS message (dns.h); its name's text in http_scratch.req.head. */
+struct dns_msg {
+    __u16 id;
+    __u16 flags;   /* the header's second word: QR, opcode, ..., rcode */
+    __u16 qtype;   /* 0 when the name was cut */
+    __u8 name_len; /* bytes of the name's text */
+    __u8 cut;      /* the name is longer than DNS_NAME_MAX: its text is its start */
 };
 
 /* What the classifier needs from one packet. */
@@ -264,6 +276,9 @@ struct http_scratch {
     struct flow_key peer;         /* the other key of a translated connection */
     struct mirror_mark mark;      /* a new mark, before its insert */
     struct host_text host;        /* the Host or :authority a host= filter compares (filter.h) */
+    struct dns_msg dns;           /* the DNS message of the packet (dns.h) */
+    struct dns_key dns_key;       /* its query's dns_queries key */
+    struct dns_query dns_query;   /* a query, before its insert */
     struct h2_scratch h2;         /* the HTTP/2 header block being read (h2.h, hpack.h) */
     __u8 buf[HTTP_SCAN_MAX + 64]; /* a message's header block (slack for 8-byte reads) */
 };

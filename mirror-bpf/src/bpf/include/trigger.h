@@ -46,8 +46,8 @@ static __always_inline int emit_trigger(const struct flow_key *key, __u32 dir, _
     ev->by = ti->by;
     ev->proto = ti->proto;
     ev->request = ti->request;
-    ev->dns_type = 0;
-    ev->dns_id = 0;
+    ev->dns_type = ti->proto == PROTO_DNS ? ti->dns_type : 0;
+    ev->dns_id = ti->proto == PROTO_DNS ? ti->dns_id : 0;
     ev->stream = ti->stream;
     ev->authority_len = 0;
     if (authority && ti->proto == HTTP_PROTO_2) {

@@ -377,7 +377,7 @@ struct rule_filter {
     __u8 host_len;             /* bytes of host, lower case (0: any) */
     __u8 qname_len;            /* bytes of qname, a suffix of a DNS question's name (0: any) */
     __u8 _pad;
-    __u16 qtype;               /* a DNS question's type (0: any) */
+    __u16 qtype; /* a DNS question's type (0: any) */
     __u16 _pad2;
     __u32 _pad3;
     __u8 path[RULE_FILTER_TEXT];
@@ -528,21 +528,21 @@ struct trigger_event {
      * a request unanswered (the wait); 0 when no request was seen. */
     __u64 request_to_response_ns;
     __u32 rule_id;
-    __u32 ifindex; /* interface the trigger packet was seen on */
-    __u16 status;  /* the response's status (0: another kind) */
-    __u8 hook;     /* enum hook_kind */
-    __u8 dir;      /* enum flow_dir of the packet that triggered (noresponse: of the request) */
-    __u8 kind;     /* enum trigger_kind */
-    __u8 by;       /* enum trigger_side: who sent the packet that triggered */
-    __u8 proto;    /* enum http_proto of the request */
-    __u8 request;  /* enum trigger_request */
+    __u32 ifindex;  /* interface the trigger packet was seen on */
+    __u16 status;   /* the response's status (0: another kind) */
+    __u8 hook;      /* enum hook_kind */
+    __u8 dir;       /* enum flow_dir of the packet that triggered (noresponse: of the request) */
+    __u8 kind;      /* enum trigger_kind */
+    __u8 by;        /* enum trigger_side: who sent the packet that triggered */
+    __u8 proto;     /* enum http_proto of the request */
+    __u8 request;   /* enum trigger_request */
     __u16 dns_type; /* DNS: the question's type (proto PROTO_DNS) */
     __u16 dns_id;   /* DNS: the message's id */
     __u32 request_head_len;
     /* HTTP/2: "METHOD path", from its HEADERS; DNS: the question's name (DNS_NAME_MAX) */
     __u8 request_head[HTTP_REQUEST_HEAD_LEN];
-    __u32 stream;                             /* HTTP/2: the stream's id (0: HTTP/1.x) */
-    __u32 authority_len;                      /* HTTP/2: bytes of the request's :authority */
+    __u32 stream;        /* HTTP/2: the stream's id (0: HTTP/1.x) */
+    __u32 authority_len; /* HTTP/2: bytes of the request's :authority */
     __u8 authority[H2_TEXT];
     __u64 replay_ts_ns;            /* when the replayed request passed (0: none kept) */
     __u32 replay_wire_len;         /* its segment's length */
