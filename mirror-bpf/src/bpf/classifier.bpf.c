@@ -39,6 +39,7 @@
 #include "include/finish.h"
 #include "include/decide.h"
 #include "include/dns_decide.h"
+#include "include/tick.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 

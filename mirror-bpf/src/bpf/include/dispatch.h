@@ -67,6 +67,9 @@ static __always_inline int dispatch_next(const struct flow_cache_slot *fs, __u32
     return protocol_on(PROG_HTTP1) ? PROG_HTTP1 : NEXT_FINISH;
 }
 
+/* The kinds of rules that may trigger on a DNS message: dns=, and noresponse> for a query. */
+#define DNS_RULE_KINDS ((1 << TRIGGER_DNS) | (1 << TRIGGER_NORESPONSE))
+
 /* dns_port - is @port one of the DNS ports (settings.dns_ports)? */
 static __always_inline int dns_port(const struct settings *set, __u16 port)
 {
@@ -80,12 +83,13 @@ static __always_inline int dns_port(const struct settings *set, __u16 port)
 
 /*
  * dns_followed - does the UDP datagram of @m go to the DNS program? When the program was
- * loaded, DNS is followed (a dns= rule, or DNS times on) and either port is a DNS port.
+ * loaded, DNS is followed (a dns= or noresponse> rule, or DNS times on) and either port is a
+ * DNS port.
  */
 static __always_inline int dns_followed(const struct settings *set, const struct pkt_meta *m)
 {
     if (!set || !protocol_on(PROG_DNS) ||
-        !((set->kinds & (1 << TRIGGER_DNS)) || (set->timing & TIMING_DNS)))
+        !((set->kinds & DNS_RULE_KINDS) || (set->timing & TIMING_DNS)))
         return 0;
     return dns_port(set, m->src_port) || dns_port(set, m->dst_port);
 }

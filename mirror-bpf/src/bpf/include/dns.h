@@ -131,8 +131,9 @@ static __always_inline int dns_same_question(const struct dns_query *q, const st
 }
 
 /*
- * dns_query_keep - a query of s->meta's flow: kept until its response with its time and, when
- * a DNS rule exists (@rules), its whole datagram for a replay. A retransmission (same flow, id
+ * dns_query_keep - a query of s->meta's flow: kept until its response (or a noresponse mark,
+ * dns_noresponse.h) with its time and, when a DNS rule exists (@rules), its whole datagram for
+ * a replay. A retransmission (same flow, id
  * and question) keeps the first one's. A global function: verified once.
  */
 __noinline int dns_query_keep(struct __sk_buff *skb, struct http_scratch *s, __u32 rules)
@@ -150,8 +151,12 @@ __noinline int dns_query_keep(struct __sk_buff *skb, struct http_scratch *s, __u
         return 0;
     struct dns_query *q = &s->dns_query;
     q->ts_ns = m->now;
+    q->ifindex = skb->ifindex;
     q->qtype = s->dns.qtype;
+    q->server = m->dst_port;
     q->name_len = s->dns.name_len;
+    q->dir = m->dir;
+    q->hook = m->hook;
     q->_pad = 0;
     __builtin_memcpy(q->name, s->req.head, DNS_NAME_MAX);
     q->replay = rules ? replay_take(skb, m) : 0;

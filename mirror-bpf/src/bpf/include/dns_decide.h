@@ -3,7 +3,7 @@
  * This file contains what a DNS message makes of its flow (the stage of the DNS program): a
  * query is kept (dns.h); a response is matched to its query, timed and counted by its response
  * code, and when a dns= rule covers its code (pseudo-status DNS_RCODE_BASE + rcode, rule.h),
- * its time (latency>) and its question (qname=, qtype=), it marks the flow: the query replayed
+ * its time (latency>) and its question (qname=, qname=!, qtype=), it marks the flow: the query replayed
  * ahead of it, the event naming the question the response itself carries (trigger.h).
  */
 #ifndef MIRROR_DNS_DECIDE_H
@@ -16,16 +16,15 @@
 #include "trigger.h"
 
 /*
- * dns_qname_match - is the question's name (@name, @d->name_len bytes) @f's qname, or a name
- * under it? A suffix starting with a dot matches the names under it only. A cut name matches
- * no qname= filter.
+ * dns_qname_under - is the question's name (@name, @d->name_len bytes, not cut) @f's qname, or
+ * a name under it? A suffix starting with a dot matches the names under it only.
  */
-static __always_inline int dns_qname_match(const struct rule_filter *f, const struct dns_msg *d,
+static __always_inline int dns_qname_under(const struct rule_filter *f, const struct dns_msg *d,
                                            const __u8 *name)
 {
     __u32 n = d->name_len, k = f->qname_len;
 
-    if (d->cut || k > n || k > RULE_FILTER_TEXT)
+    if (k > n || k > RULE_FILTER_TEXT)
         return 0;
     __u32 off = n - k;
     if (off) {
@@ -43,6 +42,18 @@ static __always_inline int dns_qname_match(const struct rule_filter *f, const st
             return 0;
     }
     return 1;
+}
+
+/*
+ * dns_qname_match - does the question's name pass @f's qname= (under it) or qname=! (not
+ * under it)? A cut name, whose end is unknown, passes neither.
+ */
+static __always_inline int dns_qname_match(const struct rule_filter *f, const struct dns_msg *d,
+                                           const __u8 *name)
+{
+    if (d->cut)
+        return 0;
+    return dns_qname_under(f, d, name) != f->qname_not;
 }
 
 /*
@@ -69,6 +80,9 @@ __noinline __u32 dns_filter_pick(const struct rule_entry *e, __u64 took,
         if (!f)
             continue;
         if (f->action.min_latency_ns && (!took || took < f->action.min_latency_ns))
+            continue;
+        /* An HTTP rule's filters (method=, path=, host=) are not for a DNS message. */
+        if (f->methods || f->path_len || f->host_len)
             continue;
         if ((!f->qtype || (!d->cut && f->qtype == d->qtype)) &&
             (!f->qname_len || dns_qname_match(f, d, name)))
@@ -158,7 +172,8 @@ __noinline int dns_stage(struct __sk_buff *skb, struct http_scratch *s)
     __u32 rules = set->kinds & (1 << TRIGGER_DNS);
     if (!response) {
         cnt->v[STAT_DNS_QUERIES]++;
-        return dns_query_keep(skb, s, rules);
+        /* Kept for a replay when a dns= or a noresponse> rule may trigger on it. */
+        return dns_query_keep(skb, s, set->kinds & DNS_RULE_KINDS);
     }
     cnt->v[STAT_DNS_RESPONSES]++;
     struct dns_rcode_counts *rc = bpf_map_lookup_elem(&dns_rcodes, &zero);

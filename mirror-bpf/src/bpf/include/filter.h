@@ -91,7 +91,8 @@ __noinline int filter_host(const struct replay_slot *r, struct host_text *out)
 __noinline int filter_match(const struct rule_filter *f, const struct http_request *req,
                             const struct host_text *host)
 {
-    if (!f || !req)
+    /* A DNS rule's filters (qname=, qtype=) are not for a request (dns_decide.h). */
+    if (!f || !req || f->qname_len || f->qtype)
         return 0;
     __u32 skip = 0, method = http_method(req->head, &skip);
 

@@ -295,6 +295,8 @@ struct noresponse_timer {
     struct bpf_timer timer;
     __u32 running; /* started and not stopped (32 bits for cmpxchg) */
     __u32 cursor;  /* the pending_flows word the next tick starts from */
+    __u32 ticks;   /* ticks run: DNS queries are looked at every NORESPONSE_DNS_EVERY */
+    __u32 _pad;
 };
 
 /* Key: 0. Value: struct noresponse_timer. Not pinned: a timer calls back into the programs of

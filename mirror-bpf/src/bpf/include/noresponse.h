@@ -40,10 +40,38 @@
 #define NORESPONSE_EBUSY 16
 
 /*
- * noresponse_mark - the oldest request @req of @t waited @waited ns, matching @ra: mark the
- * flow (and the other key of a translated connection) and report, the kept request in the
- * event for the agent to replay; without an event, the mark's own replay_due replays it with
- * the next packet.
+ * noresponse_report - the request of the flow @key described in s->trigger and s->req (seen
+ * going @dir on @ifindex) waited long enough for @ra: mark the flow (and the other key of a
+ * translated connection) and report, the kept request in the event for the agent to replay;
+ * without an event, the mark's own replay_due replays it with the next packet. For HTTP
+ * requests and DNS queries alike.
+ */
+static __always_inline void noresponse_report(struct http_scratch *s, struct counters *cnt,
+                                              const struct flow_key *key, __u32 dir, __u32 ifindex,
+                                              const struct rule_action *ra, __u64 now)
+{
+    struct trigger_info *ti = &s->trigger;
+    struct flow_nat *n = bpf_map_lookup_elem(&flow_nat, key);
+    if (n)
+        s->peer = n->peer;
+    struct replay_slot *r = replay_slot_of(ti->replay, key);
+    if (!mark_flow(key, n ? &s->peer : NULL, ra, ti, now, &s->mark, cnt))
+        return;
+    int sent = emit_trigger(key, dir, ifindex, ra, ti, &s->req, NULL, n ? &s->peer : NULL, r, cnt);
+    if (sent || !r)
+        return;
+    /* No event, so no replay by the agent: the next packet of the flow (either key) makes it. */
+    struct mirror_mark *mk = bpf_map_lookup_elem(&mirror_marks, key);
+    if (mk)
+        mk->replay_due = ti->replay;
+    mk = n ? bpf_map_lookup_elem(&mirror_marks, &s->peer) : NULL;
+    if (mk)
+        mk->replay_due = ti->replay;
+}
+
+/*
+ * noresponse_mark - the oldest request @req of @t waited @waited ns, matching @ra: reported
+ * (noresponse_report).
  */
 static __always_inline void noresponse_mark(struct flow_timing *t, const struct http_request *req,
                                             const struct rule_action *ra, __u64 waited, __u64 now)
@@ -67,27 +95,11 @@ static __always_inline void noresponse_mark(struct flow_timing *t, const struct 
     ti->request = REQUEST_KEPT;
     ti->replay = req->replay;
     ti->replay_key = t->key;
-    struct flow_nat *n = bpf_map_lookup_elem(&flow_nat, &t->key);
-    if (n)
-        s->peer = n->peer;
-    struct replay_slot *r = replay_slot_of(req->replay, &t->key);
-    if (!mark_flow(&t->key, n ? &s->peer : NULL, ra, ti, now, &s->mark, cnt))
-        return;
     s->req.ts_ns = req->ts_ns;
     s->req.head_len = req->head_len;
     __builtin_memcpy(s->req.head, req->head, HTTP_REQUEST_HEAD_LEN);
     __u32 dir = t->req_dir ? t->req_dir - 1 : FLOW_DIR_FORWARD;
-    int sent = emit_trigger(&t->key, dir, t->req_ifindex, ra, ti, &s->req, NULL,
-                            n ? &s->peer : NULL, r, cnt);
-    if (sent || !r)
-        return;
-    /* No event, so no replay by the agent: the next packet of the flow (either key) makes it. */
-    struct mirror_mark *mk = bpf_map_lookup_elem(&mirror_marks, &t->key);
-    if (mk)
-        mk->replay_due = req->replay;
-    mk = n ? bpf_map_lookup_elem(&mirror_marks, &s->peer) : NULL;
-    if (mk)
-        mk->replay_due = req->replay;
+    noresponse_report(s, cnt, &t->key, dir, t->req_ifindex, ra, now);
 }
 
 /*
@@ -181,56 +193,6 @@ static long tick_word(__u32 i, struct tick_walk *w)
     }
     w->word++;
     return w->budget ? 0 : 1;
-}
-
-/*
- * noresponse_tick - the timer: look at the flows with requests pending from where the last tick
- * stopped, then run again in NORESPONSE_TICK_NS while some rule is a noresponse rule.
- */
-static int noresponse_tick(void *map, __u32 *key, struct noresponse_timer *nt)
-{
-    __u32 zero = 0;
-    struct settings *set = bpf_map_lookup_elem(&settings, &zero);
-    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
-
-    if (cnt)
-        cnt->v[STAT_NORESPONSE_TICKS]++;
-    if (!set || !(set->kinds & (1 << TRIGGER_NORESPONSE))) {
-        nt->running = 0;
-        return 0;
-    }
-    struct tick_walk w = {
-        .now = bpf_ktime_get_ns(), .word = nt->cursor, .budget = NORESPONSE_TICK_FLOWS};
-    __u32 words = (flows_max + 63) / 64;
-    bpf_loop(words, tick_word, &w, 0);
-    /* The whole bitmap looked at: the next tick starts over. */
-    nt->cursor = w.word >= words ? 0 : w.word;
-    /* Stopped for room in the ring buffer: again as soon as the reader can have read. */
-    bpf_timer_start(&nt->timer, w.full ? NORESPONSE_WAIT_NS : NORESPONSE_TICK_NS, 0);
-    return 0;
-}
-
-/*
- * noresponse_start - start the tick, unless it runs. Run by user space (the noresponse_tick_start
- * program) whenever the rules change to include a noresponse rule: the timer's callback, the
- * tick and what it calls, are verified with that program, not with the HTTP program.
- */
-static __always_inline int noresponse_start(void)
-{
-    __u32 zero = 0;
-    struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
-    struct noresponse_timer *nt = bpf_map_lookup_elem(&noresponse_timer, &zero);
-
-    if (!cnt || !nt || __sync_val_compare_and_swap(&nt->running, 0, 1))
-        return 0;
-    long e = bpf_timer_init(&nt->timer, &noresponse_timer, NORESPONSE_CLOCK);
-    if ((e && e != -NORESPONSE_EBUSY) || bpf_timer_set_callback(&nt->timer, noresponse_tick) ||
-        bpf_timer_start(&nt->timer, NORESPONSE_TICK_NS, 0)) {
-        nt->running = 0;
-        cnt->v[STAT_NORESPONSE_FAILED]++;
-        return 0;
-    }
-    return 1;
 }
 
 /*

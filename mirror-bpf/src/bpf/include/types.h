@@ -376,8 +376,8 @@ struct rule_filter {
     __u8 path_len;             /* bytes of path, a prefix of the target (0: any) */
     __u8 host_len;             /* bytes of host, lower case (0: any) */
     __u8 qname_len;            /* bytes of qname, a suffix of a DNS question's name (0: any) */
-    __u8 _pad;
-    __u16 qtype; /* a DNS question's type (0: any) */
+    __u8 qname_not;            /* 1: the names NOT under qname pass (qname=!SUFFIX) */
+    __u16 qtype;               /* a DNS question's type (0: any) */
     __u16 _pad2;
     __u32 _pad3;
     __u8 path[RULE_FILTER_TEXT];
