@@ -155,10 +155,6 @@ fn route_libbpf_logs() {
         fn log(_level: libbpf_rs::PrintLevel, msg: String) {
             crate::programs::note_log(&msg);
             tracing::debug!(target: "libbpf", "{}", msg.trim_end());
-            // For a program the verifier refuses, without a tracing subscriber (examples, tests).
-            if std::env::var_os("MIRROR_LIBBPF_LOG").is_some() {
-                eprint!("{msg}");
-            }
         }
         libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, log)));
     });

@@ -80,7 +80,13 @@ impl FlowKey {
 
 impl fmt::Display for FlowKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} <-> {}", self.lo, self.hi)
+        write!(f, "{} <-> {}", self.lo, self.hi)?;
+        // TCP is the rule; another protocol (DNS over UDP) says so.
+        match self.proto {
+            6 => Ok(()),
+            17 => f.write_str(" udp"),
+            p => write!(f, " proto {p}"),
+        }
     }
 }
 

@@ -262,7 +262,7 @@ pub fn paths() -> Vec<Fixture> {
     vec![
         Fixture::new(
             "UDP (non-TCP)",
-            PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).udp(PORT_CLIENT, 53).payload(&[0; 32]).build(),
+            PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).udp(PORT_CLIENT, 443).payload(&[0; 32]).build(),
             Decision::other(),
         )
         .repeat(Repeat::AsIs),
@@ -403,7 +403,7 @@ pub fn parsing() -> Vec<Fixture> {
         Fixture::new("v4_later_fragment", v4().ipv4_fragment(100, false).build(), Decision::other()),
         Fixture::new(
             "v4_udp",
-            PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).udp(5353, 53).payload(b"q").build(),
+            PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).udp(5353, 443).payload(b"q").build(),
             Decision::other(),
         ),
         Fixture::new("arp", PacketBuilder::ethertype(0x0806).payload(&[0; 28]).build(), Decision::other()),
@@ -426,7 +426,7 @@ pub fn parsing() -> Vec<Fixture> {
         ),
         Fixture::new(
             "v6_udp",
-            PacketBuilder::ipv6(V6_CLIENT, V6_SERVER).udp(5353, 53).build(),
+            PacketBuilder::ipv6(V6_CLIENT, V6_SERVER).udp(5353, 443).build(),
             Decision::other(),
         ),
     ];

@@ -8,7 +8,8 @@
 //!   (all of it linear, `skb->len` the frame's length): Ethernet, up to two 802.1Q/802.1ad
 //!   tags, IPv4 (IHL, options, total length, fragments: a non-first fragment is not ours),
 //!   IPv6 (a walk of up to 6 hop-by-hop, routing, destination-options, fragment and AH
-//!   headers), TCP (data offset, options); UDP and everything else is "other";
+//!   headers), TCP (data offset, options); UDP and everything else is "other" (DNS not
+//!   followed: no DNS rule and DNS times off, as the differential test sets the classifier);
 //! - the trigger decision of a segment that creates its flow, under the rule `status=500`:
 //!   a segment without SYN, FIN or RST whose TCP payload (per the IP length) holds at least
 //!   16 bytes and starts with `HTTP/1.0 ` or `HTTP/1.1 `, three digits and a space or CR

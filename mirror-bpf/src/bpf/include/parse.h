@@ -153,8 +153,9 @@ static __always_inline int parse_udp(struct cursor *c, void *frame, struct pkt_m
     __u32 l4_off = (__u32)(c->pos - frame);
     struct udphdr *udp = cursor_take(c, sizeof(*udp));
 
+    /* UDP is followed for DNS alone: a datagram it cannot read is not for us, not malformed. */
     if (!udp)
-        return PARSE_MALFORMED;
+        return PARSE_OTHER;
     __u32 ulen = bpf_ntohs(udp->len);
     /* Not one datagram as sent (UDP GSO, a length the IP header disagrees with): not for us. */
     if (l4_len == L4_LEN_FROM_SKB || ulen < sizeof(*udp) || ulen > l4_len ||
@@ -271,7 +272,7 @@ static __always_inline int parse_ipv6(struct cursor *c, void *frame, struct pkt_
             return PARSE_MALFORMED;
         l4_len -= jumbo ? 0 : len;
     }
-    return next == IPPROTO_TCP || next == IPPROTO_UDP ? PARSE_MALFORMED : PARSE_OTHER;
+    return next == IPPROTO_TCP ? PARSE_MALFORMED : PARSE_OTHER;
 }
 
 /*
