@@ -3,6 +3,7 @@
 //! both the tests and the data-path benchmark run (with the rig that runs them).
 
 pub mod consts;
+pub mod dns;
 pub mod fixtures;
 pub mod fuzz;
 pub mod h2;
