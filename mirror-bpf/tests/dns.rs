@@ -28,7 +28,10 @@ fn ingress(dp: &Dp, frame: &[u8]) -> Counters {
 
 /// A query from the client to the server's port 53.
 fn query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
-    PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).udp(CLIENT_PORT, 53).payload(&dns::query(id, name, qtype)).build()
+    PacketBuilder::ipv4(V4_CLIENT, V4_SERVER)
+        .udp(CLIENT_PORT, 53)
+        .payload(&dns::query(id, name, qtype))
+        .build()
 }
 
 /// The server's response with `rcode`.
@@ -169,7 +172,8 @@ fn a_long_name_is_kept_cut_and_passes_no_name_filter() {
 
 #[test]
 fn rules_and_their_filters_decide_and_the_event_names_the_question() {
-    let Some(bed) = Bed::new(&["dns=nxdomain qname=.svc.cluster.local qtype=AAAA", "dns=servfail qname=!.cluster.local"])
+    let Some(bed) =
+        Bed::new(&["dns=nxdomain qname=.svc.cluster.local qtype=AAAA", "dns=servfail qname=!.cluster.local"])
     else {
         return;
     };
@@ -184,7 +188,10 @@ fn rules_and_their_filters_decide_and_the_event_names_the_question() {
     for (i, (id, name, qtype, rcode, triggers)) in cases.into_iter().enumerate() {
         // A flow per case: a marked flow triggers no more.
         let port = 41000 + i as u16;
-        let q = PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).udp(port, 53).payload(&dns::query(id, name, qtype)).build();
+        let q = PacketBuilder::ipv4(V4_CLIENT, V4_SERVER)
+            .udp(port, 53)
+            .payload(&dns::query(id, name, qtype))
+            .build();
         let r = PacketBuilder::ipv4(V4_SERVER, V4_CLIENT)
             .udp(53, port)
             .payload(&dns::response(id, name, qtype, rcode))

@@ -15,6 +15,8 @@ use crate::flow::FlowKey;
 pub enum Parsed {
     /// A TCP segment of this flow.
     Tcp(FlowKey),
+    /// A UDP datagram of this flow, followed (DNS).
+    Udp(FlowKey),
     /// Valid, not for us (non-IP, non-TCP, non-first fragment).
     Other,
     /// Truncated or inconsistent.
@@ -38,6 +40,9 @@ pub struct Decision {
     pub requests: u64,
     /// HTTP responses (status lines) that complete in the frame.
     pub responses: u64,
+    /// DNS queries and responses in the frame.
+    pub dns_queries: u64,
+    pub dns_responses: u64,
     /// A rule matches and marks the flow.
     pub triggers: bool,
     /// The frame is copied to the mirror interface.
@@ -52,6 +57,8 @@ impl Decision {
             conntrack: 0,
             requests: 0,
             responses: 0,
+            dns_queries: 0,
+            dns_responses: 0,
             triggers: false,
             mirrored: false,
         }
@@ -60,6 +67,11 @@ impl Decision {
     /// A packet of an existing TCP flow that starts no HTTP message.
     pub const fn tcp(key: FlowKey) -> Self {
         Decision::parsed(Parsed::Tcp(key))
+    }
+
+    /// A datagram of an existing UDP flow, followed as DNS.
+    pub const fn udp(key: FlowKey) -> Self {
+        Decision::parsed(Parsed::Udp(key))
     }
 
     /// Not for us: passed on without a flow.
@@ -93,6 +105,16 @@ impl Decision {
         Decision { responses: n, ..self }
     }
 
+    /// Carries a DNS query.
+    pub const fn dns_query(self) -> Self {
+        Decision { dns_queries: 1, ..self }
+    }
+
+    /// Carries a DNS response.
+    pub const fn dns_response(self) -> Self {
+        Decision { dns_responses: 1, ..self }
+    }
+
     /// Marks its flow, and is the first packet copied.
     pub const fn triggers(self) -> Self {
         Decision { triggers: true, mirrored: true, ..self }
@@ -103,10 +125,10 @@ impl Decision {
         Decision { mirrored: true, ..self }
     }
 
-    /// The flow the frame belongs to, if it is TCP.
+    /// The flow the frame belongs to, if it is TCP or followed UDP.
     pub fn key(&self) -> Option<FlowKey> {
         match self.parsed {
-            Parsed::Tcp(key) => Some(key),
+            Parsed::Tcp(key) | Parsed::Udp(key) => Some(key),
             Parsed::Other | Parsed::Malformed => None,
         }
     }
@@ -259,6 +281,7 @@ impl Conn {
 pub fn paths() -> Vec<Fixture> {
     let (ack, get, ok, error, syn, syn_ack, marked) =
         (Conn(40001), Conn(40002), Conn(40010), Conn(40020), Conn(40004), Conn(40005), Conn(40003));
+    let (dns_q, dns_ok, dns_nx) = (DnsConn(40030), DnsConn(40031), DnsConn(40032));
     vec![
         Fixture::new(
             "UDP (non-TCP)",
@@ -312,7 +335,49 @@ pub fn paths() -> Vec<Fixture> {
         )
         .after(vec![marked.request(REQ_GET_BAR), marked.response(RESP_500)])
         .repeat(Repeat::AsIs),
+        // DNS: a query creates its flow (no conntrack: a query's tuple is as sent) and is kept;
+        // its response finds it, is timed and counted; an NXDOMAIN triggers [`super::rig::DNS_RULE`]
+        // (conntrack asked once, for the flow's other tuple), replaying the query.
+        Fixture::new(
+            "DNS query, new flow",
+            dns_q.query(),
+            Decision::udp(dns_q.key()).new_flow(false).dns_query(),
+        )
+        .repeat(Repeat::Setup),
+        Fixture::new("DNS response, no rule", dns_ok.response(0), Decision::udp(dns_ok.key()).dns_response())
+            .after(vec![dns_ok.query()])
+            .repeat(Repeat::Setup),
+        Fixture::new(
+            "DNS NXDOMAIN response, trigger",
+            dns_nx.response(3),
+            Decision::udp(dns_nx.key()).dns_response().triggers().conntrack(1),
+        )
+        .after(vec![dns_nx.query()])
+        .repeat(Repeat::Setup),
     ]
+}
+
+/// A DNS client's socket (its port) and the query it sends to the server's port 53.
+struct DnsConn(u16);
+
+impl DnsConn {
+    fn key(&self) -> FlowKey {
+        FlowKey::new(
+            SocketAddr::new(IpAddr::V4(V4_CLIENT), self.0),
+            SocketAddr::new(IpAddr::V4(V4_SERVER), 53),
+            17,
+        )
+    }
+
+    fn query(&self) -> Vec<u8> {
+        let q = super::dns::query(0x4d31, "api.example.com", super::dns::A);
+        PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).udp(self.0, 53).payload(&q).build()
+    }
+
+    fn response(&self, rcode: u8) -> Vec<u8> {
+        let r = super::dns::response(0x4d31, "api.example.com", super::dns::A, rcode);
+        PacketBuilder::ipv4(V4_SERVER, V4_CLIENT).udp(53, self.0).payload(&r).build()
+    }
 }
 
 /// HTTP/1.x recognised where it starts and only there, each on a new connection.
@@ -465,7 +530,7 @@ pub fn all() -> Vec<Fixture> {
 
 /// Frames on which every truncation must be seen as malformed (never mis-parsed).
 pub fn truncation_fixtures() -> Vec<Fixture> {
-    parsing().into_iter().filter(|f| matches!(f.expect.parsed, Parsed::Tcp(_))).collect()
+    parsing().into_iter().filter(|f| matches!(f.expect.parsed, Parsed::Tcp(_) | Parsed::Udp(_))).collect()
 }
 
 #[cfg(test)]

@@ -112,6 +112,11 @@ pub fn forget_flow(dp: &Datapath<'_>, key: &types::flow_key) {
         // Absent already is fine.
         let _ = map.delete(key_bytes(key));
     }
+    // Its DNS queries (struct dns_key: the flow key first, then the id).
+    let queries: Vec<Vec<u8>> = m.dns_queries.keys().filter(|k| k.starts_with(key_bytes(key))).collect();
+    for k in queries {
+        let _ = m.dns_queries.delete(&k);
+    }
 }
 
 /// Runs `prog` once over `frame`; returns its verdict and the frame it left.

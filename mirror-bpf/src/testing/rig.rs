@@ -14,6 +14,8 @@ use types::stat_idx as S;
 /// The rule every fixture is decided under: a 500 marks its flow, copied without limit (a
 /// mirrored flow stays on the copy path for millions of packets).
 pub const RULE: &str = "status=500 packets=0 bytes=0 duration=0";
+/// The rule the DNS fixtures are decided under: an NXDOMAIN marks its flow, as [`RULE`] does.
+pub const DNS_RULE: &str = "dns=nxdomain packets=0 bytes=0 duration=0";
 /// Port-scoped rules beyond [`RULE`] use server ports from here up; fixtures answer from port
 /// 80, so they miss every one and reach the global rule.
 pub const FIRST_RULE_PORT: u16 = 1000;
@@ -62,6 +64,7 @@ impl Rig {
         let mut dp = super::load(&DatapathOptions::default());
         dp.set_mirror_ifindex(mirror_ifindex).expect("setting the mirror interface");
         dp.add_rule(RULE.parse().expect("the fixtures' rule")).expect("adding the fixtures' rule");
+        dp.add_rule(DNS_RULE.parse().expect("the DNS fixtures' rule")).expect("adding the DNS rule");
         for i in 0..rules - 1 {
             let port = u16::try_from(i)
                 .ok()
@@ -194,7 +197,7 @@ pub struct Primed {
 pub fn check(fx: &Fixture, delta: &Counters, n: u64) -> Result<(), String> {
     let e = &fx.expect;
     let (non_tcp, malformed) = match e.parsed {
-        Parsed::Tcp(_) => (false, false),
+        Parsed::Tcp(_) | Parsed::Udp(_) => (false, false),
         Parsed::Other => (true, false),
         Parsed::Malformed => (false, true),
     };
@@ -206,6 +209,8 @@ pub fn check(fx: &Fixture, delta: &Counters, n: u64) -> Result<(), String> {
         (S::STAT_CT_LOOKUPS, e.conntrack),
         (S::STAT_HTTP_REQUESTS, e.requests),
         (S::STAT_HTTP_RESPONSES, e.responses),
+        (S::STAT_DNS_QUERIES, e.dns_queries),
+        (S::STAT_DNS_RESPONSES, e.dns_responses),
         (S::STAT_TRIGGERS, u64::from(e.triggers)),
         (S::STAT_MIRRORED_PACKETS, u64::from(e.mirrored)),
     ];
