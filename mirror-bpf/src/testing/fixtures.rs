@@ -40,8 +40,9 @@ pub struct Decision {
     pub requests: u64,
     /// HTTP responses (status lines) that complete in the frame.
     pub responses: u64,
-    /// DNS queries and responses in the frame.
+    /// DNS queries in the frame.
     pub dns_queries: u64,
+    /// DNS responses in the frame.
     pub dns_responses: u64,
     /// A rule matches and marks the flow.
     pub triggers: bool,
