@@ -157,7 +157,7 @@ static __always_inline int classify_head(struct __sk_buff *skb, __u32 hook, __u3
 
     /* A payload is followed even on marked flows: their response times count too. */
     if (m->payload_len)
-        return dispatch_reset(m->tcp_flags, set, dispatch_next(fs, m->dir, set));
+        return dispatch_reset(m->tcp_flags, set, dispatch_next(fs, m, set));
     if (handshake_packet(m, fs))
         timing_handshake(skb, m, fs);
     return dispatch_reset(m->tcp_flags, set, NEXT_FINISH);
@@ -279,7 +279,7 @@ int proto_http2(struct __sk_buff *skb)
     return verdict(hs->meta.method, packet_finish(skb, hs, fs, cnt));
 }
 
-/* The DNS program: a DNS message over UDP (dns_decide.h), then finished. */
+/* The DNS program: a DNS message over UDP or TCP (dns_decide.h), then finished. */
 SEC("tc")
 int proto_dns(struct __sk_buff *skb)
 {
@@ -288,7 +288,7 @@ int proto_dns(struct __sk_buff *skb)
     if (!hs)
         return TC_ACT_UNSPEC;
     struct flow_cache_slot *fs = slot_get(&hs->meta);
-    dns_stage(skb, hs);
+    dns_stage(skb, hs, fs);
     return verdict(hs->meta.method, packet_finish(skb, hs, fs, counters_get()));
 }
 

@@ -7,7 +7,8 @@
  * where HTTP/2 starts), HTTP/2 directions to the HTTP/2 program, and a direction not followed
  * (TLS, or no message after HTTP_GIVE_UP segments) to none: it costs the flow cache's floor and
  * nothing more. A UDP datagram goes to the DNS program when it is to or from a DNS port and DNS
- * is followed (a dns= rule, or DNS times on); any other costs the parser alone.
+ * is followed (a dns= rule, or DNS times on); any other costs the parser alone. So does a TCP
+ * direction to or from a DNS port, classified as DNS there (HTTP_DIR_DNS).
  *
  * The programs sit in proto_progs, filled by user space with the protocols it loaded (the
  * protocols: setting, protocols_enabled). A tail call whose program is missing falls through:
@@ -49,24 +50,6 @@ static __always_inline int protocol_on(__u32 prog)
     return protocols_enabled & (1U << prog);
 }
 
-/*
- * dispatch_next - the program that follows a payload of direction @dir of the flow in @fs (may
- * be NULL), from what the direction was classified as.
- * @set: the settings (may be NULL): no rule and no HTTP timing need HTTP followed.
- */
-static __always_inline int dispatch_next(const struct flow_cache_slot *fs, __u32 dir,
-                                         const struct settings *set)
-{
-    if (!set || (!set->kinds && !(set->timing & TIMING_HTTP)))
-        return NEXT_FINISH;
-    __u8 kind = fs ? fs->http_kind[dir & 1] : HTTP_DIR_UNKNOWN;
-    if (kind == HTTP_DIR_OTHER)
-        return NEXT_FINISH;
-    if (kind == HTTP_DIR_H2 && protocol_on(PROG_HTTP2))
-        return PROG_HTTP2;
-    return protocol_on(PROG_HTTP1) ? PROG_HTTP1 : NEXT_FINISH;
-}
-
 /* The kinds of rules that may trigger on a DNS message: dns=, and noresponse> for a query. */
 #define DNS_RULE_KINDS ((1 << TRIGGER_DNS) | (1 << TRIGGER_NORESPONSE))
 
@@ -92,6 +75,28 @@ static __always_inline int dns_followed(const struct settings *set, const struct
         !((set->kinds & DNS_RULE_KINDS) || (set->timing & TIMING_DNS)))
         return 0;
     return dns_port(set, m->src_port) || dns_port(set, m->dst_port);
+}
+
+/*
+ * dispatch_next - the program that follows a TCP payload of @m's flow in @fs (may be NULL), from
+ * what its direction was classified as: a direction not classified yet to or from a DNS port
+ * goes to the DNS program (DNS over TCP), which classifies it so.
+ * @set: the settings (may be NULL): no rule and no HTTP timing need HTTP followed.
+ */
+static __always_inline int dispatch_next(const struct flow_cache_slot *fs, const struct pkt_meta *m,
+                                         const struct settings *set)
+{
+    __u8 kind = fs ? fs->http_kind[m->dir & 1] : HTTP_DIR_UNKNOWN;
+
+    if (kind == HTTP_DIR_DNS || (kind == HTTP_DIR_UNKNOWN && dns_followed(set, m)))
+        return protocol_on(PROG_DNS) ? PROG_DNS : NEXT_FINISH;
+    if (!set || (!set->kinds && !(set->timing & TIMING_HTTP)))
+        return NEXT_FINISH;
+    if (kind == HTTP_DIR_OTHER)
+        return NEXT_FINISH;
+    if (kind == HTTP_DIR_H2 && protocol_on(PROG_HTTP2))
+        return PROG_HTTP2;
+    return protocol_on(PROG_HTTP1) ? PROG_HTTP1 : NEXT_FINISH;
 }
 
 /*

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * This file contains DNS over UDP as the classifier follows it: the header and question of a
- * message (RFC 1035 4.1), each query kept (dns_queries, by its flow as seen and its id) until
+ * This file contains DNS as the classifier follows it, over UDP and over TCP (a message at the
+ * start of a segment, after its 2-byte length): the header and question of a message (RFC 1035 4.1), each query kept (dns_queries, by its flow as seen and its id) until
  * its response, which finds it under its own key or, across a Service's NAT, the other one
  * (nat.h), and is timed and counted by its response code. A response with the same id whose
  * question differs is not that query's: it is counted unmatched, never named as it. What a
@@ -51,14 +51,18 @@ __noinline int dns_read(struct __sk_buff *skb, struct http_scratch *s)
     struct pkt_meta *m = &s->meta;
     struct dns_msg *d = &s->dns;
     __u8 *text = s->req.head;
+    /* Over TCP a message follows its 2-byte length: read where a segment starts with one. */
+    __u32 skip = m->key.proto == IPPROTO_TCP ? 2 : 0;
     __u64 len = m->payload_len;
 
-    if (len < DNS_HEADER_LEN + 5)
+    if (len < skip + DNS_HEADER_LEN + 5)
         return DNS_READ_BAD;
+    len -= skip;
     if (len > DNS_READ_MAX)
         len = DNS_READ_MAX;
     DNS_OPAQUE(len);
-    if (len < 1 || len > DNS_READ_MAX || bpf_skb_load_bytes(skb, m->payload_off, s->buf, len))
+    if (len < 1 || len > DNS_READ_MAX ||
+        bpf_skb_load_bytes(skb, m->payload_off + skip, s->buf, len))
         return DNS_READ_BAD;
     const __u8 *b = s->buf;
     d->id = (__u16)b[0] << 8 | b[1];

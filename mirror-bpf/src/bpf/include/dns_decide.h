@@ -149,9 +149,10 @@ static __always_inline int dns_decide(struct __sk_buff *skb, struct http_scratch
 /*
  * dns_stage - the DNS message of s->meta's packet: a query kept, a response matched, timed,
  * counted and decided. A global function: verified once, in the DNS program.
+ * @fs: this CPU's flow entry (may be NULL), whose TCP direction is classified as DNS here.
  * @return 1 when the packet marked its flow.
  */
-__noinline int dns_stage(struct __sk_buff *skb, struct http_scratch *s)
+__noinline int dns_stage(struct __sk_buff *skb, struct http_scratch *s, struct flow_cache_slot *fs)
 {
     __u32 zero = 0;
     struct settings *set = bpf_map_lookup_elem(&settings, &zero);
@@ -159,12 +160,15 @@ __noinline int dns_stage(struct __sk_buff *skb, struct http_scratch *s)
 
     if (!skb || !s || !set || !cnt)
         return 0;
+    struct pkt_meta *m = &s->meta;
+    /* A TCP direction to or from a DNS port is DNS from here on: no port to look at again. */
+    if (fs && m->key.proto == IPPROTO_TCP)
+        fs->http_kind[m->dir & 1] = HTTP_DIR_DNS;
     int res = dns_read(skb, s);
     if (res == DNS_READ_BAD)
         cnt->v[STAT_DNS_MALFORMED]++;
     if (res != DNS_READ_OK)
         return 0;
-    struct pkt_meta *m = &s->meta;
     int response = s->dns.flags & DNS_FLAG_QR;
     /* The server's port: a client sending from a DNS port is not a server. */
     if (!dns_port(set, response ? m->src_port : m->dst_port))
@@ -175,14 +179,18 @@ __noinline int dns_stage(struct __sk_buff *skb, struct http_scratch *s)
         /* Kept for a replay when a dns= or a noresponse> rule may trigger on it. */
         return dns_query_keep(skb, s, set->kinds & DNS_RULE_KINDS);
     }
-    cnt->v[STAT_DNS_RESPONSES]++;
-    struct dns_rcode_counts *rc = bpf_map_lookup_elem(&dns_rcodes, &zero);
-    if (rc)
-        rc->v[DNS_RCODE(s->dns.flags)]++;
     const struct flow_key *kept;
     struct dns_query *q = dns_query_find(skb, s, &kept);
     if (!q)
         cnt->v[STAT_DNS_UNMATCHED]++;
+    /* Over TCP a segment that does not start a message may look like one: a response is taken
+     * only when it answers a query kept (its id and question), never named from a guess. */
+    if (!q && m->key.proto == IPPROTO_TCP)
+        return 0;
+    cnt->v[STAT_DNS_RESPONSES]++;
+    struct dns_rcode_counts *rc = bpf_map_lookup_elem(&dns_rcodes, &zero);
+    if (rc)
+        rc->v[DNS_RCODE(s->dns.flags)]++;
     __u64 took = dns_answer_time(q, m->now, skb->ifindex, set->timing & TIMING_DNS, cnt);
     int marked = rules ? dns_decide(skb, s, q, kept, took) : 0;
     if (q)

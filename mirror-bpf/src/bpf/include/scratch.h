@@ -25,6 +25,7 @@ enum http_dir_kind {
     HTTP_DIR_SEEN = 1,  /* a request or status line was seen: always looked at */
     HTTP_DIR_OTHER = 2, /* not followed: HTTP_GIVE_UP segments and never a message, or TLS */
     HTTP_DIR_H2 = 3,    /* HTTP/2 frames: dispatched straight to the HTTP/2 program */
+    HTTP_DIR_DNS = 4,   /* DNS over TCP: dispatched straight to the DNS program */
 };
 
 /* Where one direction of a flow stands in its stream of HTTP/1.x messages. */
