@@ -161,7 +161,7 @@ __noinline int dns_query_keep(struct __sk_buff *skb, struct http_scratch *s, __u
     q->name_len = s->dns.name_len;
     q->dir = m->dir;
     q->hook = m->hook;
-    q->_pad = 0;
+    q->marked = 0;
     __builtin_memcpy(q->name, s->req.head, DNS_NAME_MAX);
     q->replay = rules ? replay_take(skb, m) : 0;
     bpf_map_update_elem(&dns_queries, k, q, BPF_ANY);

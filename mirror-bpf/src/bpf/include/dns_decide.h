@@ -147,6 +147,24 @@ static __always_inline int dns_decide(struct __sk_buff *skb, struct http_scratch
 }
 
 /*
+ * dns_replay_marked - the response to the kept query @q (kept under @kept) comes on a flow
+ * marked since the query passed (by the answer to another query on the same socket: glibc
+ * asks A and AAAA at once): the query goes to the mirror ahead of it, as at a trigger, so that
+ * no answer reaches the mirror without its question.
+ */
+static __always_inline void dns_replay_marked(struct __sk_buff *skb, struct http_scratch *s,
+                                              const struct dns_query *q,
+                                              const struct flow_key *kept, struct counters *cnt)
+{
+    if (!bpf_map_lookup_elem(&mirror_marks, &s->meta.key))
+        return;
+    struct trigger_info *ti = &s->trigger;
+    ti->replay = q->replay;
+    ti->replay_key = *kept;
+    replay_trigger(skb, s, ti, cnt);
+}
+
+/*
  * dns_stage - the DNS message of s->meta's packet: a query kept, a response matched, timed,
  * counted and decided. A global function: verified once, in the DNS program.
  * @fs: this CPU's flow entry (may be NULL), whose TCP direction is classified as DNS here.
@@ -193,6 +211,8 @@ __noinline int dns_stage(struct __sk_buff *skb, struct http_scratch *s, struct f
         rc->v[DNS_RCODE(s->dns.flags)]++;
     __u64 took = dns_answer_time(q, m->now, skb->ifindex, set->timing & TIMING_DNS, cnt);
     int marked = rules ? dns_decide(skb, s, q, kept, took) : 0;
+    if (!marked && q && q->replay && !q->marked)
+        dns_replay_marked(skb, s, q, kept, cnt);
     if (q)
         bpf_map_delete_elem(&dns_queries, &s->dns_key);
     return marked;

@@ -4,7 +4,7 @@
  * its response marks its flow, without a packet, as an HTTP request does (noresponse.h). The
  * tick looks at the kept queries (dns_queries) every NORESPONSE_DNS_EVERY ticks: a query
  * answered is no longer there, one that waited long enough for a rule of its client's scope
- * (its qname= and qtype= filters included) marks its flow and is dropped from the map.
+ * (its qname= and qtype= filters included) marks its flow and is looked at no more.
  */
 #ifndef MIRROR_DNS_NORESPONSE_H
 #define MIRROR_DNS_NORESPONSE_H
@@ -34,7 +34,7 @@ static long dns_noresponse_check(struct bpf_map *map, struct dns_key *k, struct 
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
     struct http_scratch *s = bpf_map_lookup_elem(&http_scratch, &zero);
 
-    if (!cnt || !s || !q->ts_ns || q->ts_ns > w->now)
+    if (!cnt || !s || q->marked || !q->ts_ns || q->ts_ns > w->now)
         return 0;
     __u64 waited = w->now - q->ts_ns;
     /* The question, where dns_filter_pick reads it. */
@@ -72,8 +72,9 @@ static long dns_noresponse_check(struct bpf_map *map, struct dns_key *k, struct 
     s->req.ts_ns = q->ts_ns;
     s->req.head_len = q->name_len;
     noresponse_report(s, cnt, &k->key, q->dir, q->ifindex, ra, w->now);
-    /* Marked now or before: its response, if one comes, is copied as the flow's. */
-    bpf_map_delete_elem(map, k);
+    /* Marked now or before: looked at no more, kept for a late answer to be timed (copied as
+     * the flow's packets are), until it comes or the LRU map lets it go. */
+    q->marked = 1;
     return 0;
 }
 

@@ -194,15 +194,15 @@ struct dns_key {
 
 /* A DNS query awaiting its response (dns_queries value; dns.h). */
 struct dns_query {
-    __u64 ts_ns;   /* when it passed, packet_time() */
-    __u32 replay;  /* request_replay hand-out number + 1 of its segment (0: not kept) */
-    __u32 ifindex; /* where it was seen */
-    __u16 qtype;   /* its question's type */
-    __u16 server;  /* the server's port */
-    __u8 name_len; /* bytes of name */
-    __u8 dir;      /* enum flow_dir of the query */
-    __u8 hook;     /* enum hook_kind where it was seen */
-    __u8 _pad;
+    __u64 ts_ns;             /* when it passed, packet_time() */
+    __u32 replay;            /* request_replay hand-out number + 1 of its segment (0: not kept) */
+    __u32 ifindex;           /* where it was seen */
+    __u16 qtype;             /* its question's type */
+    __u16 server;            /* the server's port */
+    __u8 name_len;           /* bytes of name */
+    __u8 dir;                /* enum flow_dir of the query */
+    __u8 hook;               /* enum hook_kind where it was seen */
+    __u8 marked;             /* its flow was marked by a noresponse rule: the tick looks no more */
     __u8 name[DNS_NAME_MAX]; /* its question's name, as text, lower case */
 };
 

@@ -124,6 +124,8 @@ static __always_inline int mark_flow(const struct flow_key *key, const struct fl
         cnt->v[STAT_NORESPONSE_TRIGGERS]++;
     else if (ti->kind == TRIGGER_GRPC)
         cnt->v[STAT_GRPC_TRIGGERS]++;
+    else if (ti->kind == TRIGGER_DNS)
+        cnt->v[STAT_DNS_TRIGGERS]++;
     return 1;
 }
 
