@@ -43,8 +43,8 @@ pub use programs::ProgramStats;
 pub use protocols::{Protocol, Protocols};
 pub use replay::{ReplayHook, ReplayedRequest};
 pub use rule::{
-    GrpcCodes, Limits, Reach, RequestFilter, Rule, RuleError, RuleId, RuleInfo, StatusMatch, Trigger,
-    TriggerKind,
+    DnsRcodes, GrpcCodes, Limits, Reach, RequestFilter, Rule, RuleError, RuleId, RuleInfo, StatusMatch,
+    Trigger, TriggerKind,
 };
 pub use settings::MirrorDelivery;
 pub use settings::TimingGroup;
