@@ -311,7 +311,7 @@ pub struct ErrorBody {
 /// A timing group and whether it is on (GET /v1/latency/groups, PUT /v1/latency/groups/{group}).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupView {
-    /// http | handshake.
+    /// http | handshake | dns.
     pub group: String,
     /// Whether it measures.
     pub enabled: bool,
