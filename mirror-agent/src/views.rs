@@ -170,7 +170,7 @@ pub struct HistogramView {
     pub interface: String,
     /// Interface index.
     pub ifindex: u32,
-    /// http_response | tcp_handshake.
+    /// http_response | tcp_handshake | dns_response | stack_rx_to_tc | ... (the stack group's).
     pub kind: String,
     /// HTTP status class (1-5), for http_response.
     pub class: Option<u8>,
@@ -270,6 +270,10 @@ pub struct StatusView {
     /// The data path's programs and what loading each cost.
     #[serde(default)]
     pub programs: Vec<ProgramView>,
+    /// DNS responses seen, by rcode (its name, `NXDOMAIN`, or its number for 12-15): those
+    /// seen at least once.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dns_rcodes: BTreeMap<String, u64>,
 }
 
 /// One program of the data path, and what the verifier made of it at load.

@@ -726,6 +726,11 @@ impl<'obj> Datapath<'obj> {
         Counters::read(&self.skel.maps.stats)
     }
 
+    /// DNS responses seen by rcode (entry `r`: rcode `r`), summed over CPUs.
+    pub fn dns_rcodes(&self) -> Result<crate::stats::DnsRcodeCounts> {
+        crate::stats::read_dns_rcodes(&self.skel.maps.dns_rcodes)
+    }
+
     /// The mark of one flow.
     pub fn mark(&self, key: &FlowKey) -> Result<Option<MirrorMark>> {
         flow::read_mark(&self.skel.maps.mirror_marks, key)
