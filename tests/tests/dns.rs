@@ -31,8 +31,8 @@ use mirror_e2e::oracles::oracle::Row;
 use mirror_e2e::topology::kubeproxy::{Flavour, KubeProxy, Service, DNS_PORT};
 use mirror_e2e::topology::testbed::{Events, Recording, Testbed};
 use mirror_e2e::workload::dns::{
-    self, Looked, Lookup, QType, Rcode, ResolvConf, Resolved, Resolver, Responder, Transport, Zone,
-    FAIL_ZONE, GOOD_A, GOOD_AAAA, GOOD_ZONE, REFUSED_ZONE,
+    self, Looked, Lookup, QType, Rcode, ResolvConf, Resolved, Resolver, Responder, Transport, Zone, GOOD_A,
+    GOOD_AAAA, GOOD_ZONE,
 };
 
 /// The client pod, then the resolver's.
@@ -240,21 +240,6 @@ impl Run {
     }
 }
 
-/// The rcode dnsmasq answers for `name` (see `mirror_e2e::workload::dns`).
-fn rcode_of(name: &str) -> Rcode {
-    let name = name.trim_end_matches('.').to_ascii_lowercase();
-    let under = |zone: &str| name == zone || name.ends_with(&format!(".{zone}"));
-    if under(GOOD_ZONE) {
-        Rcode::NOERROR
-    } else if under(FAIL_ZONE) {
-        Rcode::SERVFAIL
-    } else if under(REFUSED_ZONE) {
-        Rcode::REFUSED
-    } else {
-        Rcode::NXDOMAIN
-    }
-}
-
 /// Pushes `msg` when `ok` is false.
 fn check(failures: &mut Vec<String>, ok: bool, msg: impl FnOnce() -> String) {
     if !ok {
@@ -459,7 +444,7 @@ fn failures_along(path: Path) -> (Table, Vec<String>) {
     let run = d.run(&lookups, 1, &ResolvConf::plain(d.server(false).ip()), &MIX_GAI);
     let mut failures = Vec::new();
     for l in &run.looked {
-        let want = rcode_of(&l.lookup.name);
+        let want = Resolver::rcode_of(&l.lookup.name);
         check(&mut failures, l.rcode() == Some(want), || format!("dig {l:?}: {want} expected"));
     }
     let want_gai = [Ok(vec![IpAddr::V4(GOOD_A), IpAddr::V6(GOOD_AAAA)]), Err(EAI_NONAME), Err(EAI_AGAIN)];
@@ -542,7 +527,7 @@ fn dns_failures_under_a_thousand_lookups() {
     let run = d.run(&lookups, CLIENTS, &ResolvConf::plain(d.server(false).ip()), &[]);
     let mut failures = Vec::new();
     let wrong: Vec<&Looked> =
-        run.looked.iter().filter(|l| l.rcode() != Some(rcode_of(&l.lookup.name))).collect();
+        run.looked.iter().filter(|l| l.rcode() != Some(Resolver::rcode_of(&l.lookup.name))).collect();
     check(&mut failures, wrong.is_empty(), || {
         format!("{} lookups answered otherwise: {wrong:?}", wrong.len())
     });

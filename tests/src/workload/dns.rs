@@ -234,6 +234,22 @@ impl Resolver {
             IpAddr::V4(self.v4)
         }
     }
+
+    /// The response code it answers for `name` (any case, with or without the final dot) to a
+    /// question of type A or AAAA: the table at the top of this module.
+    pub fn rcode_of(name: &str) -> Rcode {
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        let under = |zone: &str| name == zone || name.ends_with(&format!(".{zone}"));
+        if under(GOOD_ZONE) || name == CLUSTER_GOOD {
+            Rcode::NOERROR
+        } else if under(FAIL_ZONE) {
+            Rcode::SERVFAIL
+        } else if under(REFUSED_ZONE) {
+            Rcode::REFUSED
+        } else {
+            Rcode::NXDOMAIN
+        }
+    }
 }
 
 /// The transport of a lookup.
@@ -635,6 +651,17 @@ mod tests {
                 }
             )]
         );
+    }
+
+    #[test]
+    fn the_resolver_s_answers() {
+        let answers = ["www.Good.test.", "a.fail.test", "b.refused.test", "missing.test", "x.cluster.local"]
+            .map(Resolver::rcode_of);
+        assert_eq!(
+            answers,
+            [Rcode::NOERROR, Rcode::SERVFAIL, Rcode::REFUSED, Rcode::NXDOMAIN, Rcode::NXDOMAIN]
+        );
+        assert_eq!(Resolver::rcode_of(CLUSTER_GOOD), Rcode::NOERROR);
     }
 
     #[test]
