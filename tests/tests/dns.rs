@@ -235,7 +235,7 @@ impl Run {
         row.triggered = self.events.len();
         row.correct = matched;
         row.mirrored = self.rec.mirror.datagrams.len() + self.rec.mirror.replayed_datagrams.len();
-        row.expected_mirrored = (expected.copies() + expected.triggered.len()) as u64;
+        row.expected_mirrored = (expected.copies() + expected.replays()) as u64;
         row
     }
 }
@@ -707,4 +707,90 @@ fn dns_search_path_lookups_through_a_kubelet_resolv_conf() {
         table(&[("getaddrinfo".to_string(), row)])
     );
     assert_none("search path", &failures);
+}
+
+/// Rule `noresponse>1s`, a scripted server in the server pod that answers names under late.test
+/// 1.6 s late, never answers those under silent.test, answers half.test 500 ms late and
+/// fast.test at once: the late and the silent query each mark their socket 1.0-1.3 s after
+/// they were sent (by the tick: no packet needed), the event of kind noresponse naming the
+/// query; from the mark on the socket is mirrored (the late answer), the query is not replayed
+/// by the data path (the agent replays it from the event); the others neither trigger nor
+/// reach the mirror. The late answer finds no query (the mark took it): counted unmatched.
+#[test]
+fn dns_queries_left_unanswered_are_marked_by_noresponse() {
+    if !require_root() {
+        return;
+    }
+    const WAIT: Duration = Duration::from_secs(1);
+    const LATE_MAX: Duration = Duration::from_millis(300);
+    let zones = [
+        Zone::new("late.test", Rcode::NOERROR).delayed(Duration::from_millis(1600)),
+        Zone::new("silent.test", Rcode::NOERROR).silent(),
+        Zone::new("half.test", Rcode::NOERROR).delayed(Duration::from_millis(500)),
+        Zone::new("fast.test", Rcode::NOERROR),
+    ];
+    let d = Dns::with_responder(&[&format!("noresponse>{}s", WAIT.as_secs())], &zones);
+    let names = [
+        ("a.late.test", QType::A),
+        ("b.silent.test", QType::AAAA),
+        ("c.half.test", QType::A),
+        ("d.fast.test", QType::A),
+    ];
+    let mut ports = 20_000;
+    let lookups = d.lookups(&names, d.server(false), Transport::Udp, &mut ports);
+    let run = d.run(&lookups, names.len(), &ResolvConf::plain(d.server(false).ip()), &[]);
+    let mut failures = Vec::new();
+    let answered: Vec<Option<Rcode>> = run.looked.iter().map(Looked::rcode).collect();
+    let want = [Some(Rcode::NOERROR), None, Some(Rcode::NOERROR), Some(Rcode::NOERROR)];
+    check(&mut failures, answered == want, || format!("dig's record {answered:?}, {want:?} expected"));
+
+    let expected = DnsExpected::unanswered(&run.rec.reference, &run.exchanges, WAIT);
+    let marked: BTreeSet<SocketAddr> = expected.triggered.iter().map(|t| t.client).collect();
+    let want: BTreeSet<SocketAddr> = lookups[..2].iter().map(|l| l.local).collect();
+    check(&mut failures, marked == want, || format!("the oracle marks {marked:?}, {want:?} expected"));
+    let (matched, problems) = expected.score(&run.exchanges, &run.events);
+    failures.extend(problems);
+    let mut waits = Vec::new();
+    for ev in &run.events {
+        let waited = ev.request_to_response.unwrap_or_default();
+        waits.push(format!("{:.1} ms", waited.as_secs_f64() * 1e3));
+        check(&mut failures, ev.by.is_none() && waited >= WAIT && waited < WAIT + LATE_MAX, || {
+            format!("marked after {waited:?} (by {:?}): {ev:?}", ev.by)
+        });
+    }
+    if let Err(diff) = expected.compare_mirror(&run.rec.mirror) {
+        failures.push(format!("mirror:\n{diff}"));
+    }
+    let flows = d.bed.dp.flows().expect("reading flows");
+    let mut marks: Vec<(SocketAddr, TriggerKind)> = flows
+        .iter()
+        .filter_map(|f| {
+            Some(([f.key.lo, f.key.hi].into_iter().find(|a| a.port() != DNS_PORT)?, f.mark?.kind))
+        })
+        .collect();
+    marks.sort();
+    let want: Vec<(SocketAddr, TriggerKind)> = want.iter().map(|c| (*c, TriggerKind::NoResponse)).collect();
+    check(&mut failures, marks == want, || format!("marks {marks:?}, {want:?} expected"));
+    let c = d.bed.counters();
+    let counted = [
+        stat_idx::STAT_NORESPONSE_TRIGGERS,
+        stat_idx::STAT_TRIGGERS,
+        stat_idx::STAT_REPLAYED,
+        stat_idx::STAT_REPLAY_FAILED,
+        stat_idx::STAT_RINGBUF_DROPS,
+        stat_idx::STAT_NORESPONSE_FAILED,
+        stat_idx::STAT_DNS_QUERIES,
+        stat_idx::STAT_DNS_RESPONSES,
+        stat_idx::STAT_DNS_UNMATCHED,
+        stat_idx::STAT_MIRRORED_PACKETS,
+    ]
+    .map(|k| c.get(k));
+    let want = [2, 2, 0, 0, 0, 0, 4, 3, 1, run.rec.mirror.datagrams.len() as u64];
+    check(&mut failures, counted == want, || format!("counted {counted:?}, {want:?} expected: {c:?}"));
+    eprintln!(
+        "noresponse>{WAIT:?}: marked after {}\n{}",
+        waits.join(", "),
+        table(&[("dig, UDP".to_string(), run.row(&expected, matched))])
+    );
+    assert_none("noresponse", &failures);
 }

@@ -161,29 +161,66 @@ impl Wire {
 pub struct DnsExpected {
     /// The sockets marked, in the order of their triggers.
     pub triggered: Vec<Triggered>,
-    /// The replays: the query of each trigger, as the client sent it (its datagram).
+    /// The kind of trigger.
+    kind: TriggerKind,
+    /// The replays the data path makes: the query of each trigger, as the client sent it (its
+    /// datagram); none for a mark without a packet.
     replays: Vec<Datagram>,
     /// The copies, with how often each.
     copies: BTreeMap<Wire, usize>,
 }
 
 impl DnsExpected {
-    /// The sockets of `exchanges` (from `trace`) marked by rules that cover the responses
-    /// `covers` says, and what the mirror must carry of them.
+    /// The sockets of `exchanges` (from `trace`) marked by `dns=` rules that cover the
+    /// responses `covers` says, and what the mirror must carry of them.
     pub fn new(trace: &Trace, exchanges: &[Exchange], covers: impl Fn(&Exchange) -> bool) -> DnsExpected {
+        let marks =
+            exchanges.iter().enumerate().filter_map(|(i, e)| Some((e.response.filter(|_| covers(e))?, i)));
+        let (triggered, copies) = Self::from_marks(trace, exchanges, marks);
+        let replays =
+            triggered.iter().map(|t| trace.datagrams[exchanges[t.exchange].query].clone()).collect();
+        DnsExpected { triggered, kind: TriggerKind::Dns, replays, copies }
+    }
+
+    /// The sockets of `exchanges` (from `trace`) marked by a `noresponse>` rule of `wait`: at
+    /// the first query not answered `wait` after it (the mark comes soon after: nothing of the
+    /// socket may pass meanwhile), its datagrams from then on copied, no replay by the data
+    /// path (the agent makes it, from the event).
+    pub fn unanswered(trace: &Trace, exchanges: &[Exchange], wait: std::time::Duration) -> DnsExpected {
+        let ts = |i: usize| trace.datagrams[i].ts_ns;
+        let marks = exchanges.iter().enumerate().filter_map(|(i, e)| {
+            let deadline = ts(e.query) + wait.as_nanos() as u64;
+            if e.response.is_some_and(|r| ts(r) <= deadline) {
+                return None;
+            }
+            let at = trace.datagrams.iter().position(|d| d.ts_ns > deadline).unwrap_or(trace.datagrams.len());
+            Some((at, i))
+        });
+        let (triggered, copies) = Self::from_marks(trace, exchanges, marks);
+        DnsExpected { triggered, kind: TriggerKind::NoResponse, replays: Vec::new(), copies }
+    }
+
+    /// The sockets marked by `marks` (the index of the first datagram copied, the exchange
+    /// that marks), each at its earliest, in the order of their marks, and the datagrams of
+    /// each socket from its mark on.
+    fn from_marks(
+        trace: &Trace,
+        exchanges: &[Exchange],
+        marks: impl Iterator<Item = (usize, usize)>,
+    ) -> (Vec<Triggered>, BTreeMap<Wire, usize>) {
         let mut first: HashMap<(SocketAddr, SocketAddr), (usize, usize)> = HashMap::new();
-        for (i, e) in exchanges.iter().enumerate() {
-            let Some(r) = e.response.filter(|_| covers(e)) else { continue };
-            let slot = first.entry((e.client, e.server)).or_insert((r, i));
-            if r < slot.0 {
-                *slot = (r, i);
+        for (at, i) in marks {
+            let e = &exchanges[i];
+            let slot = first.entry((e.client, e.server)).or_insert((at, i));
+            if at < slot.0 {
+                *slot = (at, i);
             }
         }
         let mut marks: Vec<(usize, Triggered)> = first
             .into_iter()
             .map(|((client, server), (at, exchange))| (at, Triggered { client, server, exchange }))
             .collect();
-        marks.sort_by_key(|(at, _)| *at);
+        marks.sort_by_key(|(at, t)| (*at, t.exchange));
         let mut copies = BTreeMap::new();
         for (at, t) in &marks {
             for d in &trace.datagrams[*at..] {
@@ -194,9 +231,7 @@ impl DnsExpected {
                 }
             }
         }
-        let replays =
-            marks.iter().map(|(_, t)| trace.datagrams[exchanges[t.exchange].query].clone()).collect();
-        DnsExpected { triggered: marks.into_iter().map(|(_, t)| t).collect(), replays, copies }
+        (marks.into_iter().map(|(_, t)| t).collect(), copies)
     }
 
     /// How many copies the mirror must carry.
@@ -204,10 +239,15 @@ impl DnsExpected {
         self.copies.values().sum()
     }
 
+    /// How many replays it must carry.
+    pub fn replays(&self) -> usize {
+        self.replays.len()
+    }
+
     /// What differs between `mirror` and what it must carry, every difference; `Ok` when it
-    /// holds exactly that: each copy as often as the client saw it, each trigger's query
+    /// holds exactly that: each copy as often as the client saw it, each `dns=` trigger's query
     /// replayed once, as the client sent it, ahead of every copy of its socket, and nothing
-    /// else (no TCP, no other frame).
+    /// else (no other replay, no TCP, no other frame).
     pub fn compare_mirror(&self, mirror: &Trace) -> Result<(), String> {
         let mut failures = Vec::new();
         if !mirror.packets.is_empty() || mirror.other != 0 {
@@ -256,12 +296,9 @@ impl DnsExpected {
         let strays = mirror
             .replayed_datagrams
             .iter()
-            .filter(|r| !self.triggered.iter().any(|t| t.client == r.datagram.src));
+            .filter(|r| !self.replays.iter().any(|q| q.src == r.datagram.src));
         for r in strays {
-            failures.push(format!(
-                "a replay of {} > {}, no trigger of its socket",
-                r.datagram.src, r.datagram.dst
-            ));
+            failures.push(format!("a replay of {} > {}, none expected", r.datagram.src, r.datagram.dst));
         }
         if failures.is_empty() {
             Ok(())
@@ -270,9 +307,10 @@ impl DnsExpected {
         }
     }
 
-    /// The trigger events scored against the triggers: an event is right when it is of kind
-    /// DNS, names the triggering exchange's client socket (under either tuple), its response
-    /// code, id, name and type; a second event of a socket is wrong. Returns how many triggers
+    /// The trigger events scored against the triggers: an event is right when it is of the
+    /// triggers' kind, names the triggering exchange's client socket (under either tuple), its
+    /// response code (0 for a query unanswered), id, name and type; a second event of a socket
+    /// is wrong. Returns how many triggers
     /// have their right event (precision: of the events; recall: of the triggers) and a line
     /// for each event that is wrong and each trigger without an event.
     pub fn score(&self, exchanges: &[Exchange], events: &[TriggerEvent]) -> (usize, Vec<String>) {
@@ -286,7 +324,9 @@ impl DnsExpected {
                 continue;
             };
             let e = &exchanges[self.triggered[i].exchange];
-            let want = (TriggerKind::Dns, e.rcode.map(|r| u16::from(r.0)), Some(question(e)));
+            let status =
+                if self.kind == TriggerKind::Dns { e.rcode.map(|r| u16::from(r.0)) } else { Some(0) };
+            let want = (self.kind, status, Some(question(e)));
             let got = (ev.kind, Some(ev.status), event_question(ev));
             if got != want || hit[i] {
                 let again = if hit[i] { "a second event" } else { "an event" };
@@ -468,5 +508,29 @@ mod tests {
         mirror.datagrams.push(datagram(19, other, vip, message(3, false, 0, "good.test")));
         let diff = expected.compare_mirror(&mirror).unwrap_err();
         assert!(diff.contains("ahead of the replay") && diff.contains("never expected"), "{diff}");
+    }
+
+    #[test]
+    fn a_query_unanswered_marks_its_socket_when_its_time_passes() {
+        let (late, quick, vip) = ("198.18.1.2:20001", "198.18.1.2:20002", "198.18.2.2:53");
+        let s = 1_000_000_000;
+        let trace = Trace {
+            datagrams: vec![
+                datagram(0, late, vip, message(1, false, 0, "a.late.test")),
+                datagram(s / 10, quick, vip, message(2, false, 0, "b.half.test")),
+                datagram(s * 6 / 10, vip, quick, message(2, true, 0, "b.half.test")),
+                datagram(s * 18 / 10, vip, late, message(1, true, 0, "a.late.test")),
+            ],
+            ..Trace::default()
+        };
+        let ex = exchanges(&trace, 53);
+        let expected = DnsExpected::unanswered(&trace, &ex, std::time::Duration::from_secs(1));
+        assert_eq!(expected.triggered.iter().map(|t| t.exchange).collect::<Vec<_>>(), [0]);
+        assert_eq!(expected.copies(), 1, "the late answer");
+        let mirror = Trace { datagrams: vec![trace.datagrams[3].clone()], ..Trace::default() };
+        expected.compare_mirror(&mirror).unwrap();
+        let replayed = pcap::ReplayedDatagram { after_copies: 0, datagram: trace.datagrams[0].clone() };
+        let with_replay = Trace { replayed_datagrams: vec![replayed], ..mirror };
+        assert!(expected.compare_mirror(&with_replay).unwrap_err().contains("none expected"));
     }
 }

@@ -121,8 +121,8 @@ pub struct Zone {
     pub suffix: String,
     /// The response code.
     pub rcode: Rcode,
-    /// How long it waits before answering.
-    pub delay: Duration,
+    /// How long it waits before answering; `None`: it never answers.
+    pub delay: Option<Duration>,
     /// With NOERROR: A records.
     pub a: Vec<Ipv4Addr>,
     /// With NOERROR: AAAA records.
@@ -136,7 +136,7 @@ impl Zone {
         Zone {
             suffix: suffix.to_ascii_lowercase(),
             rcode,
-            delay: Duration::ZERO,
+            delay: Some(Duration::ZERO),
             a: if noerror { vec![GOOD_A] } else { Vec::new() },
             aaaa: if noerror { vec![GOOD_AAAA] } else { Vec::new() },
         }
@@ -144,7 +144,13 @@ impl Zone {
 
     /// The same, answered `delay` late.
     pub fn delayed(mut self, delay: Duration) -> Zone {
-        self.delay = delay;
+        self.delay = Some(delay);
+        self
+    }
+
+    /// The same, never answered.
+    pub fn silent(mut self) -> Zone {
+        self.delay = None;
         self
     }
 
@@ -154,7 +160,7 @@ impl Zone {
             r#"{{"suffix":"{}","rcode":{},"delay_ms":{},"a":[{}],"aaaa":[{}]}}"#,
             self.suffix,
             self.rcode.0,
-            self.delay.as_millis(),
+            self.delay.map_or("null".to_string(), |d| d.as_millis().to_string()),
             list(self.a.iter().map(ToString::to_string).collect()),
             list(self.aaaa.iter().map(ToString::to_string).collect()),
         )
@@ -163,8 +169,8 @@ impl Zone {
 
 /// The scripted responder: a DNS server over UDP and TCP that answers each question by the
 /// longest [`Zone`] its name falls in (a name in none: REFUSED), each after the zone's delay
-/// (the others meanwhile answered), with the question and, for NOERROR, the zone's records.
-/// Stopped on drop.
+/// (the others meanwhile answered) or never, with the question and, for NOERROR, the zone's
+/// records. Stopped on drop.
 pub struct Responder {
     _proc: Proc,
 }
@@ -567,6 +573,8 @@ def answer(msg):
     name, qtype, end = q
     zone = next((z for z in zones if name == z["suffix"] or name.endswith("." + z["suffix"])), None)
     zone = zone or {"rcode": 5, "delay_ms": 0}
+    if zone["delay_ms"] is None:
+        return None
     records = []
     if zone["rcode"] == 0:
         for addr in zone.get({1: "a", 28: "aaaa"}.get(qtype, ""), []):
