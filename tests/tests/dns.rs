@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use mirror_bpf::testing::require_root;
 use mirror_bpf::types::stat_idx;
-use mirror_bpf::{TriggerEvent, TriggerKind};
+use mirror_bpf::{HistKind, TriggerEvent, TriggerKind};
 use mirror_e2e::oracles::dns_oracle::{self, DnsExpected, Exchange, SearchLookup};
 use mirror_e2e::oracles::oracle::Row;
 use mirror_e2e::topology::kubeproxy::{Flavour, KubeProxy, Service, DNS_PORT};
@@ -356,13 +356,14 @@ fn verify(
             by_rcode[usize::from(r.0)] += 1;
         }
     }
-    let rcodes = d.bed.dns_rcodes();
+    let rcodes = d.bed.dp.dns_rcodes().expect("reading the rcode counts");
     check(failures, rcodes == by_rcode, || {
         format!("responses by rcode counted {rcodes:?}, captured {by_rcode:?}")
     });
     // Every answer timed (latency.dns is on by default), as long as the capture says within a
     // few ms on average (the capture is a hop away from where the classifier sees both).
-    let (timed, sum_ns) = d.bed.dns_answer_times();
+    let times = d.bed.histogram(HistKind::DnsResponse, None);
+    let (timed, sum_ns) = times.map_or((0, 0), |h| (h.count, h.sum_ns));
     let captured_ns: u64 = run.exchanges.iter().filter_map(|e| e.took_ns(&run.rec.reference)).sum();
     let off_ms = (sum_ns as f64 - captured_ns as f64).abs() / 1e6 / responses.max(1) as f64;
     check(failures, timed == responses && off_ms < 2.0, || {
@@ -539,7 +540,7 @@ fn dns_failures_under_a_thousand_lookups() {
         table(&[("dig, UDP".to_string(), row)])
     );
     // The classifier's counts against the clients' record.
-    let (c, rcodes) = (d.bed.counters(), d.bed.dns_rcodes());
+    let (c, rcodes) = (d.bed.counters(), d.bed.dp.dns_rcodes().expect("reading the rcode counts"));
     let counted =
         (c.get(stat_idx::STAT_DNS_QUERIES), c.get(stat_idx::STAT_DNS_RESPONSES), rcodes[0], rcodes[3]);
     eprintln!(

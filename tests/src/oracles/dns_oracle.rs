@@ -309,25 +309,23 @@ impl DnsExpected {
 
     /// The trigger events scored against the triggers: an event is right when it is of the
     /// triggers' kind, names the triggering exchange's client socket (under either tuple), its
-    /// response code (0 for a query unanswered), id, name and type; a second event of a socket
-    /// is wrong. Returns how many triggers
+    /// response code (0 for a query unanswered), id, name and type, and carries that query
+    /// (kept for its replay); a second event of a socket is wrong. Returns how many triggers
     /// have their right event (precision: of the events; recall: of the triggers) and a line
     /// for each event that is wrong and each trigger without an event.
     pub fn score(&self, exchanges: &[Exchange], events: &[TriggerEvent]) -> (usize, Vec<String>) {
         let mut hit = vec![false; self.triggered.len()];
         let mut problems = Vec::new();
         for ev in events {
-            let names =
-                |c: SocketAddr| [Some(ev.key), ev.nat].into_iter().flatten().any(|k| k.lo == c || k.hi == c);
-            let Some(i) = self.triggered.iter().position(|t| names(t.client)) else {
+            let Some(i) = self.triggered.iter().position(|t| names(ev, t.client)) else {
                 problems.push(format!("an event of no trigger: {}", describe_event(ev)));
                 continue;
             };
             let e = &exchanges[self.triggered[i].exchange];
             let status =
                 if self.kind == TriggerKind::Dns { e.rcode.map(|r| u16::from(r.0)) } else { Some(0) };
-            let want = (self.kind, status, Some(question(e)));
-            let got = (ev.kind, Some(ev.status), event_question(ev));
+            let want = (self.kind, status, Some(question(e)), Some(question(e)));
+            let got = (ev.kind, Some(ev.status), event_question(ev), kept_question(ev));
             if got != want || hit[i] {
                 let again = if hit[i] { "a second event" } else { "an event" };
                 problems.push(format!("{again} of {}: {}, expected {want:?}", e.client, describe_event(ev)));
@@ -396,8 +394,14 @@ fn question(e: &Exchange) -> Question {
     (e.id, e.qname.clone(), e.qtype)
 }
 
-/// The question of the query a DNS trigger event carries (the datagram kept for its replay).
+/// The question a DNS trigger event names.
 pub fn event_question(ev: &TriggerEvent) -> Option<Question> {
+    let q = ev.dns.as_ref()?;
+    Some((q.id, q.qname.clone(), QType(q.qtype)))
+}
+
+/// The question of the query a DNS trigger event carries (the datagram kept for its replay).
+pub fn kept_question(ev: &TriggerEvent) -> Option<Question> {
     let d = pcap::datagram_of(&ev.request.as_ref()?.frame)?;
     let m = Message::parse(&d.payload).filter(|m| !m.response)?;
     Some((m.id, m.qname, m.qtype))
@@ -413,7 +417,14 @@ fn describe(w: &Wire) -> String {
 
 fn describe_event(ev: &TriggerEvent) -> String {
     let nat = ev.nat.map(|k| format!(" nat {k}")).unwrap_or_default();
-    format!("{:?} status {} key {}{nat} question {:?}", ev.kind, ev.status, ev.key, event_question(ev))
+    format!(
+        "{:?} status {} key {}{nat} question {:?} query kept {:?}",
+        ev.kind,
+        ev.status,
+        ev.key,
+        event_question(ev),
+        kept_question(ev)
+    )
 }
 
 #[cfg(test)]

@@ -236,53 +236,6 @@ impl Testbed {
         self.dp.counters().expect("reading counters")
     }
 
-    /// DNS responses counted by response code (the `dns_rcodes` map, summed over CPUs): index
-    /// r holds rcode r.
-    pub fn dns_rcodes(&self) -> [u64; 16] {
-        use libbpf_rs::{MapCore, MapFlags};
-        let per_cpu = self
-            .dp
-            .skel()
-            .maps
-            .dns_rcodes
-            .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
-            .expect("reading dns_rcodes")
-            .expect("dns_rcodes has its entry");
-        let mut sum = [0u64; 16];
-        for cpu in per_cpu {
-            for (r, n) in sum.iter_mut().zip(cpu.chunks_exact(8)) {
-                *r += u64::from_ne_bytes(n.try_into().unwrap());
-            }
-        }
-        sum
-    }
-
-    /// The DNS answer times counted (the histograms of kind `HIST_DNS_RESPONSE`, read from the
-    /// maps while [`HistKind`] has no name for it), summed over interfaces and CPUs: how many,
-    /// and their sum in ns.
-    pub fn dns_answer_times(&self) -> (u64, u64) {
-        use libbpf_rs::{MapCore, MapFlags};
-        let maps = &self.dp.skel().maps;
-        let dns = mirror_bpf::types::hist_kind::HIST_DNS_RESPONSE.0 as u8;
-        let (mut count, mut sum) = (0, 0);
-        for key in maps.hist_slots.keys() {
-            // struct hist_key: ifindex (4 bytes), kind, class, padding.
-            if key[4] != dns {
-                continue;
-            }
-            let slot = maps.hist_slots.lookup(&key, MapFlags::ANY).expect("reading hist_slots");
-            let Some(slot) = slot else { continue };
-            let per_cpu =
-                maps.latency_hists.lookup_percpu(&slot, MapFlags::ANY).expect("reading latency_hists");
-            // struct latency_hist: count, sum_ns, buckets.
-            for h in per_cpu.into_iter().flatten() {
-                count += u64::from_ne_bytes(h[..8].try_into().unwrap());
-                sum += u64::from_ne_bytes(h[8..16].try_into().unwrap());
-            }
-        }
-        (count, sum)
-    }
-
     /// The histograms of `kind` (and status `class`, if given) merged over interfaces.
     pub fn histogram(&self, kind: HistKind, class: Option<u8>) -> Option<Histogram> {
         let mut hs = self
