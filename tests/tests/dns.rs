@@ -300,6 +300,12 @@ fn verify(
     if let Err(diff) = expected.compare_mirror(&run.rec.mirror) {
         failures.push(format!("mirror:\n{diff}"));
     }
+    let alone = dns_oracle::answers_without_query(&run.rec.mirror);
+    if alone > 0 {
+        eprintln!(
+            "{alone} answers on the mirror without their query (sent before the trigger on its socket)"
+        );
+    }
 
     // The flow table: the triggered sockets are marked, by their rcode, and no other flow (no
     // lookup over TCP).

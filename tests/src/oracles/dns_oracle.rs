@@ -382,6 +382,24 @@ impl<'a> SearchLookup<'a> {
     }
 }
 
+/// The responses on `mirror` whose query it carries neither copied nor replayed (by client
+/// socket, id and question): a second query of a socket, sent before the first response marked
+/// it, is neither, while its answer is copied as the socket's.
+pub fn answers_without_query(mirror: &Trace) -> usize {
+    let queries: BTreeSet<(SocketAddr, u16, String, QType)> = mirror
+        .datagrams
+        .iter()
+        .chain(mirror.replayed_datagrams.iter().map(|r| &r.datagram))
+        .filter_map(|d| {
+            Message::parse(&d.payload).filter(|m| !m.response).map(|m| (d.src, m.id, m.qname, m.qtype))
+        })
+        .collect();
+    let answers = mirror.datagrams.iter().filter_map(|d| {
+        Message::parse(&d.payload).filter(|m| m.response).map(|m| (d.dst, m.id, m.qname, m.qtype))
+    });
+    answers.filter(|a| !queries.contains(a)).count()
+}
+
 /// Whether `ev` is of the socket `client`, under either of its tuples.
 pub fn names(ev: &TriggerEvent, client: SocketAddr) -> bool {
     [Some(ev.key), ev.nat].into_iter().flatten().any(|k| k.lo == client || k.hi == client)
@@ -515,6 +533,10 @@ mod tests {
             ..Trace::default()
         };
         expected.compare_mirror(&mirror).unwrap();
+        assert_eq!(answers_without_query(&mirror), 0, "b.test's query replayed, c.test's copied");
+        mirror.datagrams.remove(1);
+        assert_eq!(answers_without_query(&mirror), 1, "c.test's answer alone");
+        mirror.datagrams.insert(1, datagram(17, c, vip, message(4, false, 0, "c.test")));
         mirror.replayed_datagrams[0].after_copies = 1;
         mirror.datagrams.push(datagram(19, other, vip, message(3, false, 0, "good.test")));
         let diff = expected.compare_mirror(&mirror).unwrap_err();
