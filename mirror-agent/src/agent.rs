@@ -88,6 +88,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
                 expedite_rcu: cfg.attach.expedite_rcu.then_some(rcu_marker),
                 replay_requests: cfg.mirror.replay_requests,
                 protocols: cfg.protocol_set()?,
+                dns_ports: cfg.dns.port_list(),
                 ..Default::default()
             },
             mode: cfg.attach.mode.into(),

@@ -219,6 +219,7 @@ mod tests {
             after_request_ms: None,
             request_missing: None,
             request: None,
+            ..EventView::default()
         }
     }
 

@@ -6,7 +6,7 @@ use mirror_bpf::{TimingGroup, TraceGroup};
 /// A measurement group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Group {
-    /// A classifier timing: HTTP response time or TCP handshake time.
+    /// A classifier timing: HTTP response time, TCP handshake time, or DNS answers.
     Timing(TimingGroup),
     /// Tracing programs: kernel stack latency or network-stack CPU cost.
     Trace(TraceGroup),
@@ -18,7 +18,7 @@ impl Group {
         TimingGroup::ALL.into_iter().map(Group::Timing).chain(TraceGroup::ALL.into_iter().map(Group::Trace))
     }
 
-    /// Its name: http, handshake, stack, cpu.
+    /// Its name: http, handshake, dns, stack, cpu.
     pub fn name(self) -> &'static str {
         match self {
             Group::Timing(g) => g.name(),
@@ -43,7 +43,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        assert_eq!(Group::names(), "http, handshake, stack, cpu");
+        assert_eq!(Group::names(), "http, handshake, dns, stack, cpu");
         for g in Group::all() {
             assert_eq!(Group::from_name(g.name()), Some(g));
         }

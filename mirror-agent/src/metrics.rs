@@ -1,5 +1,6 @@
-//! Prometheus metrics on `metrics.listen`: the classifier's counters, rule hits, the attached
-//! interfaces and the latency histograms, read from the data path at each scrape. Names
+//! Prometheus metrics on `metrics.listen`: the classifier's counters, rule hits, DNS responses
+//! by rcode, the attached interfaces and the latency histograms, read from the data path at
+//! each scrape. Names
 //! follow Prometheus's conventions: `mirror_` prefix, base units (`_seconds`, `_bytes`),
 //! `_total` on counters, `_ratio` for shares of 0 to 1 (checked by a test with a real parser).
 
@@ -181,6 +182,11 @@ async fn render(
         hits.get_or_create(&labels).inc_by(r.hits);
     }
     reg.register("rule_hits", "Flows triggered, per rule", hits);
+    reg.register(
+        "dns_responses",
+        "DNS responses seen on the DNS ports, by rcode (the named ones always, 12-15 once seen)",
+        dns_responses(&status.dns_rcodes),
+    );
     let attached = Gauge::<i64>::default();
     attached.set(status.interfaces.len() as i64);
     reg.register("attached_interfaces", "Interfaces the classifier is attached to", attached);
@@ -214,6 +220,11 @@ async fn render(
         "tcp_handshake_seconds",
         "SYN to the ACK that completes the handshake, seen on the host-side veth",
         family(|k| (k == "tcp_handshake").then(Vec::new)),
+    );
+    reg.register(
+        "dns_response_seconds",
+        "DNS query to its response, seen on the host-side veth (latency.dns, or a dns= rule)",
+        family(|k| (k == "dns_response").then(Vec::new)),
     );
     reg.register(
         "stack_latency_seconds",
@@ -273,6 +284,18 @@ async fn render(
     Ok(out)
 }
 
+/// DNS responses by rcode, labelled `rcode` by name (`NXDOMAIN`): every rcode DNS names, so
+/// that their series exist from the start, and 12-15 (by number) once seen.
+fn dns_responses(counts: &[u64]) -> Family<Vec<(String, String)>, Counter> {
+    let family = Family::<Vec<(String, String)>, Counter>::default();
+    let named = mirror_bpf::rule::dns::RCODE_NAMES.len();
+    for (rcode, n) in counts.iter().enumerate().filter(|(r, n)| *r < named || **n > 0) {
+        let label = crate::api::text::rcode_text(rcode as u16);
+        family.get_or_create(&vec![("rcode".to_string(), label)]).inc_by(*n);
+    }
+    family
+}
+
 /// The connections of the agent's HTTP servers, labelled `server`.
 fn register_servers(reg: &mut Registry, servers: &[ServerStats]) {
     let open = Family::<Vec<(String, String)>, Gauge<i64>>::default();
@@ -312,6 +335,7 @@ mod tests {
         metrics.sort_unstable();
         metrics.dedup();
         assert_eq!(metrics.len(), all, "a metric name twice");
+        assert!(!metrics.contains(&"dns_responses"), "the family by rcode has that name");
         for want in
             ["h2_requests", "h2_responses", "h2_trailers", "h2_lost", "grpc_triggers", "reset_triggers"]
         {
@@ -331,6 +355,28 @@ mod tests {
                 "docs/operations.md's metrics table lacks {name}"
             );
         }
+    }
+
+    #[test]
+    fn dns_responses_are_counted_by_rcode() {
+        let mut counts = [0u64; 16];
+        (counts[0], counts[3], counts[14]) = (120, 4, 2);
+        let mut reg = Registry::with_prefix("mirror");
+        reg.register("dns_responses", "DNS responses", dns_responses(&counts));
+        let mut out = String::new();
+        encode(&mut out, &reg).unwrap();
+        for want in [
+            "# TYPE mirror_dns_responses counter\n",
+            "mirror_dns_responses_total{rcode=\"NOERROR\"} 120\n",
+            "mirror_dns_responses_total{rcode=\"NXDOMAIN\"} 4\n",
+            "mirror_dns_responses_total{rcode=\"SERVFAIL\"} 0\n",
+            "mirror_dns_responses_total{rcode=\"DSOTYPENI\"} 0\n",
+            "mirror_dns_responses_total{rcode=\"14\"} 2\n",
+        ] {
+            assert!(out.contains(want), "no {want:?} in {out}");
+        }
+        assert!(!out.contains("rcode=\"12\""), "an unnamed rcode never seen has no series: {out}");
+        assert_eq!(out.matches("mirror_dns_responses_total{").count(), 13);
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub struct RuleView {
     pub id: u32,
     /// Canonical text.
     pub rule: String,
-    /// What triggers it: `status`, `reset`, `noresponse` or `grpc-status`.
+    /// What triggers it: `status`, `reset`, `noresponse`, `grpc-status` or `dns`.
     #[serde(default = "status_kind")]
     pub kind: String,
     /// Flows it triggered.
@@ -67,9 +67,10 @@ pub struct FlowView {
     pub reverse: DirView,
     /// Marked for mirroring by this rule.
     pub rule_id: Option<u32>,
-    /// Status that triggered; for `grpc-status`, the gRPC code (0 for the other kinds).
+    /// Status that triggered; for `grpc-status`, the gRPC code; for `dns`, the rcode (0 for the
+    /// other kinds).
     pub status: Option<u16>,
-    /// What triggered: `status`, `reset`, `noresponse` or `grpc-status`.
+    /// What triggered: `status`, `reset`, `noresponse`, `grpc-status` or `dns`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<String>,
     /// Packets mirrored.
@@ -169,7 +170,7 @@ pub struct HistogramView {
     pub interface: String,
     /// Interface index.
     pub ifindex: u32,
-    /// http_response | tcp_handshake.
+    /// http_response | tcp_handshake | dns_response | stack_rx_to_tc | ... (the stack group's).
     pub kind: String,
     /// HTTP status class (1-5), for http_response.
     pub class: Option<u8>,
@@ -269,6 +270,10 @@ pub struct StatusView {
     /// The data path's programs and what loading each cost.
     #[serde(default)]
     pub programs: Vec<ProgramView>,
+    /// DNS responses seen, by rcode (its name, `NXDOMAIN`, or its number for 12-15): those
+    /// seen at least once.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dns_rcodes: BTreeMap<String, u64>,
 }
 
 /// One program of the data path, and what the verifier made of it at load.
@@ -311,7 +316,7 @@ pub struct ErrorBody {
 /// A timing group and whether it is on (GET /v1/latency/groups, PUT /v1/latency/groups/{group}).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupView {
-    /// http | handshake.
+    /// http | handshake | dns.
     pub group: String,
     /// Whether it measures.
     pub enabled: bool,
@@ -326,7 +331,7 @@ pub struct SetGroup {
 }
 
 /// One side's view of a connection: the client-to-server direction's endpoints.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TupleView {
     /// The client (`addr:port`).
     pub client: String,
@@ -338,7 +343,7 @@ pub struct TupleView {
 
 /// A trigger: a response matched a rule and its flow is mirrored from there on
 /// (GET /v1/events, and the lines of `events.output`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EventView {
     /// Its number, from 1, in the order the agent read them.
     pub seq: u64,
@@ -367,20 +372,21 @@ pub struct EventView {
     pub rule_id: u32,
     /// Its text ("" when deleted since).
     pub rule: String,
-    /// What triggered: `status`, `reset`, `noresponse` or `grpc-status`.
+    /// What triggered: `status`, `reset`, `noresponse`, `grpc-status` or `dns`.
     #[serde(default = "status_kind")]
     pub kind: String,
     /// Who sent the packet that triggered: `client` or `server` (a reset: who reset; none for
     /// `noresponse`, which no packet triggers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
-    /// The response's status; for `grpc-status`, the gRPC status code (0 for the other kinds).
+    /// The response's status; for `grpc-status`, the gRPC status code; for `dns`, the rcode (0
+    /// for the other kinds).
     pub status: u16,
     /// For `grpc-status`: the code's canonical name (`INTERNAL`), for the codes gRPC names
     /// (0-16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_name: Option<String>,
-    /// The request's HTTP version, `http1` or `http2`, when known.
+    /// The request's protocol, `http1`, `http2` or `dns`, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proto: Option<String>,
     /// HTTP/2: the request's stream id.
@@ -393,8 +399,26 @@ pub struct EventView {
     pub method: Option<String>,
     /// The request's target (its first 64 bytes; HTTP/2: its `:path`), when it was seen.
     pub target: Option<String>,
-    /// Request (first segment) to status line, or for `grpc-status` request to trailers,
-    /// milliseconds, when the request was seen.
+    /// DNS: the response's rcode (as `status`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rcode: Option<u16>,
+    /// DNS: the rcode's name (`NXDOMAIN`), for the rcodes DNS names (0-11).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rcode_name: Option<String>,
+    /// DNS: the question's name, lower case, without the final dot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qname: Option<String>,
+    /// DNS: the question's type (`28`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qtype: Option<u16>,
+    /// DNS: the question type's name (`AAAA`), for the types a `qtype=` filter names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qtype_name: Option<String>,
+    /// DNS: the message's id (the query's and its response's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<u16>,
+    /// Request (first segment) to status line, for `grpc-status` request to trailers, for
+    /// `dns` query to response, milliseconds, when the request was seen.
     pub response_ms: Option<f64>,
     /// For `reset` and `noresponse`: from the request (the one pending, else the latest) to the
     /// reset, or the time it waited unanswered, milliseconds.
@@ -402,8 +426,9 @@ pub struct EventView {
     pub after_request_ms: Option<f64>,
     /// Why no request is named (`method`, `target` and `request` absent): `not kept` (it was
     /// pending, but pushed out of the flow's queue by later ones, or uncertain after a loss of
-    /// the stream's framing) or `none pending` (no request seen before the answer). Absent when
-    /// the request is named: an event never names another request than the one behind it.
+    /// the stream's framing) or `none pending` (no request seen before the answer; DNS: the
+    /// query was not seen, the question is the response's). Absent when the request is named:
+    /// an event never names another request than the one behind it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_missing: Option<String>,
     /// The segment that carried the request behind the trigger, as the classifier kept it (it
@@ -415,7 +440,9 @@ pub struct EventView {
 /// The request behind a trigger: the start of the segment that carried it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RequestView {
-    /// Its bytes as text (invalid UTF-8 replaced), at most 512 bytes of it.
+    /// Its bytes as text (invalid UTF-8 replaced), at most 512 bytes of it; absent for a DNS
+    /// query, whose message is binary (`qname`, `qtype` and `id` name it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub text: String,
     /// How many bytes of the request were kept.
     pub bytes: usize,

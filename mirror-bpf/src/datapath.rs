@@ -65,6 +65,9 @@ pub struct DatapathOptions {
     /// The protocol programs loaded (`protocols`; all of them unless set): a protocol left out
     /// costs nothing to verify nor per packet.
     pub protocols: Protocols,
+    /// The server ports DNS is followed on (`dns.ports`; [`settings::DNS_PORTS`] unless set; 1
+    /// to [`settings::DNS_PORTS_MAX`] of them), written to the settings at each load.
+    pub dns_ports: Vec<u16>,
 }
 
 impl DatapathOptions {
@@ -103,6 +106,7 @@ impl Default for DatapathOptions {
             expedite_rcu: None,
             replay_requests: Self::REPLAY_REQUESTS,
             protocols: Protocols::default(),
+            dns_ports: settings::DNS_PORTS.to_vec(),
         }
     }
 }
@@ -176,6 +180,8 @@ impl<'obj> Datapath<'obj> {
         route_libbpf_logs();
         let started = std::time::Instant::now();
         opts.protocols.check().map_err(|why| Error::Unsupported(format!("protocols: {why}")))?;
+        settings::check_dns_ports(&opts.dns_ports)
+            .map_err(|why| Error::Unsupported(format!("dns_ports: {why}")))?;
         let mut open =
             ClassifierSkelBuilder::default().open(storage).context(|| "opening the classifier".into())?;
         let only = opts.only.map(|(mode, method)| (mode.resolve(method), method));
@@ -192,9 +198,11 @@ impl<'obj> Datapath<'obj> {
             p.tcx_replay.set_autoload(tcx);
             p.tc_replay.set_autoload(!tcx);
         }
-        open.progs.proto_http1.set_autoload(opts.protocols.contains(Protocol::Http1));
-        open.progs.proto_http2.set_autoload(opts.protocols.contains(Protocol::Http2));
         for mut prog in open.open_object_mut().progs_mut() {
+            // A protocol's program is loaded when the protocol is followed.
+            if let Some(p) = Protocol::ALL.into_iter().find(|p| prog.name() == p.program()) {
+                prog.set_autoload(opts.protocols.contains(p));
+            }
             crate::programs::ask_stats(&mut prog);
         }
         let rodata = open
@@ -323,12 +331,11 @@ impl<'obj> Datapath<'obj> {
         }
         dp.sync_rules()?;
         if fresh_settings {
-            // The timing groups on by default, DNS on its port; adopted settings are kept.
-            settings::update(&dp.skel.maps.settings, |s| {
-                s.timing = TimingGroup::default_bits();
-                settings::set_dns_ports(s, &[settings::DNS_PORT]);
-            })?;
+            // The timing groups on by default; adopted settings are kept.
+            settings::update(&dp.skel.maps.settings, |s| s.timing = TimingGroup::default_bits())?;
         }
+        // The DNS ports are this load's (the configuration's), adopted settings or not.
+        dp.set_dns_ports(&opts.dns_ports)?;
         Ok(dp)
     }
 
@@ -416,17 +423,6 @@ impl<'obj> Datapath<'obj> {
         settings::read(&self.skel.maps.settings)
     }
 
-    /// Sets the server ports DNS is followed on (1 to 8 of them, none 0).
-    pub fn set_dns_ports(&self, ports: &[u16]) -> Result<()> {
-        if ports.is_empty() || ports.len() > settings::DNS_PORTS_MAX || ports.contains(&0) {
-            return Err(crate::error::Error::Unsupported(format!(
-                "DNS ports {ports:?}: 1 to {} ports, none 0",
-                settings::DNS_PORTS_MAX
-            )));
-        }
-        settings::update(&self.skel.maps.settings, |s| settings::set_dns_ports(s, ports))
-    }
-
     /// Sets the interface that mirrored packets are copied to (0: none, packets are only counted).
     pub fn set_mirror_ifindex(&self, ifindex: u32) -> Result<()> {
         settings::update(&self.skel.maps.settings, |s| s.mirror_ifindex = ifindex)
@@ -467,6 +463,18 @@ impl<'obj> Datapath<'obj> {
     /// Whether a timing group is on.
     pub fn timing(&self, group: TimingGroup) -> Result<bool> {
         settings::timing(&self.skel.maps.settings, group)
+    }
+
+    /// Sets the server ports DNS is followed on (1 to [`settings::DNS_PORTS_MAX`], each
+    /// 1-65535); the error says why not, and nothing changes.
+    pub fn set_dns_ports(&self, ports: &[u16]) -> Result<()> {
+        settings::check_dns_ports(ports).map_err(|why| Error::Unsupported(format!("dns_ports: {why}")))?;
+        settings::update(&self.skel.maps.settings, |s| settings::set_dns_ports(s, ports))
+    }
+
+    /// The server ports DNS is followed on.
+    pub fn dns_ports(&self) -> Result<Vec<u16>> {
+        Ok(self.settings()?.dns_ports.into_iter().filter(|p| *p != 0).collect())
     }
 
     // The tracing programs (see crate::probes).
@@ -716,6 +724,11 @@ impl<'obj> Datapath<'obj> {
     /// The counters, summed over CPUs.
     pub fn counters(&self) -> Result<Counters> {
         Counters::read(&self.skel.maps.stats)
+    }
+
+    /// DNS responses seen by rcode (entry `r`: rcode `r`), summed over CPUs.
+    pub fn dns_rcodes(&self) -> Result<crate::stats::DnsRcodeCounts> {
+        crate::stats::read_dns_rcodes(&self.skel.maps.dns_rcodes)
     }
 
     /// The mark of one flow.

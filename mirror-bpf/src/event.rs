@@ -7,6 +7,7 @@ use libbpf_rs::{MapMut, RingBuffer, RingBufferBuilder};
 use crate::error::{Context, Result};
 use crate::flow::FlowKey;
 use crate::replay::ReplayedRequest;
+use crate::rule::dns::rcode_name;
 use crate::rule::grpc::grpc_status_name;
 use crate::rule::TriggerKind;
 use crate::shared::{read_plain, types};
@@ -30,21 +31,24 @@ impl Side {
     }
 }
 
-/// The HTTP version of the request behind a trigger.
+/// The protocol of the request behind a trigger: an HTTP version, or DNS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HttpProto {
     /// HTTP/1.x.
     Http1,
     /// HTTP/2 (cleartext).
     Http2,
+    /// DNS: the request is a query, named by its question ([`TriggerEvent::dns`]).
+    Dns,
 }
 
 impl HttpProto {
-    /// `http1` or `http2`.
+    /// `http1`, `http2` or `dns`.
     pub fn name(self) -> &'static str {
         match self {
             HttpProto::Http1 => "http1",
             HttpProto::Http2 => "http2",
+            HttpProto::Dns => "dns",
         }
     }
 
@@ -54,13 +58,26 @@ impl HttpProto {
         match v {
             x if x == p::HTTP_PROTO_1.0 => Some(HttpProto::Http1),
             x if x == p::HTTP_PROTO_2.0 => Some(HttpProto::Http2),
+            x if x == p::PROTO_DNS.0 => Some(HttpProto::Dns),
             _ => None,
         }
     }
 }
 
-/// One trigger: a response, a reset, a request left unanswered or a gRPC call's status matched
-/// a rule, and its flow is now mirrored.
+/// A DNS message behind a trigger: its question and its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsQuestion {
+    /// The message's id (the query's and its response's).
+    pub id: u16,
+    /// The question's type (`28`: AAAA).
+    pub qtype: u16,
+    /// The question's name, lower case, without the final dot (at most 80 bytes: a longer one
+    /// is cut).
+    pub qname: String,
+}
+
+/// One trigger: a response, a reset, a request left unanswered, a gRPC call's status or a DNS
+/// response's rcode matched a rule, and its flow is now mirrored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TriggerEvent {
     /// What triggered.
@@ -78,7 +95,8 @@ pub struct TriggerEvent {
     /// The rule that matched.
     pub rule_id: u32,
     /// The response's status; for [`TriggerKind::Grpc`], the `grpc-status` code (0 to 63, its
-    /// name: [`TriggerEvent::grpc_status_name`]); 0 for the other kinds.
+    /// name: [`TriggerEvent::grpc_status_name`]); for [`TriggerKind::Dns`], the rcode (0 to
+    /// 15, its name: [`TriggerEvent::rcode_name`]); 0 for the other kinds.
     pub status: u16,
     /// Interface the packet that triggered was seen on (a request left unanswered: where the
     /// request was).
@@ -88,7 +106,7 @@ pub struct TriggerEvent {
     /// The packet that triggered (the request, for one left unanswered) went from `key.hi` to
     /// `key.lo` (else `lo` to `hi`).
     pub reverse: bool,
-    /// The HTTP version of the request, when known.
+    /// The protocol of the request (its HTTP version, or DNS), when known.
     pub proto: Option<HttpProto>,
     /// HTTP/2: the request's stream id (`None` for HTTP/1.x).
     pub stream: Option<u32>,
@@ -98,8 +116,11 @@ pub struct TriggerEvent {
     pub method: Option<String>,
     /// First bytes (at most 64) of the request target (HTTP/2: of its `:path`).
     pub target: Option<String>,
+    /// DNS: the message's question and id (`method` and `target` are then `None`).
+    pub dns: Option<DnsQuestion>,
     /// From the request's first segment to what triggered: the status line, the reset, or
-    /// (a request left unanswered) the mark, the time it waited.
+    /// (a request left unanswered) the mark, the time it waited; DNS: from the query to its
+    /// response (`None` when the query was not seen).
     pub request_to_response: Option<Duration>,
     /// Whether the request behind the trigger is named (`method`, `target`, `request`).
     pub request_state: RequestState,
@@ -153,12 +174,21 @@ impl TriggerEvent {
             return None;
         }
         let ev: types::trigger_event = read_plain(data);
+        let kind = TriggerKind::from_raw(u32::from(ev.kind))?;
+        let proto = HttpProto::from_raw(u32::from(ev.proto));
         let head_len = (ev.request_head_len as usize).min(ev.request_head.len());
-        let (method, target) = split_request(&ev.request_head[..head_len]);
+        let head = &ev.request_head[..head_len];
+        // A DNS message's head is its question's name, not a request line.
+        let dns = (kind == TriggerKind::Dns || proto == Some(HttpProto::Dns)).then(|| DnsQuestion {
+            id: ev.dns_id,
+            qtype: ev.dns_type,
+            qname: String::from_utf8_lossy(head).into_owned(),
+        });
+        let (method, target) = if dns.is_some() { (None, None) } else { split_request(head) };
         let authority_len = (ev.authority_len as usize).min(ev.authority.len());
         use types::trigger_side as side;
         Some(TriggerEvent {
-            kind: TriggerKind::from_raw(u32::from(ev.kind))?,
+            kind,
             by: match u32::from(ev.by) {
                 x if x == side::SIDE_CLIENT.0 => Some(Side::Client),
                 x if x == side::SIDE_SERVER.0 => Some(Side::Server),
@@ -172,12 +202,13 @@ impl TriggerEvent {
             ifindex: ev.ifindex,
             egress: ev.hook == types::hook_kind::HOOK_EGRESS.0 as u8,
             reverse: ev.dir == types::flow_dir::FLOW_DIR_REVERSE.0 as u8,
-            proto: HttpProto::from_raw(u32::from(ev.proto)),
+            proto,
             stream: (ev.stream != 0).then_some(ev.stream),
             authority: (authority_len != 0)
                 .then(|| String::from_utf8_lossy(&ev.authority[..authority_len]).into_owned()),
             method,
             target,
+            dns,
             request_to_response: (ev.request_to_response_ns != 0)
                 .then(|| Duration::from_nanos(ev.request_to_response_ns)),
             request_state: RequestState::from_raw(u32::from(ev.request)),
@@ -193,6 +224,12 @@ impl TriggerEvent {
     /// names (0 to 16).
     pub fn grpc_status_name(&self) -> Option<&'static str> {
         (self.kind == TriggerKind::Grpc).then(|| grpc_status_name(self.status)).flatten()
+    }
+
+    /// For a DNS trigger, the name of its rcode (`NXDOMAIN`), for the rcodes DNS names (0 to
+    /// 11).
+    pub fn rcode_name(&self) -> Option<&'static str> {
+        (self.kind == TriggerKind::Dns).then(|| rcode_name(self.status)).flatten()
     }
 }
 
@@ -279,6 +316,36 @@ mod tests {
     }
 
     #[test]
+    fn dns_fields_are_read() {
+        let mut raw = record(types::trigger_kind::TRIGGER_DNS, 3, b"web.shop.svc.cluster.local");
+        raw.proto = types::http_proto::PROTO_DNS.0 as u8;
+        raw.by = types::trigger_side::SIDE_SERVER.0 as u8;
+        raw.request = types::trigger_request::REQUEST_KEPT.0 as u8;
+        (raw.dns_type, raw.dns_id) = (28, 0xbeef);
+        raw.request_to_response_ns = 1_500_000;
+        let ev = TriggerEvent::parse(crate::shared::bytes_of(&raw)).unwrap();
+        assert_eq!((ev.kind, ev.status, ev.rcode_name()), (TriggerKind::Dns, 3, Some("NXDOMAIN")));
+        assert_eq!(
+            (ev.proto, ev.by, ev.request_state),
+            (Some(HttpProto::Dns), Some(Side::Server), RequestState::Named)
+        );
+        let q = ev.dns.as_ref().unwrap();
+        assert_eq!((q.id, q.qtype, q.qname.as_str()), (0xbeef, 28, "web.shop.svc.cluster.local"));
+        assert_eq!((&ev.method, &ev.target), (&None, &None), "a name is no request line");
+        assert_eq!(
+            (ev.grpc_status_name(), ev.request_to_response),
+            (None, Some(Duration::from_micros(1500)))
+        );
+        // A response whose query was not seen: no time, none pending; an rcode DNS names not.
+        raw.request = types::trigger_request::REQUEST_NONE.0 as u8;
+        (raw.request_to_response_ns, raw.status) = (0, 13);
+        let ev = TriggerEvent::parse(crate::shared::bytes_of(&raw)).unwrap();
+        assert_eq!((ev.request_to_response, ev.request_state.missing()), (None, Some("none pending")));
+        assert_eq!((ev.status, ev.rcode_name()), (13, None));
+        assert_eq!(ev.dns.unwrap().qname, "web.shop.svc.cluster.local", "the response's own question");
+    }
+
+    #[test]
     fn http1_events_have_no_stream() {
         let mut raw = record(types::trigger_kind::TRIGGER_STATUS, 13, b"GET /bar HTTP/1.1\r\n");
         raw.proto = types::http_proto::HTTP_PROTO_1.0 as u8;
@@ -288,6 +355,7 @@ mod tests {
             (TriggerKind::Status, Some(HttpProto::Http1), None, None)
         );
         assert_eq!(ev.grpc_status_name(), None, "status 13 is no gRPC code here");
+        assert_eq!((ev.rcode_name(), ev.dns), (None, None));
         assert_eq!(ev.target.as_deref(), Some("/bar"));
         raw.proto = types::http_proto::HTTP_PROTO_UNKNOWN.0 as u8;
         assert_eq!(TriggerEvent::parse(crate::shared::bytes_of(&raw)).unwrap().proto, None);

@@ -25,10 +25,12 @@ pub enum HistKind {
     StackXmit,
     /// Kernel stack: netif_receive_skb to a local socket read.
     StackRead,
+    /// A DNS query to its response (on the DNS ports).
+    DnsResponse,
 }
 
 impl HistKind {
-    const ALL: [(HistKind, hist_kind, &'static str); 7] = [
+    const ALL: [(HistKind, hist_kind, &'static str); 8] = [
         (Self::HttpResponse, hist_kind::HIST_HTTP_RESPONSE, "http_response"),
         (Self::TcpHandshake, hist_kind::HIST_TCP_HANDSHAKE, "tcp_handshake"),
         (Self::StackRxTc, hist_kind::HIST_STACK_RX_TC, "stack_rx_to_tc"),
@@ -36,13 +38,14 @@ impl HistKind {
         (Self::StackTcRead, hist_kind::HIST_STACK_TC_READ, "stack_tc_to_read"),
         (Self::StackXmit, hist_kind::HIST_STACK_XMIT, "stack_rx_to_xmit"),
         (Self::StackRead, hist_kind::HIST_STACK_READ, "stack_rx_to_read"),
+        (Self::DnsResponse, hist_kind::HIST_DNS_RESPONSE, "dns_response"),
     ];
 
     fn from_raw(k: u8) -> Option<Self> {
         Self::ALL.iter().find(|(_, raw, _)| raw.0 == u32::from(k)).map(|(kind, _, _)| *kind)
     }
 
-    /// A short name: `http_response`, `tcp_handshake`, `stack_rx_to_tc`, ...
+    /// A short name: `http_response`, `tcp_handshake`, `dns_response`, `stack_rx_to_tc`, ...
     pub fn name(self) -> &'static str {
         Self::ALL.iter().find(|(kind, _, _)| *kind == self).map_or("", |(_, _, n)| n)
     }
@@ -179,6 +182,17 @@ mod tests {
             next = hi;
         }
         assert!(next > 16_000_000_000, "the last bucket reaches past 16 s");
+    }
+
+    #[test]
+    fn kinds_are_named_from_the_data_paths_values() {
+        assert_eq!(HistKind::from_raw(hist_kind::HIST_DNS_RESPONSE.0 as u8), Some(HistKind::DnsResponse));
+        assert_eq!(HistKind::DnsResponse.name(), "dns_response");
+        assert_eq!(HistKind::from_raw(hist_kind::HIST_HTTP_RESPONSE.0 as u8), Some(HistKind::HttpResponse));
+        assert_eq!(HistKind::from_raw(200), None);
+        let mut names: Vec<&str> = HistKind::ALL.iter().map(|(k, _, _)| k.name()).collect();
+        names.dedup();
+        assert_eq!(names.len(), HistKind::ALL.len());
     }
 
     #[test]

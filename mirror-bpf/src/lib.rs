@@ -33,7 +33,7 @@ pub use attach::{tcx_supported, AttachMode, AttachTimings, Attachment, MirrorMet
 pub use budget::{Budget, Refused};
 pub use datapath::{Datapath, DatapathOptions};
 pub use error::{Error, Result};
-pub use event::{HttpProto, RequestState, Side, TriggerEvent};
+pub use event::{DnsQuestion, HttpProto, RequestState, Side, TriggerEvent};
 pub use flow::{DirStats, Flow, FlowKey, MirrorMark, NatTuples};
 pub use latency::{HistKind, Histogram};
 /// The ring buffer of trigger events returned by [`Datapath::events`].
@@ -43,8 +43,8 @@ pub use programs::ProgramStats;
 pub use protocols::{Protocol, Protocols};
 pub use replay::{ReplayHook, ReplayedRequest};
 pub use rule::{
-    GrpcCodes, Limits, Reach, RequestFilter, Rule, RuleError, RuleId, RuleInfo, StatusMatch, Trigger,
-    TriggerKind,
+    DnsRcodes, GrpcCodes, Limits, Reach, RequestFilter, Rule, RuleError, RuleId, RuleInfo, StatusMatch,
+    Trigger, TriggerKind,
 };
 pub use settings::MirrorDelivery;
 pub use settings::TimingGroup;

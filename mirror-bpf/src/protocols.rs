@@ -14,7 +14,8 @@ pub enum Protocol {
     Http1,
     /// HTTP/2 in cleartext: frames, HPACK, gRPC status.
     Http2,
-    /// DNS over UDP: queries kept until their responses, response codes, answer times.
+    /// DNS over UDP on the DNS ports (`dns.ports`): queries kept until their responses,
+    /// response codes, answer times.
     Dns,
 }
 
@@ -128,6 +129,9 @@ mod tests {
         }
         let err = Protocol::parse("http3").unwrap_err();
         assert!(err.contains("'http3'") && err.contains("http1, http2, dns"), "{err}");
+        assert_eq!((Protocol::Dns.index(), Protocol::Dns.program()), (2, "proto_dns"));
+        let indexes: Vec<u32> = Protocol::ALL.iter().map(|p| p.index()).collect();
+        assert!(indexes.iter().all(|i| *i < proto_prog::PROGS_MAX.0 && *i != proto_prog::PROG_RESET.0));
     }
 
     #[test]
@@ -139,5 +143,8 @@ mod tests {
         assert!(err.contains("http2 needs http1"), "{err}");
         assert_eq!(Protocols::default().to_string(), "http1, http2, dns");
         assert_eq!(Protocols::NONE.to_string(), "none");
+        let dns = Protocols::from_iter([Protocol::Dns]);
+        assert!(dns.check().is_ok(), "DNS needs neither HTTP program");
+        assert_eq!((dns.bits(), dns.to_string()), (1 << 2, "dns".into()));
     }
 }

@@ -44,8 +44,9 @@ pub struct ReplayedRequest {
 }
 
 impl ReplayedRequest {
-    /// The TCP payload in `frame` (the request's first bytes), `None` if the headers do not
-    /// parse (Ethernet, up to two VLAN tags, IPv4 or IPv6 without extension headers, TCP).
+    /// The TCP or UDP payload in `frame` (the request's first bytes; a DNS query's message, after
+    /// its 2-byte length over TCP), `None` if the headers do not parse (Ethernet, up to two
+    /// VLAN tags, IPv4 or IPv6 without extension headers, TCP or UDP).
     pub fn payload(&self) -> Option<&[u8]> {
         let f = &self.frame;
         let mut l3 = 14;
@@ -61,10 +62,11 @@ impl ReplayedRequest {
             0x86dd => (l3 + 40, *f.get(l3 + 6)?),
             _ => return None,
         };
-        if next != 6 {
-            return None;
-        }
-        let data = l4 + usize::from(f.get(l4 + 12)? >> 4) * 4;
+        let data = match next {
+            6 => l4 + usize::from(f.get(l4 + 12)? >> 4) * 4,
+            17 => l4 + 8,
+            _ => return None,
+        };
         f.get(data..)
     }
 
@@ -381,5 +383,18 @@ mod tests {
         // Cut inside the headers: no payload.
         let cut = ReplayedRequest { frame: f[..40].to_vec(), ..r };
         assert_eq!(cut.payload(), None);
+        // A DNS query over UDP (IPv6): after the 8 bytes of its header.
+        let mut f = vec![0u8; 12];
+        f.extend([0x86, 0xdd]);
+        let mut ip = vec![0u8; 40];
+        ip[6] = 17;
+        f.extend(ip);
+        f.extend([0u8; 8]);
+        f.extend([0xbe, 0xef, 1, 0]);
+        let r = ReplayedRequest { ts_ns: 1, wire_len: f.len() as u32, frame: f };
+        assert_eq!(r.payload(), Some(&[0xbe, 0xef, 1, 0][..]));
+        let mut icmp = r.frame.clone();
+        icmp[14 + 6] = 58;
+        assert_eq!(ReplayedRequest { frame: icmp, ..r }.payload(), None);
     }
 }

@@ -52,7 +52,8 @@ pub enum TimingGroup {
     Http,
     /// TCP handshake times.
     Handshake,
-    /// DNS answer times and response codes.
+    /// DNS answer times and response codes, on the DNS ports, whether or not a rule is a DNS
+    /// rule (with a `dns=` or a `noresponse>` rule, DNS is followed anyway).
     Dns,
 }
 
@@ -82,7 +83,7 @@ impl TimingGroup {
         Self::ALL.into_iter().filter(|g| g.on_by_default()).fold(0, |bits, g| bits | g.bit())
     }
 
-    /// Its name: `http`, `handshake`.
+    /// Its name: `http`, `handshake`, `dns`.
     pub fn name(self) -> &'static str {
         match self {
             TimingGroup::Http => "http",
@@ -99,11 +100,31 @@ impl TimingGroup {
 
 /// The DNS server port of the classifier's settings unless configured.
 pub const DNS_PORT: u16 = 53;
-
+/// The server ports DNS is followed on unless configured (`dns.ports`).
+pub const DNS_PORTS: [u16; 1] = [DNS_PORT];
 /// Most DNS ports the settings hold.
 pub const DNS_PORTS_MAX: usize = types::mirror_limits::DNS_PORTS_MAX.0 as usize;
 
-/// Sets the ports DNS is followed on (at most [`DNS_PORTS_MAX`], none 0; checked by the caller).
+/// Checks a list of DNS server ports: 1 to [`DNS_PORTS_MAX`] of them, each 1-65535, none twice;
+/// the error says why not.
+pub fn check_dns_ports(ports: &[u16]) -> std::result::Result<(), String> {
+    if ports.is_empty() {
+        return Err(format!("none: give 1 to {DNS_PORTS_MAX} ports (53 unless configured)"));
+    }
+    if ports.len() > DNS_PORTS_MAX {
+        return Err(format!("{} ports, more than the {DNS_PORTS_MAX} the classifier follows", ports.len()));
+    }
+    if ports.contains(&0) {
+        return Err("port 0: each port is 1-65535".into());
+    }
+    if let Some((i, p)) = ports.iter().enumerate().find(|(i, p)| ports[..*i].contains(p)) {
+        return Err(format!("port {p} given twice (at {i})"));
+    }
+    Ok(())
+}
+
+/// Sets the ports DNS is followed on (checked by [`check_dns_ports`]): in order, the unused
+/// entries 0.
 pub(crate) fn set_dns_ports(s: &mut types::settings, ports: &[u16]) {
     s.dns_ports = [0; DNS_PORTS_MAX];
     for (slot, port) in s.dns_ports.iter_mut().zip(ports) {
@@ -141,4 +162,30 @@ pub(crate) fn mirror_deliver(skel: &ClassifierSkel<'_>) -> MirrorDelivery {
         .data_data
         .as_deref()
         .map_or_else(MirrorDelivery::default, |d| MirrorDelivery::from_flags(d.mirror_deliver))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_ports_are_checked_and_padded() {
+        assert_eq!(check_dns_ports(&DNS_PORTS), Ok(()));
+        assert_eq!(check_dns_ports(&[53, 5353, 1, 2, 3, 4, 5, 65535]), Ok(()));
+        let bad = |p: &[u16]| check_dns_ports(p).unwrap_err();
+        assert!(bad(&[]).starts_with("none"), "{}", bad(&[]));
+        assert_eq!(bad(&[1, 2, 3, 4, 5, 6, 7, 8, 9]), "9 ports, more than the 8 the classifier follows");
+        assert_eq!(bad(&[53, 0]), "port 0: each port is 1-65535");
+        assert_eq!(bad(&[53, 5353, 53]), "port 53 given twice (at 2)");
+        let mut s = types::settings { dns_ports: [1; DNS_PORTS_MAX], ..Default::default() };
+        set_dns_ports(&mut s, &[53, 5353]);
+        assert_eq!(s.dns_ports, [53, 5353, 0, 0, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn timing_groups_have_their_bits_and_names() {
+        assert_eq!(TimingGroup::Dns.bit(), types::timing_group::TIMING_DNS.0);
+        assert_eq!(TimingGroup::from_name("dns"), Some(TimingGroup::Dns));
+        assert_eq!(TimingGroup::default_bits(), 0b111, "all on by default");
+    }
 }

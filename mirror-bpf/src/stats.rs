@@ -269,7 +269,58 @@ pub const COUNTERS: &[Counter] = &[
         metric: Some("http_answers_request_not_kept"),
         help: "HTTP answers and resets whose request was pending but not kept (pushed out of the queue, or uncertain after a loss of framing): their events name no request",
     },
+    Counter {
+        idx: S::STAT_DNS_QUERIES,
+        name: "dns_queries",
+        metric: Some("dns_queries"),
+        help: "DNS queries seen on the DNS ports (dns.ports)",
+    },
+    // Exported by rcode instead: mirror_dns_responses_total{rcode} (from dns_rcodes) sums to it.
+    Counter {
+        idx: S::STAT_DNS_RESPONSES,
+        name: "dns_responses",
+        metric: None,
+        help: "DNS responses seen on the DNS ports",
+    },
+    Counter {
+        idx: S::STAT_DNS_UNMATCHED,
+        name: "dns_unmatched",
+        metric: Some("dns_responses_unmatched"),
+        help: "DNS responses whose query was not kept (not seen, or pushed out): no answer time, no query replayed",
+    },
+    Counter {
+        idx: S::STAT_DNS_MALFORMED,
+        name: "dns_malformed",
+        metric: Some("dns_malformed"),
+        help: "DNS messages on a DNS port that could not be read (not DNS, a question cut or compressed, more than one question)",
+    },
+    Counter {
+        idx: S::STAT_DNS_TRIGGERS,
+        name: "dns_triggers",
+        metric: Some("dns_triggers"),
+        help: "DNS responses that matched a dns= rule and marked their flow",
+    },
 ];
+
+/// DNS responses by rcode (the `dns_rcodes` map), summed over CPUs: entry `r` is rcode `r`.
+pub type DnsRcodeCounts = [u64; types::mirror_limits::DNS_RCODES.0 as usize];
+
+/// The `dns_rcodes` map, summed over CPUs (all zero when never written).
+pub(crate) fn read_dns_rcodes(map: &MapMut<'_>) -> Result<DnsRcodeCounts> {
+    let per_cpu = map.lookup_percpu(&ZERO, MapFlags::ANY).context(|| "reading dns_rcodes".into())?;
+    Ok(sum_rcodes(per_cpu.unwrap_or_default().iter().map(|b| read_plain::<types::dns_rcode_counts>(b))))
+}
+
+/// Each rcode's count, summed over the CPUs' entries.
+fn sum_rcodes(per_cpu: impl Iterator<Item = types::dns_rcode_counts>) -> DnsRcodeCounts {
+    let mut sum = DnsRcodeCounts::default();
+    for c in per_cpu {
+        for (s, v) in sum.iter_mut().zip(c.v.iter()) {
+            *s += v;
+        }
+    }
+    sum
+}
 
 /// The counter of a slot.
 pub fn counter(idx: stat_idx) -> &'static Counter {
@@ -333,5 +384,15 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), COUNTERS.len(), "a name twice");
+    }
+
+    #[test]
+    fn rcodes_are_summed_over_cpus() {
+        let mut a = types::dns_rcode_counts::default();
+        let mut b = types::dns_rcode_counts::default();
+        (a.v[0], a.v[3], b.v[3], b.v[15]) = (10, 2, 5, 1);
+        let sum = sum_rcodes([a, b].into_iter());
+        assert_eq!((sum[0], sum[2], sum[3], sum[15]), (10, 0, 7, 1));
+        assert_eq!(sum_rcodes(std::iter::empty()), [0; 16]);
     }
 }

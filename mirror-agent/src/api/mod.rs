@@ -210,6 +210,7 @@ async fn status(State(s): State<ApiState>) -> ApiResult<StatusView> {
         pods: s.pods.list(),
         protocols: st.protocols,
         programs: st.programs,
+        dns_rcodes: crate::api::text::rcode_counts(&st.dns_rcodes).collect(),
     }))
 }
 

@@ -7,6 +7,7 @@
 //! it. `mirror-agent --crds` prints the CustomResourceDefinitions (`deploy/crds.yaml`).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -17,7 +18,7 @@ pub const GROUP: &str = "mirror.ebpf.io";
 pub const VERSION: &str = "v1alpha1";
 
 /// A rule's trigger, request filters, per-flow limits, and reach. At least one trigger field
-/// (`status`, `grpcStatus`, `reset`, `noResponse`, `latency`) is needed.
+/// (`status`, `grpcStatus`, `dns`, `reset`, `noResponse`, `latency`) is needed.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RuleFields {
@@ -29,6 +30,12 @@ pub struct RuleFields {
     /// `grpc-status=` takes them: `13`, `internal,unavailable`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grpc_status: Option<String>,
+    /// DNS response codes that trigger, as `dns=` takes them: names (`NXDOMAIN`, `SERVFAIL`,
+    /// any case) or numbers 0-15, or `any` alone for all: `[NXDOMAIN, SERVFAIL]`, `[3]`, `[any]`.
+    /// With `latency`, only answers at least that slow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "rcodes_schema")]
+    pub dns: Option<Vec<IntOrString>>,
     /// A TCP reset of an HTTP connection triggers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reset: Option<bool>,
@@ -52,6 +59,14 @@ pub struct RuleFields {
     /// Only requests to this host (`Host` header, HTTP/2 `:authority`), without a port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// With `dns`: only questions for this name or a name under it (`example.com`), or under
+    /// it only (`.svc.cluster.local`); case-insensitive, up to 64 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qname: Option<String>,
+    /// With `dns`: only questions of this type: `A`, `AAAA`, `MX`, `SRV`, ... or a number
+    /// 1-65535.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qtype: Option<IntOrString>,
     /// Packets mirrored per flow at most (0: no limit; default 10000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub packets: Option<u64>,
@@ -78,6 +93,18 @@ pub struct RuleFields {
     /// earlier of the two.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl: Option<String>,
+}
+
+/// `dns`: a list of rcodes, each a name or a number (without IntOrString's generic description).
+fn rcodes_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "nullable": true,
+        "items": {
+            "description": "An rcode: its name (NXDOMAIN) or its number (3), or any.",
+            "x-kubernetes-int-or-string": true
+        }
+    })
 }
 
 /// A mirror rule for pods of its own namespace.
@@ -200,9 +227,10 @@ pub struct LastTrigger {
     pub time: String,
     /// The pod (`namespace/name`) or interface it was seen at.
     pub pod: String,
-    /// What triggered: `500`, `grpc 13 INTERNAL`, `reset`, `noresponse`.
+    /// What triggered: `500`, `grpc 13 INTERNAL`, `dns NXDOMAIN`, `reset`, `noresponse`.
     pub trigger: String,
-    /// The request behind it (`GET /path`), when seen.
+    /// The request behind it (`GET /path`; DNS: the question, `AAAA web.shop.svc.cluster.local`),
+    /// when seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<String>,
     /// Both tuples of the flow (`client -> server`).

@@ -103,7 +103,7 @@ fn record(triggers: &Triggers, ev: &EventView) {
         time: ev.time.clone(),
         pod: ev.pod.clone().unwrap_or_else(|| ev.interface.clone()),
         trigger: crate::api::text::trigger_text(Some(&ev.kind), ev.status, ev.by.as_deref()),
-        request: ev.method.as_ref().map(|m| format!("{m} {}", ev.target.as_deref().unwrap_or_default())),
+        request: crate::api::text::request_text(ev),
         flow: format!("{} -> {}", ev.client_side.client, ev.server_side.server),
     };
     triggers.lock().expect("triggers").insert(ev.rule_id, t);
@@ -111,16 +111,14 @@ fn record(triggers: &Triggers, ev: &EventView) {
 
 /// What `kubectl describe pod` shows.
 fn note(ev: &EventView, source: &str, node: &str, repeats: u64) -> String {
-    let request = match (&ev.method, &ev.target) {
-        (Some(m), Some(t)) => format!(" to {m} {t}"),
-        _ => String::new(),
-    };
+    let request = crate::api::text::request_text(ev).map(|r| format!(" to {r}")).unwrap_or_default();
     let mut s = format!(
         "{} {}{request} on {} -> {}: rule {} ({source}) mirrors the flow from here on, both directions, \
          to node {node}'s mirror interface (the request first); Community ID {}",
         match ev.kind.as_str() {
             "status" => "status",
             "grpc-status" => "gRPC status",
+            "dns" => "response",
             _ => "trigger",
         },
         crate::api::text::trigger_text(Some(&ev.kind), ev.status, ev.by.as_deref()),
@@ -195,5 +193,29 @@ mod tests {
         let sent = (0..20).filter(|i| l.admit(k(&format!("p{i}")), t0).is_some()).count();
         assert_eq!(sent, 6);
         assert!(l.admit(k("late"), t0 + Duration::from_secs(1)).is_some());
+    }
+
+    #[test]
+    fn a_dns_trigger_names_its_question() {
+        let side = crate::views::TupleView {
+            client: "198.18.0.2:40000".into(),
+            server: "198.18.0.10:53".into(),
+            community_id: "1:x".into(),
+        };
+        let ev = EventView {
+            kind: "dns".into(),
+            status: 3,
+            rule_id: 4,
+            client_side: side.clone(),
+            server_side: side,
+            qname: Some("web.shop.svc.cluster.local".into()),
+            qtype: Some(28),
+            ..EventView::default()
+        };
+        let n = note(&ev, "MirrorRule shop/dns", "node-1", 0);
+        assert!(
+            n.starts_with("response dns NXDOMAIN to AAAA web.shop.svc.cluster.local on 198.18.0.2:40000 -> 198.18.0.10:53: rule 4"),
+            "{n}"
+        );
     }
 }

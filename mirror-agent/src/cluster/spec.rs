@@ -6,9 +6,18 @@
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use mirror_bpf::Rule;
 
 use super::crd::RuleFields;
+
+/// A value that is a name or a number, as a token's text.
+fn int_or_string(v: &IntOrString) -> String {
+    match v {
+        IntOrString::Int(i) => i.to_string(),
+        IntOrString::String(s) => s.clone(),
+    }
+}
 
 /// The rule of `f`, or why it is none, in words naming the field.
 pub fn rule_of(f: &RuleFields) -> Result<Rule, String> {
@@ -28,19 +37,26 @@ pub fn rule_of(f: &RuleFields) -> Result<Rule, String> {
     push("port", "port=", &f.port.map(|p| p.to_string()))?;
     push("status", "status=", &f.status)?;
     push("grpcStatus", "grpc-status=", &f.grpc_status)?;
+    if f.dns.as_ref().is_some_and(|codes| codes.is_empty()) {
+        return Err("spec.dns: empty: give rcodes (NXDOMAIN, SERVFAIL, 0-15) or any".into());
+    }
+    let dns = f.dns.as_ref().map(|codes| codes.iter().map(int_or_string).collect::<Vec<_>>().join(","));
+    push("dns", "dns=", &dns)?;
     push("reset", "", &f.reset.filter(|r| *r).map(|_| "reset".to_string()))?;
     push("noResponse", "noresponse>", &f.no_response)?;
     push("latency", "latency>", &f.latency)?;
     push("method", "method=", &f.method)?;
     push("path", "path=", &f.path)?;
     push("host", "host=", &f.host)?;
+    push("qname", "qname=", &f.qname)?;
+    push("qtype", "qtype=", &f.qtype.as_ref().map(int_or_string))?;
     push("packets", "packets=", &f.packets.map(|p| p.to_string()))?;
     push("bytes", "bytes=", &f.bytes.map(|p| p.to_string()))?;
     push("duration", "duration=", &f.duration)?;
-    let triggers = ["status", "grpcStatus", "reset", "noResponse", "latency"];
+    let triggers = ["status", "grpcStatus", "dns", "reset", "noResponse", "latency"];
     if !tokens.iter().any(|(field, _)| triggers.contains(field)) {
-        return Err("no trigger: set one of spec.status, spec.grpcStatus, spec.reset, spec.noResponse, \
-                    spec.latency"
+        return Err("no trigger: set one of spec.status, spec.grpcStatus, spec.dns, spec.reset, \
+                    spec.noResponse, spec.latency"
             .into());
     }
     let text = tokens.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>().join(" ");
@@ -97,6 +113,36 @@ mod tests {
         assert!(r.to_string().starts_with("grpc-status=INTERNAL,UNAVAILABLE latency>1s"), "{r}");
         assert_eq!(rule_of(&fields("reset: true\n")).unwrap().to_string().split(' ').next(), Some("reset"));
         assert!(rule_of(&fields("noResponse: 2s\n")).unwrap().to_string().starts_with("noresponse>2s"));
+    }
+
+    #[test]
+    fn dns_fields_become_the_rule_syntax() {
+        let r = rule_of(&fields(
+            "dns: [NXDOMAIN, servfail, 14]\nqname: .svc.cluster.local\nqtype: AAAA\nport: 53\n",
+        ))
+        .unwrap();
+        assert_eq!(
+            r.to_string(),
+            "port=53 dns=SERVFAIL,NXDOMAIN,14 qname=.svc.cluster.local qtype=AAAA packets=10000 bytes=0 duration=60s"
+        );
+        let r = rule_of(&fields("dns: [3]\nqtype: 28\n")).unwrap();
+        assert_eq!(r.to_string(), "dns=NXDOMAIN qtype=AAAA packets=10000 bytes=0 duration=60s");
+        let r = rule_of(&fields("dns: [any]\nlatency: 500ms\n")).unwrap();
+        assert!(r.to_string().starts_with("dns=any latency>500ms"), "{r}");
+        let e = rule_of(&fields("dns: [bogus]\n")).unwrap_err();
+        assert!(e.starts_with("spec.dns: 'dns=bogus': 'bogus' is not a DNS rcode"), "{e}");
+        let e = rule_of(&fields("dns: []\n")).unwrap_err();
+        assert!(e.starts_with("spec.dns: empty"), "{e}");
+        let e = rule_of(&fields("dns: [\"3 4\"]\n")).unwrap_err();
+        assert!(e.starts_with("spec.dns: '3 4' has a blank"), "{e}");
+        let e = rule_of(&fields("dns: [3]\nqtype: 0\n")).unwrap_err();
+        assert!(e.starts_with("spec.qtype: 'qtype=0': qtype 0 is outside 1-65535"), "{e}");
+        let e = rule_of(&fields("status: \"500\"\nqname: example.com\n")).unwrap_err();
+        assert!(e.starts_with("spec.qname: 'qname=example.com': qname= filters DNS questions"), "{e}");
+        let e = rule_of(&fields("dns: [3]\nmethod: GET\n")).unwrap_err();
+        assert!(e.starts_with("spec.method: 'method=GET': method= filters HTTP requests"), "{e}");
+        let e = rule_of(&fields("qname: example.com\n")).unwrap_err();
+        assert!(e.starts_with("no trigger") && e.contains("spec.dns"), "{e}");
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! This file is the schema: each section, its keys and their defaults (the data path's
 //! settings take theirs from `mirror_bpf`, where the data path keeps them). Beside it:
 //! `validate.rs`, what a configuration must be wherever it runs; `host.rs`, what it must be on
-//! this host (memory, descriptors, the BPF filesystem, kernel features); `pods.rs` and
-//! `tunnel.rs`, the `pods:`, `mirror.tunnel:` and `mirror.budget:` sections with their checks.
+//! this host (memory, descriptors, the BPF filesystem, kernel features); `pods.rs`,
+//! `tunnel.rs` and `dns.rs`, the `pods:`, `mirror.tunnel:`, `mirror.budget:` and `dns:`
+//! sections with their checks.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,11 +18,13 @@ use mirror_bpf::{AttachMode, DatapathOptions, MirrorMethod, Protocol, Protocols,
 use crate::capacity::Host;
 
 mod cluster;
+mod dns;
 mod host;
 mod pods;
 mod tunnel;
 mod validate;
 pub use cluster::{Cluster, ClusterMode};
+pub use dns::Dns;
 pub use pods::{metric_label, CriSockets, Pods};
 pub use tunnel::{Budget, Tunnel};
 
@@ -388,6 +391,8 @@ pub struct Latency {
     pub http: bool,
     /// TCP handshake time.
     pub handshake: bool,
+    /// DNS answer time and response codes on the DNS ports, without a DNS rule too.
+    pub dns: bool,
     /// Kernel stack latency per stage (tracing programs).
     pub stack: bool,
     /// Share of CPU time in the network stack (tracing programs).
@@ -401,6 +406,7 @@ impl Default for Latency {
         Self {
             http: TimingGroup::Http.on_by_default(),
             handshake: TimingGroup::Handshake.on_by_default(),
+            dns: TimingGroup::Dns.on_by_default(),
             stack: false,
             cpu: false,
             stack_sample: Tracing::STACK_SAMPLE,
@@ -416,6 +422,7 @@ impl Latency {
         vec![
             (Group::Timing(TimingGroup::Http), self.http),
             (Group::Timing(TimingGroup::Handshake), self.handshake),
+            (Group::Timing(TimingGroup::Dns), self.dns),
             (Group::Trace(TraceGroup::Stack), self.stack),
             (Group::Trace(TraceGroup::Cpu), self.cpu),
         ]
@@ -496,8 +503,10 @@ pub struct Config {
     /// On SIGTERM, leave the data path attached and pinned for the next agent.
     pub keep_attached: bool,
     /// The protocols followed, each a program of the data path loaded at start: `http1`,
-    /// `http2` (which needs `http1`). All of them unless set.
+    /// `http2` (which needs `http1`), `dns`. All of them unless set.
     pub protocols: Vec<String>,
+    /// Where DNS is followed.
+    pub dns: Dns,
 }
 
 impl Config {

@@ -64,6 +64,7 @@ impl Config {
         self.pods.validate()?;
         self.cluster.validate()?;
         self.mirror.budget.validate()?;
+        self.dns.validate()?;
         if self.mirror.method == MethodCfg::Mirred && self.attach.mode == AttachModeCfg::Tcx {
             return Err(err(
                 "mirror.method",
@@ -239,7 +240,7 @@ mod tests {
             (
                 "protocols: [http1, http3]\n",
                 "protocols[1]",
-                "unknown protocol 'http3' (one of: http1, http2)",
+                "unknown protocol 'http3' (one of: http1, http2, dns)",
             ),
             ("protocols: [http2]\n", "protocols", "http2 needs http1"),
             ("mirror:\n  replay_requests: 1048576\n", "mirror.replay_requests", "65536"),

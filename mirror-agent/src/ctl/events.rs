@@ -1,12 +1,13 @@
 //! `mirrorctl events [-f]`: the recent trigger events, and with `-f` the next ones as they
-//! come (long polls of `GET /v1/events?after=SEQ&wait=S`). A listing with HTTP/2 requests (and
-//! a followed one) ends with a PROTOCOL column: each request's stream and `:authority`.
+//! come (long polls of `GET /v1/events?after=SEQ&wait=S`). A listing with HTTP/2 requests or
+//! DNS queries (and a followed one) ends with a PROTOCOL column: each request's stream and
+//! `:authority`, each DNS message's id.
 
 use hyper::Method;
 
 use super::table;
 use crate::api::client::Client;
-use crate::api::text::trigger_text;
+use crate::api::text::{request_text, trigger_text};
 use crate::views::EventView;
 
 /// How long one poll of `-f` waits for events (below the API's request timeout).
@@ -24,10 +25,11 @@ const HEADER: [&str; 9] = [
     "COMMUNITY ID",
 ];
 
-/// The column after the others when some request is HTTP/2.
+/// The column after the others when some request is HTTP/2 or DNS.
 const PROTOCOL: &str = "PROTOCOL";
 
-/// The request's protocol: `h2 stream 5, authority greeter.example`, `http/1.x`, or `-`.
+/// The request's protocol: `h2 stream 5, authority greeter.example`, `http/1.x`, `dns id 6699`,
+/// or `-`.
 fn protocol(e: &EventView) -> String {
     match e.proto.as_deref() {
         Some("http2") => {
@@ -36,6 +38,7 @@ fn protocol(e: &EventView) -> String {
             parts.join(", ")
         }
         Some("http1") => "http/1.x".into(),
+        Some("dns") => e.id.map_or("dns".into(), |id| format!("dns id {id}")),
         _ => "-".into(),
     }
 }
@@ -48,9 +51,11 @@ fn header(protocol: bool) -> Vec<&'static str> {
 /// An event's cells, with its protocol or without.
 fn row(e: &EventView, with_protocol: bool) -> Vec<String> {
     let c = &e.client_side;
-    let request = match (&e.method, &e.target) {
-        (Some(m), Some(t)) => format!("{m} {t}"),
-        _ => e.request_missing.as_deref().map_or("-".into(), |why| format!("({why})")),
+    // A DNS question is named by its response even when its query was not seen: said after it.
+    let request = match (request_text(e), e.request_missing.as_deref()) {
+        (Some(r), Some(why)) => format!("{r} ({why})"),
+        (Some(r), None) => r,
+        (None, why) => why.map_or("-".into(), |why| format!("({why})")),
     };
     vec![
         e.time.clone(),
@@ -68,10 +73,10 @@ fn row(e: &EventView, with_protocol: bool) -> Vec<String> {
     .collect()
 }
 
-/// The table of `events`: PROTOCOL only when some request is HTTP/2.
+/// The table of `events`: PROTOCOL only when some request is HTTP/2 or DNS.
 fn render(events: &[EventView]) -> String {
-    let h2 = events.iter().any(|e| e.proto.as_deref() == Some("http2"));
-    table::render(&header(h2), &events.iter().map(|e| row(e, h2)).collect::<Vec<_>>())
+    let more = events.iter().any(|e| matches!(e.proto.as_deref(), Some("http2" | "dns")));
+    table::render(&header(more), &events.iter().map(|e| row(e, more)).collect::<Vec<_>>())
 }
 
 /// Prints the recent events (at most `limit`), then with `follow` the next ones until
@@ -161,6 +166,7 @@ mod tests {
             after_request_ms: None,
             request_missing: None,
             request: None,
+            ..EventView::default()
         }
     }
 
@@ -206,6 +212,61 @@ mod tests {
         );
     }
 
+    fn dns() -> EventView {
+        EventView {
+            kind: "dns".into(),
+            status: 3,
+            proto: Some("dns".into()),
+            method: None,
+            target: None,
+            rcode: Some(3),
+            rcode_name: Some("NXDOMAIN".into()),
+            qname: Some("web.shop.svc.cluster.local".into()),
+            qtype: Some(28),
+            qtype_name: Some("AAAA".into()),
+            id: Some(6699),
+            response_ms: Some(1.2),
+            ..event("dns", 3)
+        }
+    }
+
+    #[test]
+    fn dns_queries_are_shown() {
+        let text = render(&[event("status", 500), dns()]);
+        assert!(text.lines().next().unwrap().ends_with(PROTOCOL), "{text}");
+        let line = text.lines().find(|l| l.contains("svc.cluster.local")).unwrap();
+        for want in ["AAAA web.shop.svc.cluster.local", "dns NXDOMAIN", "1.2ms", "dns id 6699"] {
+            assert!(line.contains(want), "{want:?} missing: {text}");
+        }
+        // The query was not seen: the response's question, and why no query is named.
+        let unseen = EventView { response_ms: None, request_missing: Some("none pending".into()), ..dns() };
+        assert_eq!(
+            row(&unseen, true)[5..8],
+            ["AAAA web.shop.svc.cluster.local (none pending)".to_string(), "dns NXDOMAIN".into(), "-".into()]
+        );
+        let json = serde_json::to_value(dns()).unwrap();
+        assert_eq!(
+            (&json["kind"], &json["proto"], &json["rcode"], &json["rcode_name"], &json["id"]),
+            (
+                &serde_json::json!("dns"),
+                &serde_json::json!("dns"),
+                &serde_json::json!(3),
+                &serde_json::json!("NXDOMAIN"),
+                &serde_json::json!(6699)
+            )
+        );
+        assert_eq!(
+            (&json["qname"], &json["qtype"], &json["qtype_name"]),
+            (
+                &serde_json::json!("web.shop.svc.cluster.local"),
+                &serde_json::json!(28),
+                &serde_json::json!("AAAA")
+            )
+        );
+        assert!(json.get("method").is_some_and(|m| m.is_null()));
+        assert_eq!(serde_json::from_value::<EventView>(json).unwrap(), dns());
+    }
+
     #[test]
     fn json_carries_the_new_fields_and_reads_old_events() {
         let json = serde_json::to_value(grpc()).unwrap();
@@ -222,6 +283,8 @@ mod tests {
         // HTTP/1.x events carry no HTTP/2 fields, and events without them still read.
         let mut old = serde_json::to_value(event("status", 500)).unwrap();
         assert!(old.get("stream").is_none() && old.get("status_name").is_none());
+        let dns_keys = ["rcode", "rcode_name", "qname", "qtype", "qtype_name", "id"];
+        assert!(dns_keys.iter().all(|k| old.get(k).is_none()), "{old}");
         old.as_object_mut().unwrap().remove("proto");
         let back: EventView = serde_json::from_value(old).unwrap();
         assert_eq!((back.proto, back.stream), (None, None));

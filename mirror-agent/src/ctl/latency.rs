@@ -12,7 +12,7 @@ use crate::views::{GroupView, HistogramView, SetGroup};
 
 #[derive(Subcommand)]
 pub enum LatencyCommand {
-    /// Switch a timing group on (http, handshake).
+    /// Switch a timing group on (http, handshake, dns).
     Enable {
         /// The group.
         group: String,

@@ -10,15 +10,17 @@ use crate::views::{NewRule, RuleView};
 /// The rule syntax with examples, after `mirrorctl rules add --help`.
 const RULE_HELP: &str = "\
 Syntax: one trigger, then filters and limits, in any order.
-  triggers  status=CODES (500, 5xx, 500-504, 502,503), grpc-status=CODES (names or 0-63), reset,
-            'noresponse>DURATION', 'latency>DURATION'
-  filters   port=P, method=GET[,POST], path=/PREFIX, host=NAME
+  triggers  status=CODES (500, 5xx, 500-504, 502,503), grpc-status=CODES (names or 0-63),
+            dns=RCODES (nxdomain, servfail, ..., 0-15, any), reset, 'noresponse>DURATION',
+            'latency>DURATION'
+  filters   port=P; HTTP: method=GET[,POST], path=/PREFIX, host=NAME; dns=: qname=SUFFIX, qtype=TYPE
   limits    packets=N, bytes=N, duration=DURATION per flow (0: unlimited; default 10000 packets or 60s)
 Examples:
   mirrorctl rules add status=5xx
   mirrorctl rules add status=500 method=POST path=/api/checkout packets=1000 duration=30s
   mirrorctl rules add 'noresponse>2s' port=8080
   mirrorctl rules add grpc-status=internal,unavailable
+  mirrorctl rules add dns=nxdomain,servfail qname=.svc.cluster.local qtype=AAAA
   mirrorctl rules add reset host=shop.example";
 
 #[derive(Subcommand)]

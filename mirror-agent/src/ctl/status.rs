@@ -1,6 +1,6 @@
 //! `mirrorctl status`: the agent, its mirror interface, its programs, the attached interfaces
-//! with their pods, the classifier's counters and the network stack's share of each CPU
-//! (`/v1/status`).
+//! with their pods, the classifier's counters, DNS responses by rcode and the network stack's
+//! share of each CPU (`/v1/status`).
 
 use hyper::Method;
 
@@ -26,6 +26,9 @@ pub async fn run(c: &Client<'_>, json: bool) -> anyhow::Result<()> {
         "(duplicate: packets seen a second time, on the other pod's veth, and skipped there so \
          that each is mirrored once; non_tcp: ARP, ICMP, UDP and the like, passed on untouched)"
     );
+    if let Some(line) = dns_rcodes_line(&s) {
+        println!("{line}");
+    }
     if !s.net_cpu.is_empty() {
         let pct = |v: f64| format!("{:.1}%", v * 100.0);
         let rows: Vec<Vec<String>> = s
@@ -77,6 +80,21 @@ fn print_summary(s: &StatusView) {
     println!("programs, instructions verified (of 1,000,000): {}\n", programs.join(", "));
 }
 
+/// `DNS responses by rcode: NOERROR 120, NXDOMAIN 4`, when some were seen.
+fn dns_rcodes_line(s: &StatusView) -> Option<String> {
+    // By rcode, as the agent sends them ordered by name.
+    let mut seen: Vec<(&String, &u64)> = s.dns_rcodes.iter().collect();
+    let rcode = |name: &str| {
+        mirror_bpf::rule::dns::RCODE_NAMES
+            .iter()
+            .position(|n| *n == name)
+            .unwrap_or_else(|| name.parse().unwrap_or(99))
+    };
+    seen.sort_by_key(|(name, _)| rcode(name));
+    let parts: Vec<String> = seen.iter().map(|(name, n)| format!("{name} {n}")).collect();
+    (!parts.is_empty()).then(|| format!("DNS responses by rcode: {}", parts.join(", ")))
+}
+
 /// The attached interfaces, each with the pod behind it (`-`: none known).
 fn interface_rows(s: &StatusView) -> Vec<Vec<String>> {
     let pod_of =
@@ -94,4 +112,22 @@ fn interface_rows(s: &StatusView) -> Vec<Vec<String>> {
             ]
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_responses_are_listed_by_rcode() {
+        let mut s: StatusView = serde_json::from_value(serde_json::json!({
+            "version": "0", "attach_mode": "auto", "tcx_available": true, "adopted": false,
+            "interfaces": [], "mirror": {"interface": "mirror0", "ifindex": null, "created": false},
+            "counters": {}, "attach_latency": {"count": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+        }))
+        .unwrap();
+        assert_eq!(dns_rcodes_line(&s), None);
+        s.dns_rcodes = [("NXDOMAIN".into(), 4), ("13".into(), 1), ("NOERROR".into(), 120)].into();
+        assert_eq!(dns_rcodes_line(&s).unwrap(), "DNS responses by rcode: NOERROR 120, NXDOMAIN 4, 13 1");
+    }
 }

@@ -81,6 +81,7 @@ impl Events {
                 by = e.by.map_or("-", |b| b.name()),
                 status = e.status,
                 grpc_status = e.grpc_status_name(),
+                rcode = e.rcode_name(),
                 proto = e.proto.map_or("-", |p| p.name()),
                 stream = e.stream,
                 authority = e.authority.as_deref(),
@@ -88,6 +89,9 @@ impl Events {
                 client = %ev.client_side.client,
                 method = e.method.as_deref().unwrap_or("-"),
                 target = e.target.as_deref().unwrap_or("-"),
+                qname = e.dns.as_ref().map(|q| q.qname.as_str()),
+                qtype = e.dns.as_ref().map(|q| q.qtype),
+                dns_id = e.dns.as_ref().map(|q| q.id),
                 request_missing = e.request_state.missing(),
                 response_ms = ev.response_ms,
                 after_request_ms = ev.after_request_ms,
@@ -114,10 +118,25 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
-/// Whether a trigger of `kind` ends its request's answer (a status line, gRPC trailers): its
-/// time is the response's.
+/// Whether a trigger of `kind` ends its request's answer (a status line, gRPC trailers, a DNS
+/// response): its time is the response's.
 fn answered(kind: TriggerKind) -> bool {
-    matches!(kind, TriggerKind::Status | TriggerKind::Grpc)
+    matches!(kind, TriggerKind::Status | TriggerKind::Grpc | TriggerKind::Dns)
+}
+
+/// The DNS fields of an event (`None`s for the other protocols): rcode and its name, question
+/// name, type and its name, message id.
+fn dns_fields(e: &TriggerEvent, view: &mut EventView) {
+    if e.kind == TriggerKind::Dns {
+        view.rcode = Some(e.status);
+        view.rcode_name = e.rcode_name().map(Into::into);
+    }
+    if let Some(q) = &e.dns {
+        view.qname = (!q.qname.is_empty()).then(|| q.qname.clone());
+        view.qtype = (q.qtype != 0).then_some(q.qtype);
+        view.qtype_name = mirror_bpf::rule::dns::qtype_name(q.qtype).map(Into::into);
+        view.id = Some(q.id);
+    }
 }
 
 /// The event as the API shows it (`seq` is set by the log).
@@ -141,7 +160,7 @@ fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &AttachedLinks) -> Ev
     };
     let age = Duration::from_nanos(monotonic_ns().saturating_sub(e.ts_ns));
     let when = SystemTime::now().checked_sub(age).unwrap_or_else(SystemTime::now);
-    EventView {
+    let mut view = EventView {
         seq: 0,
         time: chrono::DateTime::<chrono::Utc>::from(when)
             .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
@@ -176,12 +195,80 @@ fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &AttachedLinks) -> Ev
             let payload = r.payload()?;
             let headers = r.frame.len() - payload.len();
             Some(RequestView {
-                text: String::from_utf8_lossy(payload).into_owned(),
+                // A DNS message is binary: its question is in the event's own fields.
+                text: if e.dns.is_some() {
+                    String::new()
+                } else {
+                    String::from_utf8_lossy(payload).into_owned()
+                },
                 bytes: payload.len(),
                 cut: r.wire_len as usize > r.frame.len(),
                 before_ms: ms(Duration::from_nanos(e.ts_ns.saturating_sub(r.ts_ns))),
                 replayed: headers > 0 && dp.settings().is_ok_and(|s| s.replay_ifindex != 0),
             })
         }),
+        ..EventView::default()
+    };
+    dns_fields(e, &mut view);
+    view
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mirror_bpf::{DnsQuestion, FlowKey, HttpProto, RequestState};
+
+    fn dns_event(status: u16, qtype: u16) -> TriggerEvent {
+        TriggerEvent {
+            kind: TriggerKind::Dns,
+            by: Some(Side::Server),
+            key: FlowKey {
+                lo: "198.18.0.2:40000".parse().unwrap(),
+                hi: "198.18.0.3:53".parse().unwrap(),
+                proto: 17,
+            },
+            nat: None,
+            ts_ns: 1,
+            rule_id: 2,
+            status,
+            ifindex: 3,
+            egress: false,
+            reverse: true,
+            proto: Some(HttpProto::Dns),
+            stream: None,
+            authority: None,
+            method: None,
+            target: None,
+            dns: Some(DnsQuestion { id: 0x1a2b, qtype, qname: "web.shop.svc.cluster.local".into() }),
+            request_to_response: Some(Duration::from_micros(1200)),
+            request_state: RequestState::Named,
+            request: None,
+        }
+    }
+
+    #[test]
+    fn dns_events_name_their_question_and_rcode() {
+        let mut v = EventView::default();
+        dns_fields(&dns_event(3, 28), &mut v);
+        assert_eq!((v.rcode, v.rcode_name.as_deref()), (Some(3), Some("NXDOMAIN")));
+        assert_eq!(
+            (v.qname.as_deref(), v.qtype, v.qtype_name.as_deref()),
+            (Some("web.shop.svc.cluster.local"), Some(28), Some("AAAA"))
+        );
+        assert_eq!(v.id, Some(0x1a2b));
+        let mut v = EventView::default();
+        dns_fields(&dns_event(14, 99), &mut v);
+        assert_eq!((v.rcode, v.rcode_name, v.qtype, v.qtype_name), (Some(14), None, Some(99), None));
+        assert!(answered(TriggerKind::Dns), "its time is the answer's");
+        // Other kinds carry none of them.
+        let http = TriggerEvent {
+            kind: TriggerKind::Status,
+            dns: None,
+            proto: Some(HttpProto::Http1),
+            ..dns_event(500, 1)
+        };
+        let mut v = EventView::default();
+        dns_fields(&http, &mut v);
+        assert_eq!(v, EventView::default());
     }
 }

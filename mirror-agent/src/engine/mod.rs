@@ -80,6 +80,8 @@ pub struct EngineStatus {
     pub protocols: String,
     /// The data path's programs.
     pub programs: Vec<crate::views::ProgramView>,
+    /// DNS responses seen by rcode (entry `r`: rcode `r`).
+    pub dns_rcodes: mirror_bpf::stats::DnsRcodeCounts,
 }
 
 /// What adding a rule did.

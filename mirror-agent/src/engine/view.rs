@@ -145,6 +145,7 @@ pub(super) fn status(dp: &Datapath<'_>, p: StatusParts<'_>) -> anyhow::Result<En
         net_cpu: p.net_cpu.to_vec(),
         tracing: tracing(p.tracing),
         protocols: dp.protocols().to_string(),
+        dns_rcodes: dp.dns_rcodes()?,
         programs: dp
             .programs()
             .iter()

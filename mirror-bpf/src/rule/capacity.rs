@@ -112,6 +112,11 @@ mod tests {
         assert_eq!(fits(&grpc, Capacity { rules: 3, port_keys: 102 }), Ok(()));
         let cap = Capacity { rules: 3, port_keys: 101 };
         assert_eq!(fits(&grpc, cap), Err(CapacityError::PortKeys { count: 102, max: 101 }));
+        // A DNS rule takes one pair per rcode, beside both.
+        let dns = [r("port=80 grpc-status=13"), r("port=80 dns=any"), r("port=80 dns=nxdomain qtype=A")];
+        assert_eq!(fits(&dns, Capacity { rules: 3, port_keys: 17 }), Ok(()));
+        let cap = Capacity { rules: 3, port_keys: 16 };
+        assert_eq!(fits(&dns, cap), Err(CapacityError::PortKeys { count: 17, max: 16 }));
         let cap = Capacity { rules: 3, port_keys: 150 };
         let many = [r("status=500"), r("status=501"), r("status=502"), r("status=503")];
         assert_eq!(fits(&many, cap), Err(CapacityError::Rules { count: 4, max: 3 }));

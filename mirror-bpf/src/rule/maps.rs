@@ -325,12 +325,14 @@ fn fit_error(e: AddError) -> Error {
     match e {
         AddError::NoSlot => Error::TooManyRules(RULES_MAX),
         AddError::FilteredPerKey { port, status } => Error::RuleDoesNotFit(format!(
-            "at most {FILTERED_MAX} rules with method=, path= or host= may cover one {} and {}",
+            "at most {FILTERED_MAX} rules with filters (method=, path=, host=, qname=, qtype=) may cover one {} and {}",
             key_name(status),
             if port == ANY_PORT { "any port".to_string() } else { format!("port {port}") }
         )),
         AddError::Filters => {
-            Error::RuleDoesNotFit(format!("at most {FILTERS_MAX} rules may have method=, path= or host="))
+            Error::RuleDoesNotFit(format!(
+                "at most {FILTERS_MAX} rules may have filters (method=, path=, host=, qname=, qtype=)"
+            ))
         }
     }
 }
@@ -346,18 +348,28 @@ fn filter_value(action: types::rule_action, rule: &Rule) -> types::rule_filter {
         f.host_len = h.len() as u8;
         f.host[..h.len()].copy_from_slice(h.as_bytes());
     }
+    if let Some(q) = &rule.filter.qname {
+        f.qname_len = q.len() as u8;
+        f.qname[..q.len()].copy_from_slice(q.as_bytes());
+    }
+    f.qtype = rule.filter.qtype;
     f
 }
 
 /// "status 500", or the name of another kind's pseudo-status.
 fn key_name(status: u16) -> String {
+    use super::dns::{rcode_name, DNS_RCODES, DNS_RCODE_BASE};
     use super::grpc::{grpc_status_name, GRPC_STATUS_BASE};
+    let named = |what: &str, code: u16, name: Option<&str>| {
+        format!("{what} {code}{}", name.map(|n| format!(" ({n})")).unwrap_or_default())
+    };
     if (GRPC_STATUS_BASE..100).contains(&status) {
         let code = status - GRPC_STATUS_BASE;
-        return format!(
-            "grpc-status {code}{}",
-            grpc_status_name(code).map(|n| format!(" ({n})")).unwrap_or_default()
-        );
+        return named("grpc-status", code, grpc_status_name(code));
+    }
+    if (DNS_RCODE_BASE..DNS_RCODE_BASE + u16::from(DNS_RCODES)).contains(&status) {
+        let rcode = status - DNS_RCODE_BASE;
+        return named("dns rcode", rcode, rcode_name(rcode));
     }
     match TriggerKind::from_raw(u32::from(status)) {
         Some(k) if status < 100 => format!("{k} rule"),
@@ -370,4 +382,46 @@ fn sum_percpu_u64(map: &MapMut<'_>, idx: u32) -> Result<u64> {
         .lookup_percpu(&idx.to_ne_bytes(), MapFlags::ANY)
         .context(|| format!("reading {}", map.name().to_string_lossy()))?;
     Ok(per_cpu.unwrap_or_default().iter().map(|b| read_plain::<u64>(b)).sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(s: &str) -> Rule {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn filters_are_written_as_the_classifier_reads_them() {
+        let action = types::rule_action { rule_id: 4, slot: 9, ..Default::default() };
+        let f = filter_value(action, &rule("dns=nxdomain qname=.SVC.cluster.local. qtype=aaaa"));
+        assert_eq!((f.action.rule_id, f.action.slot, f.qtype, f.qname_len), (4, 9, 28, 18));
+        assert_eq!(&f.qname[..18], b".svc.cluster.local");
+        assert!(f.qname[18..].iter().all(|b| *b == 0));
+        assert_eq!((f.methods, f.path_len, f.host_len), (0, 0, 0));
+        let f = filter_value(action, &rule("dns=3 qtype=65535"));
+        assert_eq!((f.qtype, f.qname_len), (65535, 0));
+        let f = filter_value(action, &rule("status=500 method=GET host=Shop.Example"));
+        assert_eq!((f.qtype, f.qname_len, f.host_len), (0, 0, 12));
+        assert_eq!(&f.host[..12], b"shop.example");
+    }
+
+    #[test]
+    fn keys_are_named_by_their_kind() {
+        let dns = types::mirror_limits::DNS_RCODE_BASE.0 as u16;
+        let grpc = types::mirror_limits::GRPC_STATUS_BASE.0 as u16;
+        assert_eq!(key_name(500), "status 500");
+        assert_eq!(key_name(grpc + 13), "grpc-status 13 (INTERNAL)");
+        assert_eq!(key_name(dns + 3), "dns rcode 3 (NXDOMAIN)");
+        assert_eq!(key_name(dns + 15), "dns rcode 15");
+        assert_eq!(key_name(types::trigger_kind::TRIGGER_RESET.0 as u16), "reset rule");
+    }
+
+    #[test]
+    fn a_key_with_too_many_filtered_dns_rules_says_which() {
+        let e = fit_error(AddError::FilteredPerKey { port: 53, status: 8 + 3 });
+        let text = e.to_string();
+        assert!(text.contains("qname=") && text.contains("dns rcode 3 (NXDOMAIN) and port 53"), "{text}");
+    }
 }

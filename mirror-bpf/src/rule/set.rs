@@ -501,6 +501,33 @@ mod tests {
         assert!(w.iter().all(|(_, e)| e.is_none()));
     }
 
+    #[test]
+    fn dns_rcodes_sit_under_their_pseudo_statuses() {
+        let mut set = RuleSet::new();
+        let base = types::mirror_limits::DNS_RCODE_BASE.0 as u16;
+        let w = set.add(1, None, r("dns=nxdomain,servfail")).unwrap();
+        let keys: Vec<_> = w.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, [(GLOBAL, ANY_PORT, base + 2), (GLOBAL, ANY_PORT, base + 3)]);
+        assert!(w.iter().all(|(_, e)| e.unwrap().any.rule_id == 1));
+        assert_eq!(set.kinds(), 1 << types::trigger_kind::TRIGGER_DNS.0);
+        // A filtered rule is listed before the unconditional one; a slow one beside it.
+        let w = set.add(2, None, r("dns=3 qname=.svc.cluster.local")).unwrap();
+        let e = w[0].1.unwrap();
+        assert_eq!((w.len(), e.filtered[0], e.any.rule_id), (1, set.get(2).unwrap().slot as u16, 1));
+        let w = set.add(3, None, r("dns=any latency>500ms port=53")).unwrap();
+        assert_eq!(w.len(), 16, "every rcode at port 53");
+        let e = w[0].1.unwrap();
+        assert_eq!((w[0].0, e.slow.rule_id, e.slow.min_latency_ns), ((GLOBAL, 53, base), 3, 500_000_000));
+        assert!(set.port_has_rules(53));
+        // The gRPC codes and the statuses are other keys.
+        let w = set.add(4, None, r("grpc-status=2")).unwrap();
+        assert_eq!(w[0].0, (GLOBAL, ANY_PORT, types::mirror_limits::GRPC_STATUS_BASE.0 as u16 + 2));
+        let (_, w) = set.remove(1).unwrap();
+        assert_eq!(w.len(), 2);
+        assert!(w[0].1.is_none(), "rcode 2 has no rule left: {w:?}");
+        assert_eq!(w[1].1.unwrap().any.rule_id, 0, "rcode 3 keeps rule 2, filtered, alone");
+    }
+
     fn any_of(w: &[KeyWrite], key: Key) -> Option<RuleId> {
         w.iter().find(|(k, _)| *k == key).map(|(_, e)| e.map_or(0, |e| e.any.rule_id))
     }

@@ -1,5 +1,6 @@
-//! Reading the pcap files tcpdump writes: Ethernet frames down to the TCP header and payload.
-//! Parsed here rather than from tcpdump's text so that payloads (status lines) are at hand.
+//! Reading the pcap files tcpdump writes: Ethernet frames down to the TCP or UDP header and
+//! payload. Parsed here rather than from tcpdump's text so that payloads (status lines, DNS
+//! messages) are at hand.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -82,12 +83,37 @@ impl Packet {
     }
 }
 
-/// Every TCP segment of a pcap file, in order, and how many frames were something else.
+/// One captured UDP datagram.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Datagram {
+    /// When it was captured, ns since the epoch.
+    pub ts_ns: u64,
+    /// Sender.
+    pub src: SocketAddr,
+    /// Receiver.
+    pub dst: SocketAddr,
+    /// Payload length per the UDP header.
+    pub len: u32,
+    /// The captured payload.
+    pub payload: Vec<u8>,
+}
+
+impl Datagram {
+    /// Its flow, as the classifier keys it.
+    pub fn flow(&self) -> FlowKey {
+        FlowKey::new(self.src, self.dst, 17)
+    }
+}
+
+/// Every TCP segment and UDP datagram of a pcap file, in order, and how many frames were
+/// something else.
 #[derive(Debug, Clone, Default)]
 pub struct Trace {
     /// The TCP segments.
     pub packets: Vec<Packet>,
-    /// Frames that are not IPv4/IPv6 TCP.
+    /// The UDP datagrams (first fragments, or whole).
+    pub datagrams: Vec<Datagram>,
+    /// Frames that are not IPv4/IPv6 TCP or UDP.
     pub other: usize,
     /// Of those, IPv6 multicast listener reports and neighbour solicitations sent from the
     /// unspecified address (`::`): what a link with IPv6 on but no address sends on its own.
@@ -95,6 +121,8 @@ pub struct Trace {
     /// Requests replayed ahead of their trigger (Ethernet source [`REPLAY_MAC`]): not in
     /// `packets`, which holds copies only.
     pub replayed: Vec<Replayed>,
+    /// Datagrams replayed ahead of their trigger (a DNS query): not in `datagrams`.
+    pub replayed_datagrams: Vec<ReplayedDatagram>,
 }
 
 /// A replayed request on the mirror.
@@ -104,6 +132,15 @@ pub struct Replayed {
     pub after_copies: usize,
     /// The request's segment.
     pub packet: Packet,
+}
+
+/// A replayed datagram on the mirror.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayedDatagram {
+    /// Copies of datagrams (of `datagrams`) received before it.
+    pub after_copies: usize,
+    /// The datagram.
+    pub datagram: Datagram,
 }
 
 /// An IPv6 frame from `::` carrying ICMPv6 (directly or after a hop-by-hop header): an MLD
@@ -152,11 +189,16 @@ pub fn read(path: &Path) -> Trace {
         let frac = u64::from(u32_at(off + 4));
         let ts_ns = u64::from(u32_at(off)) * 1_000_000_000 + if nano { frac } else { frac * 1_000 };
         let frame = &data[start..start + caplen];
+        let replayed = frame.get(6..12) == Some(&REPLAY_MAC[..]);
         match parse_frame(frame, ts_ns) {
-            Some(packet) if frame.get(6..12) == Some(&REPLAY_MAC[..]) => {
+            Some(Frame::Tcp(packet)) if replayed => {
                 trace.replayed.push(Replayed { after_copies: trace.packets.len(), packet })
             }
-            Some(p) => trace.packets.push(p),
+            Some(Frame::Tcp(p)) => trace.packets.push(p),
+            Some(Frame::Udp(datagram)) if replayed => trace
+                .replayed_datagrams
+                .push(ReplayedDatagram { after_copies: trace.datagrams.len(), datagram }),
+            Some(Frame::Udp(d)) => trace.datagrams.push(d),
             None => {
                 trace.other += 1;
                 trace.ipv6_own += usize::from(ipv6_own(&data[start..start + caplen]));
@@ -167,6 +209,15 @@ pub fn read(path: &Path) -> Trace {
     trace
 }
 
+/// The UDP datagram in an Ethernet frame (a kept query an event carries), `None` when the frame
+/// is not IPv4/IPv6 UDP; its time 0.
+pub fn datagram_of(frame: &[u8]) -> Option<Datagram> {
+    match parse_frame(frame, 0)? {
+        Frame::Udp(d) => Some(d),
+        Frame::Tcp(_) => None,
+    }
+}
+
 fn be16(b: &[u8], off: usize) -> Option<u16> {
     Some(u16::from_be_bytes(b.get(off..off + 2)?.try_into().ok()?))
 }
@@ -175,7 +226,13 @@ fn be32(b: &[u8], off: usize) -> Option<u32> {
     Some(u32::from_be_bytes(b.get(off..off + 4)?.try_into().ok()?))
 }
 
-fn parse_frame(frame: &[u8], ts_ns: u64) -> Option<Packet> {
+/// A frame's transport part.
+enum Frame {
+    Tcp(Packet),
+    Udp(Datagram),
+}
+
+fn parse_frame(frame: &[u8], ts_ns: u64) -> Option<Frame> {
     let mut off = 12;
     let mut ethertype = be16(frame, off)?;
     while ethertype == 0x8100 || ethertype == 0x88a8 {
@@ -183,41 +240,55 @@ fn parse_frame(frame: &[u8], ts_ns: u64) -> Option<Packet> {
         ethertype = be16(frame, off)?;
     }
     let l3 = frame.get(off + 2..)?;
-    let (src, dst, l4, l4_len) = match ethertype {
+    let (proto, src, dst, l4, l4_len) = match ethertype {
         0x0800 => {
             let ihl = usize::from(l3.first()? & 0x0f) * 4;
-            // Not TCP, or a later fragment.
-            if *l3.get(9)? != 6 || be16(l3, 6)? & 0x1fff != 0 {
+            // A later fragment.
+            if be16(l3, 6)? & 0x1fff != 0 {
                 return None;
             }
             let src = IpAddr::V4(Ipv4Addr::from(be32(l3, 12)?));
             let dst = IpAddr::V4(Ipv4Addr::from(be32(l3, 16)?));
             let total = usize::from(be16(l3, 2)?);
-            (src, dst, l3.get(ihl..)?, total.checked_sub(ihl)?)
+            (*l3.get(9)?, src, dst, l3.get(ihl..)?, total.checked_sub(ihl)?)
         }
         0x86dd => {
-            if *l3.get(6)? != 6 {
-                return None;
-            }
             let addr = |o: usize| -> Option<IpAddr> {
                 let b: [u8; 16] = l3.get(o..o + 16)?.try_into().ok()?;
                 Some(IpAddr::V6(Ipv6Addr::from(b)))
             };
-            (addr(8)?, addr(24)?, l3.get(40..)?, usize::from(be16(l3, 4)?))
+            (*l3.get(6)?, addr(8)?, addr(24)?, l3.get(40..)?, usize::from(be16(l3, 4)?))
         }
         _ => return None,
     };
-    let doff = usize::from(l4.get(12)? >> 4) * 4;
-    let len = l4_len.checked_sub(doff)?;
-    let payload = l4.get(doff..)?;
-    Some(Packet {
-        ts_ns,
-        src: SocketAddr::new(src, be16(l4, 0)?),
-        dst: SocketAddr::new(dst, be16(l4, 2)?),
-        seq: be32(l4, 4)?,
-        ack: be32(l4, 8)?,
-        flags: *l4.get(13)?,
-        len: len as u32,
-        payload: payload[..payload.len().min(len)].to_vec(),
-    })
+    let (src, dst) = (SocketAddr::new(src, be16(l4, 0)?), SocketAddr::new(dst, be16(l4, 2)?));
+    match proto {
+        6 => {
+            let doff = usize::from(l4.get(12)? >> 4) * 4;
+            let len = l4_len.checked_sub(doff)?;
+            let payload = l4.get(doff..)?;
+            Some(Frame::Tcp(Packet {
+                ts_ns,
+                src,
+                dst,
+                seq: be32(l4, 4)?,
+                ack: be32(l4, 8)?,
+                flags: *l4.get(13)?,
+                len: len as u32,
+                payload: payload[..payload.len().min(len)].to_vec(),
+            }))
+        }
+        17 => {
+            let len = usize::from(be16(l4, 4)?).checked_sub(8)?;
+            let payload = l4.get(8..)?;
+            Some(Frame::Udp(Datagram {
+                ts_ns,
+                src,
+                dst,
+                len: len as u32,
+                payload: payload[..payload.len().min(len)].to_vec(),
+            }))
+        }
+        _ => None,
+    }
 }

@@ -135,12 +135,23 @@ impl Recorder {
         mirror: Option<(&Netns, &str)>,
         traffic: impl FnOnce(),
     ) -> Recording {
+        self.record_filtered(reference, "tcp", mirror, traffic)
+    }
+
+    /// Like [`Recorder::record`], keeping at `reference` what the pcap filter `filter` matches.
+    pub fn record_filtered(
+        &self,
+        reference: &Netns,
+        filter: &str,
+        mirror: Option<(&Netns, &str)>,
+        traffic: impl FnOnce(),
+    ) -> Recording {
         let n = self.taken.replace(self.taken.get() + 1);
         let start = |ns, dev, filter, name: &str| {
             let file = self.dir.join(format!("{name}-{n}.pcap"));
             Capture::start_with_buffer(ns, dev, filter, &file, self.buffer_kib.get())
         };
-        let at_pod = start(reference, "eth0", "tcp", "reference");
+        let at_pod = start(reference, "eth0", filter, "reference");
         let at_sink = mirror.map(|(ns, dev)| start(ns, dev, "", "mirror"));
         traffic();
         thread::sleep(SETTLE);

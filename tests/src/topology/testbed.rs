@@ -255,6 +255,13 @@ impl Testbed {
         self.capture(reference, true, traffic)
     }
 
+    /// Like [`Testbed::record`], keeping at `reference` what the pcap filter `filter` matches
+    /// (`"udp port 53"`: DNS).
+    pub fn record_filtered(&self, reference: &str, filter: &str, traffic: impl FnOnce()) -> Recording {
+        let mirror = Some((&self.topo.node, MIRROR_SINK));
+        self.recorder.record_filtered(&self.pod(reference).ns, filter, mirror, traffic)
+    }
+
     /// Gives the captures of later recordings `kib` KiB of kernel buffer each (for heavy
     /// traffic: tcpdump must lose nothing).
     pub fn capture_buffer_kib(&self, kib: u32) {

@@ -1,9 +1,10 @@
 //! The traffic a test makes: real HTTP servers and HTTP/2 and gRPC stacks, clients (curl, a
-//! raw HTTP/1.x client, many connections at once), production load, SYN floods, and the HTTP/2
-//! scenario built of them.
+//! raw HTTP/1.x client, many connections at once), production load, SYN floods, the HTTP/2
+//! scenario built of them, and DNS (a resolver, a scripted responder, dig and getaddrinfo).
 
 pub mod client;
 pub mod crowd;
+pub mod dns;
 pub mod flood;
 pub mod h2_scenario;
 pub mod h2_stacks;

@@ -1,0 +1,803 @@
+//! DNS failures as triggers, against a real resolver and real clients: dnsmasq in the server pod
+//! (a zone that answers, names that do not exist, a forward to an upstream that answers SERVFAIL
+//! or REFUSED; see `mirror_e2e::workload::dns`), asked by dig (one lookup per 5-tuple, its
+//! status recorded per lookup) and by glibc's getaddrinfo (A and AAAA at once on one socket),
+//! pod to resolver and through a kube-dns-like ClusterIP (UDP and TCP port 53, DNAT by iptables
+//! or nftables rules in the manner of kube-proxy).
+//!
+//! The truth is the clients' own record: dig's status of each lookup, getaddrinfo's result, and
+//! the client's capture for the sockets getaddrinfo chose. A rule `dns=RCODES` marks a client's
+//! socket (its UDP 5-tuple) at the first response it covers; each such socket has exactly one
+//! trigger event naming that exchange's question (id, name, type) and response code, and the
+//! mirror carries, exactly once each, that query (replayed ahead of every copy of the socket,
+//! as the client sent it) and every datagram of the socket from that response on; nothing of
+//! the other lookups, and nothing of DNS over TCP, which is not followed (it neither triggers
+//! nor passes for HTTP). The classifier's counters agree with the capture: queries, responses,
+//! responses per rcode, answers timed (and how long), triggers, replays, copies.
+//!
+//! Where the classifier sees an exchange: the query at the client's veth (ingress: sent to the
+//! resolver pod or to the ClusterIP), the response at the resolver's (ingress: from the pod,
+//! before conntrack undoes the DNAT); through the ClusterIP it finds the query across NAT.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use mirror_bpf::testing::require_root;
+use mirror_bpf::types::stat_idx;
+use mirror_bpf::{HistKind, TriggerEvent, TriggerKind};
+use mirror_e2e::oracles::dns_oracle::{self, DnsExpected, Exchange, SearchLookup};
+use mirror_e2e::oracles::oracle::Row;
+use mirror_e2e::topology::kubeproxy::{Flavour, KubeProxy, Service, DNS_PORT};
+use mirror_e2e::topology::testbed::{Events, Recording, Testbed};
+use mirror_e2e::workload::dns::{
+    self, Looked, Lookup, QType, Rcode, ResolvConf, Resolved, Resolver, Responder, Transport, Zone, GOOD_A,
+    GOOD_AAAA, GOOD_ZONE,
+};
+
+/// The client pod, then the resolver's.
+const PODS: [&str; 2] = ["client", "server"];
+
+/// The rule of the failures.
+const FAILURES: &str = "dns=nxdomain,servfail";
+
+/// What the client's capture keeps: DNS, both transports.
+const CAPTURE: &str = "port 53";
+
+/// glibc's "name unknown" (`EAI_NONAME`) and "try again" (`EAI_AGAIN`).
+const EAI_NONAME: i32 = -2;
+const EAI_AGAIN: i32 = -3;
+
+/// The columns of a [`Row`]: lookups answered NOERROR, NXDOMAIN, SERVFAIL, anything else (or
+/// nothing). `relevant`, shown after them, is the lookups whose failure the rule covers.
+const ANSWERS: [Rcode; 3] = [Rcode::NOERROR, Rcode::NXDOMAIN, Rcode::SERVFAIL];
+const OTHER: usize = 3;
+type Table = Row<4>;
+
+/// How the client reaches the resolver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// At the resolver pod's address.
+    PodToPod,
+    /// At the DNS Service's ClusterIP, kube-proxy's rules in `Flavour`.
+    ClusterIp(Flavour),
+}
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::PodToPod => "pod -> resolver pod",
+            Path::ClusterIp(Flavour::Iptables) => "pod -> ClusterIP, iptables",
+            Path::ClusterIp(Flavour::Nftables) => "pod -> ClusterIP, nftables",
+        }
+    }
+}
+
+/// A test's world: the testbed with its rules, the resolver (dnsmasq, or a scripted responder)
+/// in the server pod, the Service's NAT if the path has one. Dropped in field order: events,
+/// servers, NAT, then the namespaces.
+struct Dns {
+    events: Events,
+    _resolver: Option<Resolver>,
+    _responder: Option<Responder>,
+    kp: Option<KubeProxy>,
+    bed: Testbed,
+}
+
+impl Dns {
+    /// The testbed with `rules`, dnsmasq in the server pod, and the path's NAT.
+    fn new(rules: &[&str], path: Path) -> Dns {
+        let mut bed = rules.iter().fold(Testbed::builder(&PODS), |b, r| b.rule(r)).build();
+        bed.replay_to_sink();
+        let resolver = Resolver::start(bed.pod("server"), bed.dir.path());
+        let kp = match path {
+            Path::PodToPod => None,
+            Path::ClusterIp(flavour) => Some(KubeProxy::install_service(
+                bed.node(),
+                flavour,
+                false,
+                bed.pod("server").addr(false),
+                Service::kube_dns(),
+            )),
+        };
+        Dns { events: bed.events(), _resolver: Some(resolver), _responder: None, kp, bed }
+    }
+
+    /// The testbed with `rules` and the scripted responder on port 53 of the server pod,
+    /// answering `zones`.
+    fn with_responder(rules: &[&str], zones: &[Zone]) -> Dns {
+        let mut bed = rules.iter().fold(Testbed::builder(&PODS), |b, r| b.rule(r)).build();
+        bed.replay_to_sink();
+        let server = bed.pod("server");
+        let listen = [server.addr(false), server.addr(true)];
+        let responder = Responder::start(&server.ns, &listen, DNS_PORT, zones, bed.dir.path());
+        Dns { events: bed.events(), _resolver: None, _responder: Some(responder), kp: None, bed }
+    }
+
+    /// Where the client sends its queries, in the family asked for.
+    fn server(&self, v6: bool) -> SocketAddr {
+        let ip = match &self.kp {
+            Some(kp) => {
+                assert!(!v6, "the Service is IPv4");
+                kp.vip()
+            }
+            None => self.bed.pod("server").addr(v6),
+        };
+        SocketAddr::new(ip, DNS_PORT)
+    }
+
+    /// Lookups of `names` (each with its type) from the client pod to `server`, each from a port
+    /// of its own from `ports` on.
+    fn lookups(
+        &self,
+        names: &[(&str, QType)],
+        server: SocketAddr,
+        transport: Transport,
+        ports: &mut u16,
+    ) -> Vec<Lookup> {
+        let local = self.bed.pod("client").addr(server.is_ipv6());
+        names
+            .iter()
+            .map(|(name, qtype)| {
+                *ports += 1;
+                Lookup {
+                    name: name.to_string(),
+                    qtype: *qtype,
+                    server,
+                    local: SocketAddr::new(local, *ports),
+                    transport,
+                }
+            })
+            .collect()
+    }
+
+    /// Runs dig's `lookups` (in `clients` processes at once) and getaddrinfo of `names` with
+    /// `conf`, one after the other, while capturing DNS at the client and the mirror.
+    fn run(&self, lookups: &[Lookup], clients: usize, conf: &ResolvConf, names: &[&str]) -> Run {
+        let (mut looked, mut resolved) = (Vec::new(), Vec::new());
+        let ns = &self.bed.pod("client").ns;
+        let dir = self.bed.dir.path();
+        let started = Instant::now();
+        let rec = self.bed.record_filtered("client", CAPTURE, || {
+            if !lookups.is_empty() {
+                looked = dns::dig(ns, lookups, clients, dir);
+            }
+            if !names.is_empty() {
+                resolved = dns::getaddrinfo(ns, conf, names, dir);
+            }
+        });
+        let took = started.elapsed();
+        let exchanges = dns_oracle::exchanges(&rec.reference, DNS_PORT);
+        Run { rec, looked, resolved, exchanges, events: self.events.take(), took }
+    }
+}
+
+/// What a run recorded.
+struct Run {
+    rec: Recording,
+    /// dig's record.
+    looked: Vec<Looked>,
+    /// getaddrinfo's record.
+    resolved: Vec<Resolved>,
+    /// The UDP exchanges of the client's capture.
+    exchanges: Vec<Exchange>,
+    events: Vec<TriggerEvent>,
+    took: Duration,
+}
+
+impl Run {
+    /// The client sockets of the lookups the clients record as failed in a way `covers` says:
+    /// dig's UDP lookups by their status; getaddrinfo's calls by the sockets that carried
+    /// their questions (the capture), those with a covered response.
+    fn truth(&self, covers: impl Fn(&Exchange) -> bool) -> BTreeSet<SocketAddr> {
+        let dig = self.looked.iter().filter(|l| l.lookup.transport == Transport::Udp);
+        let mut truth: BTreeSet<SocketAddr> = dig
+            .filter(|l| {
+                let answered =
+                    |e: &&Exchange| e.client == l.lookup.local && Some(e.id) == l.answer.map(|a| a.id);
+                self.exchanges.iter().find(answered).is_some_and(&covers)
+            })
+            .map(|l| l.lookup.local)
+            .collect();
+        for r in &self.resolved {
+            truth.extend(self.of_call(r).filter(|e| covers(e)).map(|e| e.client));
+        }
+        truth
+    }
+
+    /// The exchanges of a getaddrinfo call: those of its name and of its search candidates,
+    /// on sockets dig did not use.
+    fn of_call<'a>(&'a self, r: &'a Resolved) -> impl Iterator<Item = &'a Exchange> + 'a {
+        let name = r.name.trim_end_matches('.').to_ascii_lowercase();
+        let dig: BTreeSet<SocketAddr> = self.looked.iter().map(|l| l.lookup.local).collect();
+        self.exchanges.iter().filter(move |e| {
+            !dig.contains(&e.client) && (e.qname == name || e.qname.starts_with(&format!("{name}.")))
+        })
+    }
+
+    /// The table's row of these lookups (each dig lookup and getaddrinfo call one), with the
+    /// events scored against `expected`.
+    fn row(&self, expected: &DnsExpected, matched: usize) -> Table {
+        let mut row = Table::default();
+        let mut count = |rcode: Option<Rcode>| {
+            row.connections += 1;
+            match ANSWERS.iter().position(|a| Some(*a) == rcode) {
+                Some(i) => row.counts[i] += 1,
+                None => row.counts[OTHER] += 1,
+            }
+        };
+        self.looked.iter().for_each(|l| count(l.rcode()));
+        for r in &self.resolved {
+            let last = self.of_call(r).last().and_then(|e| e.rcode);
+            count(if r.result.is_ok() { Some(Rcode::NOERROR) } else { last });
+        }
+        row.relevant = expected.triggered.len();
+        row.triggered = self.events.len();
+        row.correct = matched;
+        row.mirrored = self.rec.mirror.datagrams.len() + self.rec.mirror.replayed_datagrams.len();
+        row.expected_mirrored = (expected.copies() + expected.replays()) as u64;
+        row
+    }
+}
+
+/// Pushes `msg` when `ok` is false.
+fn check(failures: &mut Vec<String>, ok: bool, msg: impl FnOnce() -> String) {
+    if !ok {
+        failures.push(msg());
+    }
+}
+
+/// The checks every run shares, their failures pushed to `failures`: the clients' record
+/// against the capture (the harness), the events against the triggers `covers` says (the
+/// socket of each, its question and rcode; the rule that matched, `rule_of`), the mirror
+/// against the capture, the flow table's marks, and the counters against the capture. Returns
+/// the run's row.
+fn verify(
+    d: &Dns,
+    run: &Run,
+    covers: impl Fn(&Exchange) -> bool + Copy,
+    rule_of: impl Fn(&Exchange) -> Option<u32>,
+    failures: &mut Vec<String>,
+) -> Table {
+    // The harness: dig and getaddrinfo got what the resolver answers, and the capture agrees.
+    for l in &run.looked {
+        let answered = l.answer.map(|a| (a.id, a.rcode));
+        let seen = run
+            .exchanges
+            .iter()
+            .find(|e| e.client == l.lookup.local)
+            .map(|e| (e.id, e.rcode.unwrap_or(Rcode(255))));
+        let udp = l.lookup.transport == Transport::Udp;
+        check(failures, l.answer.is_some() && (!udp || seen == answered), || {
+            format!(
+                "dig {} {} from {}: answered {answered:?}, captured {seen:?}",
+                l.lookup.name, l.lookup.qtype, l.lookup.local
+            )
+        });
+    }
+    let expected = DnsExpected::new(&run.rec.reference, &run.exchanges, covers);
+    let marked: BTreeSet<SocketAddr> = expected.triggered.iter().map(|t| t.client).collect();
+    let truth = run.truth(covers);
+    check(failures, marked == truth, || {
+        format!("the oracle's triggers {marked:?}, the clients' failures {truth:?}")
+    });
+
+    // The events.
+    let (matched, problems) = expected.score(&run.exchanges, &run.events);
+    failures.extend(problems);
+    for ev in &run.events {
+        let t = expected.triggered.iter().find(|t| dns_oracle::names(ev, t.client));
+        let want = t.and_then(|t| rule_of(&run.exchanges[t.exchange]));
+        check(failures, Some(ev.rule_id) == want, || {
+            format!("event of rule {}, rule {want:?} expected: {ev:?}", ev.rule_id)
+        });
+        check(failures, ev.request_to_response.is_some(), || {
+            format!("an event without the time to answer: {ev:?}")
+        });
+    }
+
+    // The mirror.
+    if let Err(diff) = expected.compare_mirror(&run.rec.mirror) {
+        failures.push(format!("mirror:\n{diff}"));
+    }
+    let alone = dns_oracle::answers_without_query(&run.rec.mirror);
+    if alone > 0 {
+        eprintln!(
+            "{alone} answers on the mirror without their query (sent before the trigger on its socket)"
+        );
+    }
+
+    // The flow table: the triggered sockets are marked, by their rcode, and no other flow (no
+    // lookup over TCP).
+    let flows = d.bed.dp.flows().expect("reading flows");
+    let mut marks: BTreeMap<SocketAddr, u16> = BTreeMap::new();
+    for f in &flows {
+        let Some(m) = f.mark else { continue };
+        let client = [f.key.lo, f.key.hi].into_iter().find(|a| a.port() != DNS_PORT);
+        let client = client.filter(|_| f.key.proto == 17);
+        check(failures, m.kind == TriggerKind::Dns && client.is_some(), || {
+            format!("a mark {m:?} of {}", f.key)
+        });
+        if let Some(c) = client {
+            marks.insert(c, m.status);
+        }
+    }
+    let want: BTreeMap<SocketAddr, u16> = expected
+        .triggered
+        .iter()
+        .map(|t| (t.client, run.exchanges[t.exchange].rcode.map_or(0, |r| u16::from(r.0))))
+        .collect();
+    check(failures, marks == want, || {
+        format!("marked sockets and their rcodes {marks:?}, expected {want:?}")
+    });
+
+    // The counters, against the capture.
+    let c = d.bed.counters();
+    let queries = run.exchanges.len() as u64;
+    let responses = run.exchanges.iter().filter(|e| e.response.is_some()).count() as u64;
+    let triggers = expected.triggered.len() as u64;
+    let counted = [
+        ("DNS queries", stat_idx::STAT_DNS_QUERIES, queries),
+        ("DNS responses", stat_idx::STAT_DNS_RESPONSES, responses),
+        ("DNS responses unmatched", stat_idx::STAT_DNS_UNMATCHED, 0),
+        ("DNS messages malformed", stat_idx::STAT_DNS_MALFORMED, 0),
+        ("triggers", stat_idx::STAT_TRIGGERS, triggers),
+        ("DNS triggers", stat_idx::STAT_DNS_TRIGGERS, triggers),
+        ("replayed", stat_idx::STAT_REPLAYED, triggers),
+        ("replays missed", stat_idx::STAT_REPLAY_MISSED, 0),
+        ("replays failed", stat_idx::STAT_REPLAY_FAILED, 0),
+        ("mirrored", stat_idx::STAT_MIRRORED_PACKETS, run.rec.mirror.datagrams.len() as u64),
+        ("copy errors", stat_idx::STAT_MIRROR_ERRORS, 0),
+        ("ring buffer drops", stat_idx::STAT_RINGBUF_DROPS, 0),
+        // DNS over TCP is no HTTP.
+        ("HTTP requests", stat_idx::STAT_HTTP_REQUESTS, 0),
+        ("HTTP responses", stat_idx::STAT_HTTP_RESPONSES, 0),
+    ];
+    for (what, idx, want) in counted {
+        check(failures, c.get(idx) == want, || format!("{what} counted {}, {want} expected", c.get(idx)));
+    }
+    let mut by_rcode = [0u64; 16];
+    for e in &run.exchanges {
+        if let Some(r) = e.rcode {
+            by_rcode[usize::from(r.0)] += 1;
+        }
+    }
+    let rcodes = d.bed.dp.dns_rcodes().expect("reading the rcode counts");
+    check(failures, rcodes == by_rcode, || {
+        format!("responses by rcode counted {rcodes:?}, captured {by_rcode:?}")
+    });
+    // Every answer timed (latency.dns is on by default), as long as the capture says within a
+    // few ms on average (the capture is a hop away from where the classifier sees both).
+    let times = d.bed.histogram(HistKind::DnsResponse, None);
+    let (timed, sum_ns) = times.map_or((0, 0), |h| (h.count, h.sum_ns));
+    let captured_ns: u64 = run.exchanges.iter().filter_map(|e| e.took_ns(&run.rec.reference)).sum();
+    let off_ms = (sum_ns as f64 - captured_ns as f64).abs() / 1e6 / responses.max(1) as f64;
+    check(failures, timed == responses && off_ms < 2.0, || {
+        format!("{timed} answers timed ({sum_ns} ns in all), {responses} captured ({captured_ns} ns)")
+    });
+    let hits: u64 = d.bed.dp.rules().expect("reading rules").iter().map(|r| r.hits).sum();
+    check(failures, hits == triggers, || format!("rule hits {hits}, {triggers} triggers"));
+    run.row(&expected, matched)
+}
+
+/// The header of the tables.
+fn table(rows: &[(String, Table)]) -> String {
+    let mut lines = vec![
+        "| lookups | all | NOERROR | NXDOMAIN | SERVFAIL | other | failed, covered | events | precision | recall | mirrored / expected datagrams |".to_string(),
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|".to_string(),
+    ];
+    let mut total = Table::default();
+    for (name, r) in rows {
+        lines.push(r.line(name, OTHER + 1));
+        total.add(r);
+    }
+    if rows.len() > 1 {
+        lines.push(total.line("all", OTHER + 1));
+    }
+    lines.join("\n")
+}
+
+/// Asserts that `failures` is empty, showing them all.
+#[track_caller]
+fn assert_none(what: &str, failures: &[String]) {
+    assert!(failures.is_empty(), "{what}: {} failure(s)\n\n{}", failures.len(), failures.join("\n\n"));
+}
+
+/// The lookups of the mix, by dig over UDP: names that resolve, do not exist, fail upstream
+/// (SERVFAIL) and are refused upstream (REFUSED, not covered by the rule).
+const MIX: [(&str, QType); 9] = [
+    ("good.test", QType::A),
+    ("good.test", QType::AAAA),
+    ("www.good.test", QType::A),
+    ("missing-1.test", QType::A),
+    ("missing-2.test", QType::AAAA),
+    ("a.fail.test", QType::A),
+    ("b.fail.test", QType::AAAA),
+    ("c.refused.test", QType::A),
+    ("www.good.test", QType::AAAA),
+];
+
+/// The same over IPv6, on the path that has it.
+const MIX6: [(&str, QType); 4] = [
+    ("good.test", QType::AAAA),
+    ("missing-6.test", QType::A),
+    ("d.fail.test", QType::AAAA),
+    ("good.test", QType::A),
+];
+
+/// Over TCP: not followed, never a trigger.
+const MIX_TCP: [(&str, QType); 3] =
+    [("missing-tcp.test", QType::A), ("e.fail.test", QType::A), ("good.test", QType::AAAA)];
+
+/// By getaddrinfo (absolute names: no search list applies).
+const MIX_GAI: [&str; 3] = ["good.test.", "missing-gai.test.", "f.fail.test."];
+
+/// Whether the rule [`FAILURES`] covers an exchange.
+fn failed(e: &Exchange) -> bool {
+    matches!(e.rcode, Some(Rcode::NXDOMAIN | Rcode::SERVFAIL))
+}
+
+/// The mix of lookups along `path`, rule [`FAILURES`]: the clients' record and the checks of
+/// [`verify`]. Returns the row and the failures.
+fn failures_along(path: Path) -> (Table, Vec<String>) {
+    let d = Dns::new(&[FAILURES], path);
+    let rule = d.bed.rule_ids()[0];
+    let mut ports = 20_000;
+    let mut lookups = d.lookups(&MIX, d.server(false), Transport::Udp, &mut ports);
+    if path == Path::PodToPod {
+        lookups.extend(d.lookups(&MIX6, d.server(true), Transport::Udp, &mut ports));
+    }
+    lookups.extend(d.lookups(&MIX_TCP, d.server(false), Transport::Tcp, &mut ports));
+    let run = d.run(&lookups, 1, &ResolvConf::plain(d.server(false).ip()), &MIX_GAI);
+    let mut failures = Vec::new();
+    for l in &run.looked {
+        let want = Resolver::rcode_of(&l.lookup.name);
+        check(&mut failures, l.rcode() == Some(want), || format!("dig {l:?}: {want} expected"));
+    }
+    let want_gai = [Ok(vec![IpAddr::V4(GOOD_A), IpAddr::V6(GOOD_AAAA)]), Err(EAI_NONAME), Err(EAI_AGAIN)];
+    let got_gai: Vec<_> = run.resolved.iter().map(|r| r.result.clone()).collect();
+    check(&mut failures, got_gai == want_gai, || {
+        format!("getaddrinfo {MIX_GAI:?}: {got_gai:?}, {want_gai:?} expected")
+    });
+    let tcp = run.rec.reference.packets.iter().filter(|p| !p.payload.is_empty()).count();
+    check(&mut failures, tcp >= 2 * MIX_TCP.len(), || {
+        format!("{tcp} TCP segments with DNS, the lookups over TCP did not run")
+    });
+    let row = verify(&d, &run, failed, |_| Some(rule), &mut failures);
+    eprintln!(
+        "{}: {} lookups, {} UDP exchanges, {:.2} s",
+        path.name(),
+        row.connections,
+        run.exchanges.len(),
+        run.took.as_secs_f64()
+    );
+    (row, failures.into_iter().map(|f| format!("{}: {f}", path.name())).collect())
+}
+
+/// Rule `dns=nxdomain,servfail`; from the client pod, by dig over UDP: names that resolve, do
+/// not exist, fail upstream (SERVFAIL) and are refused upstream (REFUSED, not covered), over
+/// IPv4 and (pod to pod) IPv6; by dig over TCP: the same kinds, never a trigger; by getaddrinfo
+/// (A and AAAA on one socket): a name that resolves, one that does not exist, one that fails.
+/// Pod to the resolver pod, and through the DNS Service's ClusterIP with iptables and with
+/// nftables rules. Against the clients' record: precision and recall 1.0 (each failed lookup
+/// has exactly one event naming its socket, id, name, type and rcode; no other lookup has
+/// one); on the mirror, each failed lookup's query (replayed first) and its response exactly
+/// once (a getaddrinfo socket: the query of its first failure, then both answers), nothing of
+/// the others; marks, counters and rcode counts as the capture says.
+#[test]
+fn dns_failures_are_mirrored_with_their_query() {
+    if !require_root() {
+        return;
+    }
+    let started = Instant::now();
+    let (mut rows, mut failures) = (Vec::new(), Vec::new());
+    for path in [Path::PodToPod, Path::ClusterIp(Flavour::Iptables), Path::ClusterIp(Flavour::Nftables)] {
+        let (row, f) = failures_along(path);
+        rows.push((path.name().to_string(), row));
+        failures.extend(f);
+    }
+    eprintln!("rule {FAILURES}, {:.1} s\n{}", started.elapsed().as_secs_f64(), table(&rows));
+    assert_none("DNS failures", &failures);
+    for (name, r) in &rows {
+        assert!(r.relevant >= 7, "{name}: {} failed lookups covered", r.relevant);
+        assert_eq!((r.precision(), r.recall()), (1.0, 1.0), "{name}");
+    }
+}
+
+/// Rule `dns=nxdomain`; 1,000 lookups by dig over UDP through the DNS Service's ClusterIP
+/// (iptables), from four clients at once, one in ten of a name that does not exist (A and
+/// AAAA alternately): precision and recall against the clients' record (1.0), every failed
+/// lookup's query and response on the mirror once, nothing of the others; the classifier
+/// counted 1,000 queries, 1,000 responses, 900 NOERROR and 100 NXDOMAIN.
+#[test]
+fn dns_failures_under_a_thousand_lookups() {
+    if !require_root() {
+        return;
+    }
+    const LOOKUPS: usize = 1000;
+    const CLIENTS: usize = 4;
+    let d = Dns::new(&["dns=nxdomain"], Path::ClusterIp(Flavour::Iptables));
+    // Four clients at once: tcpdump must lose nothing.
+    d.bed.capture_buffer_kib(64 * 1024);
+    let rule = d.bed.rule_ids()[0];
+    let names: Vec<(String, QType)> = (0..LOOKUPS)
+        .map(|i| {
+            let qtype = if i % 2 == 0 { QType::A } else { QType::AAAA };
+            let name =
+                if i % 10 == 3 { format!("missing-{i}.test") } else { format!("host-{i}.{GOOD_ZONE}") };
+            (name, qtype)
+        })
+        .collect();
+    let names: Vec<(&str, QType)> = names.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+    let mut ports = 20_000;
+    let lookups = d.lookups(&names, d.server(false), Transport::Udp, &mut ports);
+    let run = d.run(&lookups, CLIENTS, &ResolvConf::plain(d.server(false).ip()), &[]);
+    let mut failures = Vec::new();
+    let wrong: Vec<&Looked> =
+        run.looked.iter().filter(|l| l.rcode() != Some(Resolver::rcode_of(&l.lookup.name))).collect();
+    check(&mut failures, wrong.is_empty(), || {
+        format!("{} lookups answered otherwise: {wrong:?}", wrong.len())
+    });
+    let nxdomain = |e: &Exchange| e.rcode == Some(Rcode::NXDOMAIN);
+    let row = verify(&d, &run, nxdomain, |_| Some(rule), &mut failures);
+    eprintln!(
+        "rule dns=nxdomain, {LOOKUPS} lookups from {CLIENTS} clients at once through the ClusterIP in {:.2} s\n{}",
+        run.took.as_secs_f64(),
+        table(&[("dig, UDP".to_string(), row)])
+    );
+    // The classifier's counts against the clients' record.
+    let (c, rcodes) = (d.bed.counters(), d.bed.dp.dns_rcodes().expect("reading the rcode counts"));
+    let counted =
+        (c.get(stat_idx::STAT_DNS_QUERIES), c.get(stat_idx::STAT_DNS_RESPONSES), rcodes[0], rcodes[3]);
+    eprintln!(
+        "counted: {} queries, {} responses, {} NOERROR, {} NXDOMAIN",
+        counted.0, counted.1, counted.2, counted.3
+    );
+    assert_none("a thousand lookups", &failures);
+    assert_eq!((row.connections, row.counts[0], row.counts[1], row.relevant), (LOOKUPS, 900, 100, 100));
+    assert_eq!(counted, (LOOKUPS as u64, LOOKUPS as u64, 900, 100));
+    assert_eq!((row.precision(), row.recall()), (1.0, 1.0));
+}
+
+/// Two filtered rules: `dns=nxdomain qname=.team-a.test` (the names under team-a.test, in any
+/// case, not team-a.test itself nor a name that only ends with its text) and `dns=servfail
+/// qtype=AAAA`. Only the failures they pass trigger, each by its rule; the others (other
+/// names, other types, other rcodes) are neither events nor on the mirror.
+#[test]
+fn dns_qname_and_qtype_filters_pick_the_failures() {
+    if !require_root() {
+        return;
+    }
+    let d = Dns::new(&["dns=nxdomain qname=.team-a.test", "dns=servfail qtype=AAAA"], Path::PodToPod);
+    let (by_name, by_type) = (d.bed.rule_ids()[0], d.bed.rule_ids()[1]);
+    let names = [
+        ("x.team-a.test", QType::A),
+        ("y.team-a.test", QType::AAAA),
+        ("Z.Team-A.TEST", QType::A),
+        ("team-a.test", QType::A),
+        ("xteam-a.test", QType::A),
+        ("x.team-b.test", QType::A),
+        ("s.fail.test", QType::AAAA),
+        ("t.fail.test", QType::A),
+        ("r.refused.test", QType::AAAA),
+        ("good.test", QType::AAAA),
+    ];
+    let mut ports = 20_000;
+    let lookups = d.lookups(&names, d.server(false), Transport::Udp, &mut ports);
+    let run = d.run(&lookups, 1, &ResolvConf::plain(d.server(false).ip()), &[]);
+    let rule_of = |e: &Exchange| match e.rcode {
+        Some(Rcode::NXDOMAIN) if e.qname.ends_with(".team-a.test") => Some(by_name),
+        Some(Rcode::SERVFAIL) if e.qtype == QType::AAAA => Some(by_type),
+        _ => None,
+    };
+    let mut failures = Vec::new();
+    let row = verify(&d, &run, |e| rule_of(e).is_some(), rule_of, &mut failures);
+    let triggered: Vec<String> = run
+        .events
+        .iter()
+        .filter_map(dns_oracle::event_question)
+        .map(|(_, n, t)| format!("{n} {t}"))
+        .collect();
+    eprintln!("filters: triggered {triggered:?}\n{}", table(&[("dig, UDP".to_string(), row)]));
+    assert_none("filters", &failures);
+    assert_eq!(row.relevant, 4, "x, y and Z under team-a.test, s.fail.test AAAA");
+    let filtered = d.bed.counters().get(stat_idx::STAT_FILTERED_OUT);
+    assert!(filtered > 0, "no rule was turned down by its filter");
+}
+
+/// Rule `dns=any latency>150ms`, a scripted server in the server pod that answers names under
+/// slow.test and slownx.test 300 ms late (NOERROR, NXDOMAIN) and the others at once: the slow
+/// answers trigger, whatever their rcode, the others do not; each event's time to answer is the
+/// capture's within 20 ms; every answer was timed (as in every test here).
+#[test]
+fn dns_slow_answers_trigger_latency_rules() {
+    if !require_root() {
+        return;
+    }
+    const DELAY: Duration = Duration::from_millis(300);
+    const OVER: Duration = Duration::from_millis(150);
+    let zones = [
+        Zone::new("slow.test", Rcode::NOERROR).delayed(DELAY),
+        Zone::new("slownx.test", Rcode::NXDOMAIN).delayed(DELAY),
+        Zone::new("fast.test", Rcode::NOERROR),
+        Zone::new("fastnx.test", Rcode::NXDOMAIN),
+    ];
+    let d = Dns::with_responder(&[&format!("dns=any latency>{}ms", OVER.as_millis())], &zones);
+    let rule = d.bed.rule_ids()[0];
+    let names = [
+        ("a.slow.test", QType::A),
+        ("b.slownx.test", QType::AAAA),
+        ("c.fast.test", QType::A),
+        ("d.fastnx.test", QType::A),
+        ("e.fast.test", QType::AAAA),
+    ];
+    let mut ports = 20_000;
+    let lookups = d.lookups(&names, d.server(false), Transport::Udp, &mut ports);
+    let run = d.run(&lookups, names.len(), &ResolvConf::plain(d.server(false).ip()), &[]);
+    let slow = |e: &Exchange| e.took_ns(&run.rec.reference).is_some_and(|t| t > OVER.as_nanos() as u64);
+    let mut failures = Vec::new();
+    let row = verify(&d, &run, slow, |_| Some(rule), &mut failures);
+    let mut times = Vec::new();
+    for ev in &run.events {
+        let Some((id, name, _)) = dns_oracle::event_question(ev) else { continue };
+        let Some(e) = run.exchanges.iter().find(|e| e.id == id && e.qname == name) else { continue };
+        let captured = e.took_ns(&run.rec.reference).unwrap_or(0) as i64;
+        let took = ev.request_to_response.map_or(0, |t| t.as_nanos() as i64);
+        times.push(format!("{name}: {:.1} ms (capture {:.1} ms)", took as f64 / 1e6, captured as f64 / 1e6));
+        check(&mut failures, (took - captured).abs() < 20_000_000, || {
+            format!("{name}: answered after {took} ns by the event, {captured} ns by the capture")
+        });
+    }
+    eprintln!("latency>{OVER:?}: {}\n{}", times.join(", "), table(&[("dig, UDP".to_string(), row)]));
+    assert_none("latency", &failures);
+    assert_eq!(row.relevant, 2, "the two slow answers");
+}
+
+/// A kubelet-like resolv.conf (`ndots:5`, search `shop.svc.cluster.local svc.cluster.local
+/// cluster.local`) with the DNS Service's ClusterIP as nameserver, rule `dns=nxdomain`:
+/// getaddrinfo of an external name that does not exist, of a name found by the search list's
+/// second candidate and of a name found as given after the whole list. Records what each costs
+/// in NXDOMAINs and what triggers today (a trigger per candidate's socket that got one: no
+/// search-path mode yet): the candidates tried are the search list's, in glibc's order, each on
+/// a socket of its own, A and AAAA on it; the NXDOMAINs are two per candidate that failed.
+#[test]
+fn dns_search_path_lookups_through_a_kubelet_resolv_conf() {
+    if !require_root() {
+        return;
+    }
+    let d = Dns::new(&["dns=nxdomain"], Path::ClusterIp(Flavour::Iptables));
+    let conf = ResolvConf::kubelet("shop", d.server(false).ip());
+    let names = ["api.partner.example", "kube-dns.kube-system", "good.test"];
+    let run = d.run(&[], 1, &conf, &names);
+    let mut failures = Vec::new();
+    let nxdomain = |e: &Exchange| e.rcode == Some(Rcode::NXDOMAIN);
+    let row = verify(&d, &run, nxdomain, |_| d.bed.rule_ids().first().copied(), &mut failures);
+    let mut lines = vec![
+        "| name | result | candidates tried | queries | NXDOMAINs | sockets | events |".to_string(),
+        "|---|---|--:|--:|--:|--:|--:|".to_string(),
+    ];
+    // NXDOMAINs: the external name's four candidates, two each; the first candidate of the
+    // name the second finds; the three candidates of the search list before the name as given.
+    let expected_nx = [8, 2, 6];
+    for ((name, r), want_nx) in names.iter().zip(&run.resolved).zip(expected_nx) {
+        let candidates = conf.candidates(name);
+        let lookup = SearchLookup::new(&run.exchanges, &candidates);
+        let (tried, sockets, queries) = (&lookup.tried, lookup.sockets.len(), lookup.exchanges.len());
+        let (nx, events) = (lookup.answered(Rcode::NXDOMAIN), lookup.events(&run.events));
+        let result = match &r.result {
+            Ok(_) => "found".to_string(),
+            Err(e) => format!("error {e}"),
+        };
+        lines.push(format!(
+            "| {name} | {result} | {} | {queries} | {nx} | {sockets} | {events} |",
+            tried.len()
+        ));
+        // glibc's order: the candidates up to the one found (all when none is), each asked A
+        // and AAAA on a socket of its own.
+        let found =
+            |c: &String| lookup.exchanges.iter().any(|e| &e.qname == c && e.rcode == Some(Rcode::NOERROR));
+        let until = candidates.iter().position(found).map_or(candidates.len(), |i| i + 1);
+        check(&mut failures, tried[..] == candidates[..until], || {
+            format!("{name}: tried {tried:?}, {:?} expected", &candidates[..until])
+        });
+        check(&mut failures, queries == 2 * tried.len() && sockets == tried.len(), || {
+            format!("{name}: {queries} queries on {sockets} sockets for {} candidates", tried.len())
+        });
+        check(&mut failures, nx == want_nx, || format!("{name}: {nx} NXDOMAINs, {want_nx} expected"));
+        check(&mut failures, events == nx / 2, || format!("{name}: {events} events for {nx} NXDOMAINs"));
+    }
+    let results: Vec<bool> = run.resolved.iter().map(|r| r.result.is_ok()).collect();
+    check(&mut failures, results == [false, true, true], || format!("found: {results:?}"));
+    eprintln!(
+        "kubelet resolv.conf, rule dns=nxdomain\n{}\n{}",
+        lines.join("\n"),
+        table(&[("getaddrinfo".to_string(), row)])
+    );
+    assert_none("search path", &failures);
+}
+
+/// Rule `noresponse>1s`, a scripted server in the server pod that answers names under late.test
+/// 1.6 s late, never answers those under silent.test, answers half.test 500 ms late and
+/// fast.test at once: the late and the silent query each mark their socket 1.0-1.3 s after
+/// they were sent (by the tick: no packet needed), the event of kind noresponse naming the
+/// query; from the mark on the socket is mirrored (the late answer), the query is not replayed
+/// by the data path (the agent replays it from the event); the others neither trigger nor
+/// reach the mirror. The late answer finds no query (the mark took it): counted unmatched.
+#[test]
+fn dns_queries_left_unanswered_are_marked_by_noresponse() {
+    if !require_root() {
+        return;
+    }
+    const WAIT: Duration = Duration::from_secs(1);
+    const LATE_MAX: Duration = Duration::from_millis(300);
+    let zones = [
+        Zone::new("late.test", Rcode::NOERROR).delayed(Duration::from_millis(1600)),
+        Zone::new("silent.test", Rcode::NOERROR).silent(),
+        Zone::new("half.test", Rcode::NOERROR).delayed(Duration::from_millis(500)),
+        Zone::new("fast.test", Rcode::NOERROR),
+    ];
+    let d = Dns::with_responder(&[&format!("noresponse>{}s", WAIT.as_secs())], &zones);
+    let names = [
+        ("a.late.test", QType::A),
+        ("b.silent.test", QType::AAAA),
+        ("c.half.test", QType::A),
+        ("d.fast.test", QType::A),
+    ];
+    let mut ports = 20_000;
+    let lookups = d.lookups(&names, d.server(false), Transport::Udp, &mut ports);
+    let run = d.run(&lookups, names.len(), &ResolvConf::plain(d.server(false).ip()), &[]);
+    let mut failures = Vec::new();
+    let answered: Vec<Option<Rcode>> = run.looked.iter().map(Looked::rcode).collect();
+    let want = [Some(Rcode::NOERROR), None, Some(Rcode::NOERROR), Some(Rcode::NOERROR)];
+    check(&mut failures, answered == want, || format!("dig's record {answered:?}, {want:?} expected"));
+
+    let expected = DnsExpected::unanswered(&run.rec.reference, &run.exchanges, WAIT);
+    let marked: BTreeSet<SocketAddr> = expected.triggered.iter().map(|t| t.client).collect();
+    let want: BTreeSet<SocketAddr> = lookups[..2].iter().map(|l| l.local).collect();
+    check(&mut failures, marked == want, || format!("the oracle marks {marked:?}, {want:?} expected"));
+    let (matched, problems) = expected.score(&run.exchanges, &run.events);
+    failures.extend(problems);
+    let mut waits = Vec::new();
+    for ev in &run.events {
+        let waited = ev.request_to_response.unwrap_or_default();
+        waits.push(format!("{:.1} ms", waited.as_secs_f64() * 1e3));
+        check(&mut failures, ev.by.is_none() && waited >= WAIT && waited < WAIT + LATE_MAX, || {
+            format!("marked after {waited:?} (by {:?}): {ev:?}", ev.by)
+        });
+    }
+    if let Err(diff) = expected.compare_mirror(&run.rec.mirror) {
+        failures.push(format!("mirror:\n{diff}"));
+    }
+    let flows = d.bed.dp.flows().expect("reading flows");
+    let mut marks: Vec<(SocketAddr, TriggerKind)> = flows
+        .iter()
+        .filter_map(|f| {
+            Some(([f.key.lo, f.key.hi].into_iter().find(|a| a.port() != DNS_PORT)?, f.mark?.kind))
+        })
+        .collect();
+    marks.sort();
+    let want: Vec<(SocketAddr, TriggerKind)> = want.iter().map(|c| (*c, TriggerKind::NoResponse)).collect();
+    check(&mut failures, marks == want, || format!("marks {marks:?}, {want:?} expected"));
+    let c = d.bed.counters();
+    let counted = [
+        stat_idx::STAT_NORESPONSE_TRIGGERS,
+        stat_idx::STAT_TRIGGERS,
+        stat_idx::STAT_REPLAYED,
+        stat_idx::STAT_REPLAY_FAILED,
+        stat_idx::STAT_RINGBUF_DROPS,
+        stat_idx::STAT_NORESPONSE_FAILED,
+        stat_idx::STAT_DNS_QUERIES,
+        stat_idx::STAT_DNS_RESPONSES,
+        stat_idx::STAT_DNS_UNMATCHED,
+        stat_idx::STAT_MIRRORED_PACKETS,
+    ]
+    .map(|k| c.get(k));
+    let want = [2, 2, 0, 0, 0, 0, 4, 3, 1, run.rec.mirror.datagrams.len() as u64];
+    check(&mut failures, counted == want, || format!("counted {counted:?}, {want:?} expected: {c:?}"));
+    eprintln!(
+        "noresponse>{WAIT:?}: marked after {}\n{}",
+        waits.join(", "),
+        table(&[("dig, UDP".to_string(), run.row(&expected, matched))])
+    );
+    assert_none("noresponse", &failures);
+}
