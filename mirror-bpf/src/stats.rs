@@ -39,7 +39,7 @@ pub const COUNTERS: &[Counter] = &[
         idx: S::STAT_NON_TCP,
         name: "non_tcp",
         metric: None,
-        help: "Packets not IPv4/IPv6 TCP, or non-first fragments (passed untouched)",
+        help: "Packets not IPv4/IPv6 TCP nor DNS followed over UDP, or non-first fragments (passed untouched)",
     },
     Counter {
         idx: S::STAT_MALFORMED,

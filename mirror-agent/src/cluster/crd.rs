@@ -59,12 +59,14 @@ pub struct RuleFields {
     /// Only requests to this host (`Host` header, HTTP/2 `:authority`), without a port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
-    /// With `dns`: only questions for this name or a name under it (`example.com`), or under
-    /// it only (`.svc.cluster.local`); case-insensitive, up to 64 bytes.
+    /// With `dns` or `noResponse`: only questions for this name or a name under it
+    /// (`example.com`), or under it only (`.svc.cluster.local`); after a `!`, the names those
+    /// leave out (`"!.cluster.local"`, quoted: YAML reads `!` as a tag); case-insensitive, up to
+    /// 64 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qname: Option<String>,
-    /// With `dns`: only questions of this type: `A`, `AAAA`, `MX`, `SRV`, ... or a number
-    /// 1-65535.
+    /// With `dns` or `noResponse`: only questions of this type: `A`, `AAAA`, `MX`, `SRV`, ... or
+    /// a number 1-65535.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qtype: Option<IntOrString>,
     /// Packets mirrored per flow at most (0: no limit; default 10000).

@@ -129,6 +129,11 @@ mod tests {
         assert_eq!(r.to_string(), "dns=NXDOMAIN qtype=AAAA packets=10000 bytes=0 duration=60s");
         let r = rule_of(&fields("dns: [any]\nlatency: 500ms\n")).unwrap();
         assert!(r.to_string().starts_with("dns=any latency>500ms"), "{r}");
+        let r = rule_of(&fields("noResponse: 1s\nqname: \"!.Cluster.Local\"\nqtype: A\n")).unwrap();
+        assert_eq!(
+            r.to_string(),
+            "noresponse>1s qname=!.cluster.local qtype=A packets=10000 bytes=0 duration=60s"
+        );
         let e = rule_of(&fields("dns: [bogus]\n")).unwrap_err();
         assert!(e.starts_with("spec.dns: 'dns=bogus': 'bogus' is not a DNS rcode"), "{e}");
         let e = rule_of(&fields("dns: []\n")).unwrap_err();

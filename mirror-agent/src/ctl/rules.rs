@@ -13,7 +13,8 @@ Syntax: one trigger, then filters and limits, in any order.
   triggers  status=CODES (500, 5xx, 500-504, 502,503), grpc-status=CODES (names or 0-63),
             dns=RCODES (nxdomain, servfail, ..., 0-15, any), reset, 'noresponse>DURATION',
             'latency>DURATION'
-  filters   port=P; HTTP: method=GET[,POST], path=/PREFIX, host=NAME; dns=: qname=SUFFIX, qtype=TYPE
+  filters   port=P; HTTP: method=GET[,POST], path=/PREFIX, host=NAME;
+            DNS (dns=, noresponse>): qname=SUFFIX, qname=!SUFFIX (names not under it), qtype=TYPE
   limits    packets=N, bytes=N, duration=DURATION per flow (0: unlimited; default 10000 packets or 60s)
 Examples:
   mirrorctl rules add status=5xx

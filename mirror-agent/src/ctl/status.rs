@@ -24,7 +24,8 @@ pub async fn run(c: &Client<'_>, json: bool) -> anyhow::Result<()> {
     print!("{}", table::render(&["COUNTER", "VALUE"], &rows));
     println!(
         "(duplicate: packets seen a second time, on the other pod's veth, and skipped there so \
-         that each is mirrored once; non_tcp: ARP, ICMP, UDP and the like, passed on untouched)"
+         that each is mirrored once; non_tcp: ARP, ICMP, UDP other than DNS and the like, passed on \
+         untouched)"
     );
     if let Some(line) = dns_rcodes_line(&s) {
         println!("{line}");

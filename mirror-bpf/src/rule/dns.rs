@@ -249,6 +249,26 @@ mod tests {
     }
 
     #[test]
+    fn names_not_under_a_suffix_and_queries_left_unanswered() {
+        let r = rule("dns=nxdomain qname=!.Cluster.Local.");
+        assert_eq!((r.filter.qname.as_deref(), r.filter.qname_not), (Some(".cluster.local"), true));
+        assert_eq!(r.to_string(), "dns=NXDOMAIN qname=!.cluster.local packets=10000 bytes=0 duration=60s");
+        assert_eq!(rule(&r.to_string()), r);
+        assert!(!rule("dns=3 qname=.cluster.local").filter.qname_not);
+        // noresponse> takes a DNS question's filters (then for queries only) or a request's.
+        let r = rule("noresponse>300ms qname=.example qtype=aaaa");
+        assert_eq!(
+            (r.kind(), r.filter.qname.as_deref(), r.filter.qtype),
+            (TriggerKind::NoResponse, Some(".example"), 28)
+        );
+        assert_eq!(
+            r.to_string(),
+            "noresponse>300ms qname=.example qtype=AAAA packets=10000 bytes=0 duration=60s"
+        );
+        assert!(rule("noresponse>1s method=GET").filter.is_http());
+    }
+
+    #[test]
     fn canonical_text_names_rcodes_and_types() {
         assert_eq!(
             rule("qtype=28 dns=3,servfail qname=.SVC.cluster.local").to_string(),
@@ -298,8 +318,15 @@ mod tests {
             ("dns=3 path=/a", "path=/a", "qname= and qtype="),
             ("dns=3 host=a.example", "host=a.example", "HTTP requests"),
             ("status=500 qname=example.com", "qname=example.com", "qname= filters DNS questions"),
-            ("grpc-status=13 qtype=A", "qtype=A", "goes with dns= only"),
-            ("reset qtype=A", "qtype=A", "dns= only"),
+            ("grpc-status=13 qtype=A", "qtype=A", "goes with dns= or noresponse> only"),
+            ("reset qtype=A", "qtype=A", "dns= or noresponse> only"),
+            ("latency>1s qname=!a.b", "qname=!a.b", "goes with dns= or noresponse> only"),
+            ("noresponse>1s path=/a qname=a.b", "qname=a.b", "qname= filters DNS questions and path= HTTP"),
+            ("noresponse>1s qtype=A host=h", "qtype=A", "a noresponse> rule takes the filters of one"),
+            ("dns=3 qname=!", "qname=!", "needs a suffix after the !"),
+            ("dns=3 qname=!!a.b", "qname=!!a.b", "not a character of a domain name"),
+            ("dns=3 qname=!.", "qname=!.", "names every domain"),
+            ("dns=3 qname=!a qname=b", "qname=b", "twice"),
             ("qname=example.com", "qname=example.com", "needs status"),
             ("dns=3 qname=", "qname=", "needs a value"),
             ("dns=3 qname=.", "qname=.", "names every domain"),
@@ -315,7 +342,7 @@ mod tests {
             ("dns=3 qtype=BOGUS", "qtype=BOGUS", "A, NS, CNAME"),
             ("dns=3 qtype=A qtype=MX", "qtype=MX", "twice"),
             ("dns=3 colour=red", "colour=red", "dns=RCODES"),
-            ("dns=3 colour=red", "colour=red", "qname=SUFFIX"),
+            ("dns=3 colour=red", "colour=red", "qname=[!]SUFFIX"),
         ];
         for (text, token, reason) in cases {
             let e = text.parse::<Rule>().expect_err(text);

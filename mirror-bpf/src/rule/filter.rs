@@ -33,6 +33,8 @@ pub struct RequestFilter {
     /// DNS: a suffix of the question's name, lower case, without a final dot: `example.com`
     /// (that name and the names under it) or `.example.com` (the names under it only).
     pub qname: Option<String>,
+    /// DNS: the names NOT under `qname` pass (`qname=!SUFFIX`).
+    pub qname_not: bool,
     /// DNS: the question's type (0: any).
     pub qtype: u16,
 }

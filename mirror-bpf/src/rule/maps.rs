@@ -351,6 +351,7 @@ fn filter_value(action: types::rule_action, rule: &Rule) -> types::rule_filter {
     if let Some(q) = &rule.filter.qname {
         f.qname_len = q.len() as u8;
         f.qname[..q.len()].copy_from_slice(q.as_bytes());
+        f.qname_not = u8::from(rule.filter.qname_not);
     }
     f.qtype = rule.filter.qtype;
     f
@@ -399,7 +400,9 @@ mod tests {
         assert_eq!((f.action.rule_id, f.action.slot, f.qtype, f.qname_len), (4, 9, 28, 18));
         assert_eq!(&f.qname[..18], b".svc.cluster.local");
         assert!(f.qname[18..].iter().all(|b| *b == 0));
-        assert_eq!((f.methods, f.path_len, f.host_len), (0, 0, 0));
+        assert_eq!((f.methods, f.path_len, f.host_len, f.qname_not), (0, 0, 0, 0));
+        let f = filter_value(action, &rule("dns=nxdomain qname=!.cluster.local"));
+        assert_eq!((f.qname_not, f.qname_len, &f.qname[..14]), (1, 14, &b".cluster.local"[..]));
         let f = filter_value(action, &rule("dns=3 qtype=65535"));
         assert_eq!((f.qtype, f.qname_len), (65535, 0));
         let f = filter_value(action, &rule("status=500 method=GET host=Shop.Example"));

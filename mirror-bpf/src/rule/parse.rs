@@ -115,9 +115,18 @@ impl FromStr for Rule {
                     }
                 }
                 "qname" => {
-                    if p.filter.qname.replace(parse_qname(value).map_err(err)?).is_some() {
+                    // `qname=!SUFFIX`: the names not under it.
+                    let (not, suffix) = match value.strip_prefix('!') {
+                        Some(rest) => (true, rest),
+                        None => (false, value),
+                    };
+                    if suffix.is_empty() {
+                        return Err(err("qname=! needs a suffix after the ! (qname=!.cluster.local)".into()));
+                    }
+                    if p.filter.qname.replace(parse_qname(suffix).map_err(err)?).is_some() {
                         return Err(dup());
                     }
+                    p.filter.qname_not = not;
                 }
                 "qtype" => {
                     if p.filter.qtype != 0 {
@@ -187,16 +196,27 @@ impl Parts {
     /// Refuses filters on what `trigger` does not concern: an HTTP request's with `dns=`, a DNS
     /// question's with any other trigger. The error is at the filter's first token.
     fn check_filters(&self, trigger: &Trigger) -> Result<(), RuleError> {
-        let dns = matches!(trigger, Trigger::Dns { .. });
-        let wrong = match (dns, &self.http_filter, &self.dns_filter) {
-            (true, Some((offset, token, key)), _) => Some((
+        let wrong = match (trigger, &self.http_filter, &self.dns_filter) {
+            (Trigger::Dns { .. }, Some((offset, token, key)), _) => Some((
                 offset,
                 token,
                 format!("{key}= filters HTTP requests: a dns= rule takes qname= and qtype="),
             )),
-            (false, _, Some((offset, token, key))) => {
-                Some((offset, token, format!("{key}= filters DNS questions: it goes with dns= only")))
-            }
+            // A request left unanswered is an HTTP request or a DNS query: one kind of filter.
+            (Trigger::NoResponse(_), Some((_, _, http)), Some((offset, token, key))) => Some((
+                offset,
+                token,
+                format!(
+                    "{key}= filters DNS questions and {http}= HTTP requests: a noresponse> rule takes \
+                     the filters of one (none: both)"
+                ),
+            )),
+            (Trigger::Dns { .. } | Trigger::NoResponse(_), _, _) => None,
+            (_, _, Some((offset, token, key))) => Some((
+                offset,
+                token,
+                format!("{key}= filters DNS questions: it goes with dns= or noresponse> only"),
+            )),
             _ => None,
         };
         match wrong {

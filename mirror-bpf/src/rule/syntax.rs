@@ -224,8 +224,8 @@ impl Rule {
 /// Every token of the rule syntax, as errors and `mirrorctl rules add --help` list them.
 pub const SYNTAX: &str = "triggers: status=CODES (500, 5xx, 500-504, a list), grpc-status=CODES, \
 dns=RCODES (nxdomain, servfail, 0-15, a list, any), reset, noresponse>DURATION, latency>DURATION; \
-filters: port=P, method=M[,M], path=PREFIX, host=NAME; for dns=: qname=SUFFIX, qtype=TYPE; \
-limits per flow: packets=N, bytes=N, duration=DURATION (0: unlimited)";
+filters: port=P, method=M[,M], path=PREFIX, host=NAME; for dns= and noresponse>: qname=[!]SUFFIX, \
+qtype=TYPE; limits per flow: packets=N, bytes=N, duration=DURATION (0: unlimited)";
 
 /// A duration such as `500ms`, `30s`, `5m`, `1h`; `0` means unlimited.
 pub fn parse_duration(v: &str) -> Result<Duration, String> {
@@ -305,7 +305,7 @@ impl fmt::Display for Rule {
             write!(f, " host={h}")?;
         }
         if let Some(q) = &self.filter.qname {
-            write!(f, " qname={q}")?;
+            write!(f, " qname={}{q}", if self.filter.qname_not { "!" } else { "" })?;
         }
         if self.filter.qtype != 0 {
             write!(f, " qtype={}", qtype_text(self.filter.qtype))?;
