@@ -141,7 +141,7 @@ pub enum Repeat {
     /// Nothing: the frame changes no state its decision depends on.
     AsIs,
     /// The flow's shared state (HTTP streams, requests pending, whether conntrack was asked,
-    /// the mark) as the setup left it: a message read again would otherwise be a
+    /// the mark, DNS queries kept) as the setup left it: a message read again would otherwise be a
     /// retransmission, a response would find its request answered, a trigger its flow marked.
     Restore,
     /// The whole flow forgotten and the setup frames run again: a repeated first packet would
@@ -347,14 +347,14 @@ pub fn paths() -> Vec<Fixture> {
         .repeat(Repeat::Setup),
         Fixture::new("DNS response, no rule", dns_ok.response(0), Decision::udp(dns_ok.key()).dns_response())
             .after(vec![dns_ok.query()])
-            .repeat(Repeat::Setup),
+            .repeat(Repeat::Restore),
         Fixture::new(
             "DNS NXDOMAIN response, trigger",
             dns_nx.response(3),
             Decision::udp(dns_nx.key()).dns_response().triggers().conntrack(1),
         )
         .after(vec![dns_nx.query()])
-        .repeat(Repeat::Setup),
+        .repeat(Repeat::Restore),
     ]
 }
 

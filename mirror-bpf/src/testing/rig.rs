@@ -112,7 +112,14 @@ impl Rig {
                 .map(|v| (slot, v)),
             None => None,
         };
-        Ok(Primed { timing, mark: lookup(&maps.mirror_marks)? })
+        let raw = key.to_raw();
+        let dns = maps
+            .dns_queries
+            .keys()
+            .filter(|k| k.starts_with(bytes_of(&raw)))
+            .filter_map(|k| maps.dns_queries.lookup(&k, MapFlags::ANY).ok().flatten().map(|v| (k, v)))
+            .collect();
+        Ok(Primed { timing, mark: lookup(&maps.mirror_marks)?, dns })
     }
 
     /// Puts back what the fixture's frame changed, so that it runs again with the same
@@ -135,6 +142,9 @@ impl Rig {
         match &primed.mark {
             Some(v) => maps.mirror_marks.update(bytes_of(&key), v, MapFlags::ANY).map_err(failed)?,
             None => maps.mirror_marks.delete(bytes_of(&key)).or(Ok(())).map_err(failed)?,
+        }
+        for (k, v) in &primed.dns {
+            maps.dns_queries.update(k, v, MapFlags::ANY).map_err(failed)?;
         }
         Ok(())
     }
@@ -189,6 +199,8 @@ pub struct Primed {
     /// Its flow_timing slot and the slot's bytes.
     timing: Option<(u32, Vec<u8>)>,
     mark: Option<Vec<u8>>,
+    /// Its DNS queries kept (dns_queries keys and values), which a response takes away.
+    dns: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Whether the counters of `n` runs of the fixture's frame show its decision: each counter

@@ -2,7 +2,7 @@
 /*
  * This file contains DNS as the classifier follows it, over UDP and over TCP (a message at the
  * start of a segment, after its 2-byte length): the header and question of a message (RFC 1035 4.1), each query kept (dns_queries, by its flow as seen and its id) until
- * its response, which finds it under its own key or, across a Service's NAT, the other one
+ * its response (then left to the LRU, answered), which finds it under its own key or, across a Service's NAT, the other one
  * (nat.h), and is timed and counted by its response code. A response with the same id whose
  * question differs is not that query's: it is counted unmatched, never named as it. What a
  * response makes of its flow is decided in dns_decide.h.
@@ -151,7 +151,7 @@ __noinline int dns_query_keep(struct __sk_buff *skb, struct http_scratch *s, __u
     k->id = s->dns.id;
     __builtin_memset(k->_pad, 0, sizeof(k->_pad));
     struct dns_query *old = bpf_map_lookup_elem(&dns_queries, k);
-    if (old && dns_same_question(old, &s->dns, s->req.head))
+    if (old && old->state != DNS_QUERY_ANSWERED && dns_same_question(old, &s->dns, s->req.head))
         return 0;
     struct dns_query *q = &s->dns_query;
     q->ts_ns = m->now;
@@ -161,7 +161,7 @@ __noinline int dns_query_keep(struct __sk_buff *skb, struct http_scratch *s, __u
     q->name_len = s->dns.name_len;
     q->dir = m->dir;
     q->hook = m->hook;
-    q->marked = 0;
+    q->state = DNS_QUERY_PENDING;
     __builtin_memcpy(q->name, s->req.head, DNS_NAME_MAX);
     q->replay = rules ? replay_take(skb, m) : 0;
     bpf_map_update_elem(&dns_queries, k, q, BPF_ANY);
@@ -185,12 +185,14 @@ static __always_inline struct dns_query *dns_query_find(struct __sk_buff *skb,
     __builtin_memset(k->_pad, 0, sizeof(k->_pad));
     *kept = &m->key;
     struct dns_query *q = bpf_map_lookup_elem(&dns_queries, k);
-    if (!q && nat_peer(skb, m, NULL, &s->peer, 1)) {
+    if ((!q || q->state == DNS_QUERY_ANSWERED) && nat_peer(skb, m, NULL, &s->peer, 1)) {
         k->key = s->peer;
         *kept = &s->peer;
         q = bpf_map_lookup_elem(&dns_queries, k);
     }
-    return q && dns_same_question(q, &s->dns, s->req.head) ? q : NULL;
+    if (!q || q->state == DNS_QUERY_ANSWERED)
+        return NULL;
+    return dns_same_question(q, &s->dns, s->req.head) ? q : NULL;
 }
 
 /*

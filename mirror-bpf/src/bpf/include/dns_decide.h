@@ -211,10 +211,11 @@ __noinline int dns_stage(struct __sk_buff *skb, struct http_scratch *s, struct f
         rc->v[DNS_RCODE(s->dns.flags)]++;
     __u64 took = dns_answer_time(q, m->now, skb->ifindex, set->timing & TIMING_DNS, cnt);
     int marked = rules ? dns_decide(skb, s, q, kept, took) : 0;
-    if (!marked && q && q->replay && !q->marked)
+    if (!marked && q && q->replay && q->state == DNS_QUERY_PENDING)
         dns_replay_marked(skb, s, q, kept, cnt);
+    /* Answered: a write, cheaper than a delete; the LRU takes the entry back in time. */
     if (q)
-        bpf_map_delete_elem(&dns_queries, &s->dns_key);
+        q->state = DNS_QUERY_ANSWERED;
     return marked;
 }
 

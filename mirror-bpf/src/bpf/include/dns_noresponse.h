@@ -34,7 +34,7 @@ static long dns_noresponse_check(struct bpf_map *map, struct dns_key *k, struct 
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
     struct http_scratch *s = bpf_map_lookup_elem(&http_scratch, &zero);
 
-    if (!cnt || !s || q->marked || !q->ts_ns || q->ts_ns > w->now)
+    if (!cnt || !s || q->state != DNS_QUERY_PENDING || !q->ts_ns || q->ts_ns > w->now)
         return 0;
     __u64 waited = w->now - q->ts_ns;
     /* The question, where dns_filter_pick reads it. */
@@ -74,7 +74,7 @@ static long dns_noresponse_check(struct bpf_map *map, struct dns_key *k, struct 
     noresponse_report(s, cnt, &k->key, q->dir, q->ifindex, ra, w->now);
     /* Marked now or before: looked at no more, kept for a late answer to be timed (copied as
      * the flow's packets are), until it comes or the LRU map lets it go. */
-    q->marked = 1;
+    q->state = DNS_QUERY_MARKED;
     return 0;
 }
 

@@ -192,6 +192,14 @@ struct dns_key {
     __u16 _pad[3];
 };
 
+/* Where a kept DNS query stands. */
+enum dns_query_state {
+    DNS_QUERY_PENDING = 0,  /* awaiting its response */
+    DNS_QUERY_MARKED = 1,   /* unanswered, its flow marked by a noresponse rule: the tick looks
+                             * no more, its late response is still timed */
+    DNS_QUERY_ANSWERED = 2, /* answered: gone (the entry left to the LRU, not deleted) */
+};
+
 /* A DNS query awaiting its response (dns_queries value; dns.h). */
 struct dns_query {
     __u64 ts_ns;             /* when it passed, packet_time() */
@@ -202,7 +210,7 @@ struct dns_query {
     __u8 name_len;           /* bytes of name */
     __u8 dir;                /* enum flow_dir of the query */
     __u8 hook;               /* enum hook_kind where it was seen */
-    __u8 marked;             /* its flow was marked by a noresponse rule: the tick looks no more */
+    __u8 state;              /* enum dns_query_state */
     __u8 name[DNS_NAME_MAX]; /* its question's name, as text, lower case */
 };
 
