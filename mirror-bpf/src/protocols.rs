@@ -14,7 +14,7 @@ pub enum Protocol {
     Http1,
     /// HTTP/2 in cleartext: frames, HPACK, gRPC status.
     Http2,
-    /// DNS over UDP on the DNS ports (`dns.ports`): queries kept until their responses,
+    /// DNS over UDP and TCP on the DNS ports (`dns.ports`): queries kept until their responses,
     /// response codes, answer times.
     Dns,
 }

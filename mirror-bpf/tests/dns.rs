@@ -246,7 +246,12 @@ fn a_query_left_unanswered_is_marked_by_the_tick() {
 }
 
 /// `msg` as DNS over TCP sends it: its 2-byte length first, from `from` to `to` at `seq`.
-fn tcp_segment(from: (std::net::Ipv4Addr, u16), to: (std::net::Ipv4Addr, u16), seq: u32, msg: &[u8]) -> Vec<u8> {
+fn tcp_segment(
+    from: (std::net::Ipv4Addr, u16),
+    to: (std::net::Ipv4Addr, u16),
+    seq: u32,
+    msg: &[u8],
+) -> Vec<u8> {
     let mut payload = (msg.len() as u16).to_be_bytes().to_vec();
     payload.extend_from_slice(msg);
     PacketBuilder::ipv4(from.0, to.0)
@@ -262,15 +267,24 @@ fn dns_over_tcp_is_followed_and_a_segment_that_is_no_message_names_nothing() {
     let (client, server) = ((V4_CLIENT, 42053), (V4_SERVER, 53));
     let d = ingress(&bed.dp, &tcp_segment(client, server, 1, &dns::query(41, "tcp.example", dns::A)));
     assert_eq!(d.get(S::STAT_DNS_QUERIES), 1, "the query after its length");
-    let d = ingress(&bed.dp, &tcp_segment(server, client, 1, &dns::response(41, "tcp.example", dns::A, dns::NXDOMAIN)));
+    let d = ingress(
+        &bed.dp,
+        &tcp_segment(server, client, 1, &dns::response(41, "tcp.example", dns::A, dns::NXDOMAIN)),
+    );
     assert_eq!((d.get(S::STAT_DNS_RESPONSES), d.get(S::STAT_DNS_TRIGGERS)), (1, 1));
     let ev = bed.take();
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0].dns.as_ref().map(|q| q.qname.as_str()), Some("tcp.example"));
     // A later segment that happens to look like a response with no query kept: not taken.
     let (client, server) = ((V4_CLIENT, 42054), (V4_SERVER, 53));
-    let d = ingress(&bed.dp, &tcp_segment(server, client, 9000, &dns::response(77, "guess.example", dns::A, dns::NXDOMAIN)));
-    assert_eq!((d.get(S::STAT_DNS_RESPONSES), d.get(S::STAT_DNS_UNMATCHED), d.get(S::STAT_DNS_TRIGGERS)), (0, 1, 0));
+    let d = ingress(
+        &bed.dp,
+        &tcp_segment(server, client, 9000, &dns::response(77, "guess.example", dns::A, dns::NXDOMAIN)),
+    );
+    assert_eq!(
+        (d.get(S::STAT_DNS_RESPONSES), d.get(S::STAT_DNS_UNMATCHED), d.get(S::STAT_DNS_TRIGGERS)),
+        (0, 1, 0)
+    );
     assert!(bed.take().is_empty());
     assert_eq!(bed.rcodes()[3], 1, "only the response that answered its query is counted");
 }

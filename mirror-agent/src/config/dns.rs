@@ -11,7 +11,7 @@ use super::{err, ConfigError};
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Dns {
-    /// The server ports DNS is followed on, over UDP: 1 to 8 of them, each 1-65535
+    /// The server ports DNS is followed on, over UDP and TCP: 1 to 8 of them, each 1-65535
     /// (read wide, so that a port out of range is refused by name, not by type).
     pub ports: Vec<i64>,
 }
