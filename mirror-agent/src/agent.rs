@@ -76,13 +76,13 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
         Ok(false) => {}
         Err(e) => tracing::warn!(error = %e, "putting {} back", mirror_bpf::rcu::RCU_EXPEDITED),
     }
-    let flows_max = flow_table_size(&cfg)?;
+    let (flows_max, marks_max) = table_sizes(&cfg)?;
     let events = Arc::new(EventLog::new(cfg.events.recent, event_log::Output::open(&cfg.events)?));
     let engine = Engine::start(
         EngineConfig {
             datapath: DatapathOptions {
                 flows_max,
-                marks_max: cfg.flows.marks_max,
+                marks_max,
                 pin_path: Some(cfg.bpf.pin_path.clone()),
                 only: Some((cfg.attach.mode.into(), cfg.mirror.method.into())),
                 expedite_rcu: cfg.attach.expedite_rcu.then_some(rcu_marker),
@@ -147,29 +147,30 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     served.map(drop).and(res)
 }
 
-/// The flow table's size (`flows.max`, `auto` resolved for this host), with a warning when
-/// pinned tables of an earlier agent, adopted with their size, differ from the configuration.
-fn flow_table_size(cfg: &Config) -> anyhow::Result<u32> {
+/// The flow tables' and the marks' sizes: `flows.max` (`auto` resolved for this host) and
+/// `flows.marks_max`, or the size of tables an earlier agent pinned, which are adopted as they
+/// are (with their flows and marks), with a warning when the configuration says otherwise.
+fn table_sizes(cfg: &Config) -> anyhow::Result<(u32, u32)> {
     // Flow values are per possible CPU: `auto` keeps the table's memory bounded on big nodes.
     let cpus = mirror_bpf::possible_cpus()?;
     let flow_bytes = std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32;
-    let flows_max = cfg.flows.max.resolve(cpus, flow_bytes);
-    for (map, key, want) in
-        [("flow_table", "flows.max", flows_max), ("mirror_marks", "flows.marks_max", cfg.flows.marks_max)]
-    {
-        match crate::capacity::pinned_entries(&cfg.bpf.pin_path, map) {
-            Some(pinned) if pinned != want => tracing::warn!(
+    let adopted = |map: &str, key: &str, want: u32| {
+        let pinned = crate::capacity::pinned_entries(&cfg.bpf.pin_path, map).filter(|p| *p != want);
+        if let Some(pinned) = pinned {
+            tracing::warn!(
                 map,
                 pinned,
                 configured = want,
                 "{key}: the pinned {map} of an earlier agent is adopted with its size (and its entries); \
                  stop the agent without --keep-attached to size it anew"
-            ),
-            _ => {}
+            );
         }
-    }
+        pinned.unwrap_or(want)
+    };
+    let flows_max = adopted("flow_table", "flows.max", cfg.flows.max.resolve(cpus, flow_bytes));
+    let marks_max = adopted("mirror_marks", "flows.marks_max", cfg.flows.marks_max);
     // The kernel's own count, as `--check` prints it: buckets, elements and per-CPU values.
-    let maps = crate::capacity::map_memory(flows_max, cfg.flows.marks_max, cfg.mirror.replay_requests, cpus);
+    let maps = crate::capacity::map_memory(flows_max, marks_max, cfg.mirror.replay_requests, cpus);
     let of = |name: &str| maps.iter().find(|m| m.name == name).map_or(0, |m| m.bytes);
     tracing::info!(
         flows = flows_max,
@@ -179,7 +180,7 @@ fn flow_table_size(cfg: &Config) -> anyhow::Result<u32> {
         auto = cfg.flows.max == crate::config::FlowsMax::Auto,
         "flow table size (mirror-agent --check lists each map's memory)"
     );
-    Ok(flows_max)
+    Ok((flows_max, marks_max))
 }
 
 /// Creates the sink, serves the API and metrics, and follows link events until a signal.

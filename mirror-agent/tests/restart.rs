@@ -135,4 +135,6 @@ fn a_table_pinned_with_another_size_is_adopted_with_a_warning() {
     for key in ["flows.max: the pinned flow_table", "flows.marks_max: the pinned mirror_marks"] {
         assert!(log.contains(key), "no warning on {key}: {log}");
     }
+    // Adopted, not replaced by tables of the configured size.
+    assert!(!log.contains("a pinned map differs from ours"), "{log}");
 }
