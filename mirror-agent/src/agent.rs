@@ -153,7 +153,6 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
 fn table_sizes(cfg: &Config) -> anyhow::Result<(u32, u32)> {
     // Flow values are per possible CPU: `auto` keeps the table's memory bounded on big nodes.
     let cpus = mirror_bpf::possible_cpus()?;
-    let flow_bytes = std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32;
     let adopted = |map: &str, key: &str, want: u32| {
         let pinned = crate::capacity::pinned_entries(&cfg.bpf.pin_path, map).filter(|p| *p != want);
         if let Some(pinned) = pinned {
@@ -167,7 +166,7 @@ fn table_sizes(cfg: &Config) -> anyhow::Result<(u32, u32)> {
         }
         pinned.unwrap_or(want)
     };
-    let flows_max = adopted("flow_table", "flows.max", cfg.flows.max.resolve(cpus, flow_bytes));
+    let flows_max = adopted("flow_table", "flows.max", crate::memory::flows_on(cfg.flows.max, cpus));
     let marks_max = adopted("mirror_marks", "flows.marks_max", cfg.flows.marks_max);
     // The kernel's own count, as `--check` prints it: buckets, elements and per-CPU values.
     let maps = crate::capacity::map_memory(flows_max, marks_max, cfg.mirror.replay_requests, cpus);
@@ -193,9 +192,17 @@ async fn serve(
     int: &mut tokio::signal::unix::Signal,
 ) -> anyhow::Result<Stop> {
     let mirror = sink.start(engine).await?;
+    let memory = match crate::capacity::Host::this() {
+        Ok(host) => Some(crate::memory::NodeMemory::new(cfg, &host)),
+        Err(e) => {
+            tracing::warn!(error = format!("{e:#}"), "reading this host's CPUs and memory: no memory report");
+            None
+        }
+    };
     let info = Arc::new(Mutex::new(AgentInfo {
         attach_mode: format!("{:?}", cfg.attach.mode).to_lowercase(),
         mirror,
+        memory,
     }));
     let ready = Readiness::default();
     let pods = Pods::new(cfg.pods.clone());

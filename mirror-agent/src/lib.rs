@@ -17,6 +17,7 @@ pub mod groups;
 pub mod handover;
 pub mod health;
 pub mod links;
+pub mod memory;
 pub mod metrics;
 pub mod pods;
 pub mod rules;

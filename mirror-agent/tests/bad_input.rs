@@ -201,6 +201,13 @@ fn the_example_config_is_valid() {
         assert!(said.lines().any(|l| l.trim_start().starts_with(map) && l.contains(" MiB")), "{map}: {said}");
     }
     assert!(said.contains("(flows.max)") && said.contains("(flows.marks_max)"), "{said}");
+    // And what the same configuration takes on other nodes.
+    let other = "on 4/16/64 CPUs: ";
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with(other) && l.ends_with(" (flows.max auto: 65536, 32768, 8192 flows)")),
+        "{said}"
+    );
     // Saved by an editor that starts UTF-8 files with a byte order mark: the same.
     let dir = tempfile::tempdir().unwrap();
     let bom = dir.path().join("agent.yaml");

@@ -80,7 +80,10 @@ fn main() -> ExitCode {
     if args.check {
         println!("configuration is valid: {source}");
         match mirror_agent::capacity::Host::this() {
-            Ok(host) => print!("{}", cfg.memory_report(&host)),
+            Ok(host) => {
+                let node = mirror_agent::memory::NodeMemory::new(&cfg, &host);
+                print!("{}", mirror_agent::memory::render(&node.report(node.configured(host.cpus))))
+            }
             Err(e) => eprintln!("mirror-agent: the maps' memory on this host: {e:#}"),
         }
         return ExitCode::SUCCESS;

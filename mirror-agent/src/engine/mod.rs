@@ -80,6 +80,8 @@ pub struct EngineStatus {
     pub protocols: String,
     /// The data path's programs.
     pub programs: Vec<crate::views::ProgramView>,
+    /// The entries of the maps the settings size, as loaded (adopted maps keep theirs).
+    pub map_sizes: crate::memory::Sizes,
 }
 
 /// What adding a rule did.
