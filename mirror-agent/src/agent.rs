@@ -45,7 +45,8 @@ enum Stop {
 /// Runs the agent until SIGTERM or SIGINT (after a hand-over, until then too, holding
 /// nothing). The start, in this order:
 ///
-/// 1. the signal handlers (a signal during the start then undoes it, not kills it halfway);
+/// 1. the signal handlers (a signal during the start then undoes it, not kills it halfway),
+///    and the node's requirements ([`crate::requirements::check`]);
 /// 2. the single-instance lock ([`crate::handover::acquire`]; with `--take-over`, after the
 ///    running agent handed over): nothing is touched before it is held;
 /// 3. the configured rules and the state file are read and checked (nothing loaded yet);
@@ -56,6 +57,9 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     // which undoes the start-up, instead of killing the agent halfway.
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    // What the node must have: a hard requirement missing stops the start here, naming what to
+    // do, before anything is touched.
+    crate::requirements::check(&cfg)?;
     // First of all: one agent per API socket. A second one refuses before it touches anything
     // (pins, groups, the socket of the running one), or with --take-over waits for the running
     // one to hand over.

@@ -29,7 +29,8 @@ struct Args {
     /// node's address from the DaemonSet's environment: `--metrics-listen=$(NODE_IP):9464`.
     #[arg(long, value_name = "ADDR:PORT")]
     metrics_listen: Option<String>,
-    /// Check the configuration and exit.
+    /// Check the configuration, print what the maps take and what this node has of the
+    /// agent's requirements, and exit.
     #[arg(long)]
     check: bool,
     /// Print the CustomResourceDefinitions of the cluster's mirror rules (deploy/crds.yaml)
@@ -86,6 +87,8 @@ fn main() -> ExitCode {
             }
             Err(e) => eprintln!("mirror-agent: the maps' memory on this host: {e:#}"),
         }
+        let node = mirror_agent::requirements::Facts::read(&cfg);
+        print!("{}", mirror_agent::requirements::report(&mirror_agent::requirements::evaluate(&node)));
         return ExitCode::SUCCESS;
     }
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
