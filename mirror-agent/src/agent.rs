@@ -22,15 +22,18 @@ use crate::metrics;
 use crate::pods::Pods;
 use crate::server;
 use crate::sink::Sink;
+use crate::startup::Start;
 use crate::state::StateStore;
 
 /// How the agent is started.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     /// On SIGTERM, leave the data path attached and pinned (`--keep-attached`).
     pub keep_attached: bool,
     /// When another agent holds the API socket, have it hand over (`--take-over`).
     pub take_over: bool,
+    /// Where the configuration came from, for the line that says the agent is up.
+    pub config: String,
 }
 
 /// Why the main loop ended.
@@ -53,6 +56,7 @@ enum Stop {
 /// 4. the engine loads or adopts the data path and takes the state file's one writer;
 /// 5. the sink, the API, the metrics, and the link events (see [`serve`]).
 pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
     // Before anything is created: a signal during start-up then waits for the main loop,
     // which undoes the start-up, instead of killing the agent halfway.
     let mut term = signal(SignalKind::terminate())?;
@@ -70,6 +74,12 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     // Its one writer goes to the engine and comes back when the engine stops.
     let state = StateStore::open(&cfg.state.path)?;
     let created_sink = state.created_sink();
+    let start = Start {
+        at: started,
+        config: opts.config.clone(),
+        restored_from: (!state.first_start()).then(|| cfg.state.path.clone()),
+        cluster: false,
+    };
     crate::bpffs::ensure(&cfg.bpf.pin_path)?;
     // An agent killed while it had expedited RCU on (around a TCX link change) left it on.
     let rcu_marker = std::path::PathBuf::from(format!("{}.rcu-expedited", cfg.api.socket.display()));
@@ -113,7 +123,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     // an earlier agent is left as it was found.
     let adopted = engine.status().await?.adopted;
     let mut sink = Sink::new(cfg.mirror.clone(), created_sink)?;
-    let served = serve(&cfg, &engine, &events, &mut sink, &mut term, &mut int).await;
+    let served = serve(&cfg, start, &engine, &events, &mut sink, &mut term, &mut int).await;
     if let Err(e) = &served {
         tracing::error!(error = format!("{e:#}"), "stopping on an error");
     }
@@ -175,7 +185,7 @@ fn table_sizes(cfg: &Config) -> anyhow::Result<(u32, u32)> {
     // The kernel's own count, as `--check` prints it: buckets, elements and per-CPU values.
     let maps = crate::capacity::map_memory(flows_max, marks_max, cfg.mirror.replay_requests, cpus);
     let of = |name: &str| maps.iter().find(|m| m.name == name).map_or(0, |m| m.bytes);
-    tracing::info!(
+    tracing::debug!(
         flows = flows_max,
         cpus,
         flow_table = crate::capacity::human(of("flow_table")),
@@ -186,9 +196,11 @@ fn table_sizes(cfg: &Config) -> anyhow::Result<(u32, u32)> {
     Ok((flows_max, marks_max))
 }
 
-/// Creates the sink, serves the API and metrics, and follows link events until a signal.
+/// Creates the sink, serves the API and metrics, and follows link events until a signal; says
+/// once that the agent is up, when the links present at start are attached.
 async fn serve(
     cfg: &Config,
+    start: Start,
     engine: &Engine,
     events: &Arc<EventLog>,
     sink: &mut Sink,
@@ -212,7 +224,7 @@ async fn serve(
     let pods = Pods::new(cfg.pods.clone());
     pods.start(engine.attached());
     events.name_pods(pods.clone());
-    start_cluster(cfg, engine, &pods, events).await?;
+    let mut up = Some(Start { cluster: start_cluster(cfg, engine, &pods, events).await?, ..start });
     let listener = api::bind(&cfg.api.socket).await?;
     let handover = Arc::new(tokio::sync::Notify::new());
     let app = api::router(ApiState {
@@ -231,7 +243,7 @@ async fn serve(
     // Aborted when the loop ends: a hand-over frees the socket and the metrics port at once.
     let api_stats = Arc::new(server::Stats::default());
     let mut servers = vec![tokio::spawn(server::serve(listener, app, limits, "api", api_stats.clone()))];
-    tracing::info!(
+    tracing::debug!(
         socket = %cfg.api.socket.display(),
         max_connections = limits.max_connections,
         header_timeout = ?limits.header_timeout,
@@ -250,7 +262,7 @@ async fn serve(
         // A scrape is one quick request: the API's timeouts, fewer connections.
         let limits = server::Limits { max_connections: crate::config::METRICS_CONNECTIONS, ..limits };
         servers.push(tokio::spawn(server::serve(tcp, app, limits, "metrics", metrics_stats)));
-        tracing::info!(listen = %cfg.metrics.listen, rule_text = cfg.metrics.rule_text, "metrics listening");
+        tracing::debug!(listen = %cfg.metrics.listen, rule_text = cfg.metrics.rule_text, "metrics listening");
     }
 
     let (tx, mut rx) = mpsc::channel(1024);
@@ -272,7 +284,11 @@ async fn serve(
             }
             ev = rx.recv() => {
                 let Some(ev) = ev else { anyhow::bail!("link events stopped") };
+                let synced = matches!(ev, LinkEvent::Synced);
                 on_link_event(cfg, engine, sink, &info, &ready, &mut known, ev).await;
+                if let Some(start) = up.take_if(|_| synced) {
+                    crate::startup::say(start, cfg, engine, &info).await?;
+                }
                 // A veth came or went, or a pod's side changed: who is behind each may differ.
                 pods.refresh();
             }
@@ -285,18 +301,19 @@ async fn serve(
     Ok(stop)
 }
 
-/// Follows the cluster's rules when `cluster:` says so. With `mode: auto`, a client that
-/// cannot be made (a pod without its service account token) is said in the log and the agent
-/// goes on with its local rules; with `mode: on` it stops the start.
+/// Follows the cluster's rules when `cluster:` says so, and says whether it does. With
+/// `mode: auto`, a client that cannot be made (a pod without its service account token) is
+/// said in the log and the agent goes on with its local rules; with `mode: on` it stops the
+/// start.
 async fn start_cluster(
     cfg: &Config,
     engine: &Engine,
     pods: &Pods,
     events: &Arc<EventLog>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     if !cfg.cluster.enabled() {
-        tracing::info!(mode = ?cfg.cluster.mode, "cluster rules off: local rules only");
-        return Ok(());
+        tracing::debug!(mode = ?cfg.cluster.mode, "cluster rules off: local rules only");
+        return Ok(false);
     }
     let client = match crate::cluster::client(&cfg.cluster).await {
         Ok(c) => c,
@@ -305,13 +322,13 @@ async fn start_cluster(
                 error = format!("{e:#}"),
                 "cluster rules off: no usable Kubernetes API configuration"
             );
-            return Ok(());
+            return Ok(false);
         }
         Err(e) => return Err(e),
     };
     let node = cfg.cluster.node_name();
     crate::cluster::start(cfg.cluster.clone(), client, node, engine.clone(), pods.clone(), events.clone());
-    Ok(())
+    Ok(true)
 }
 
 async fn on_link_event(

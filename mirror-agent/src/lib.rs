@@ -24,5 +24,6 @@ pub mod requirements;
 pub mod rules;
 pub mod server;
 pub mod sink;
+pub mod startup;
 pub mod state;
 pub mod views;

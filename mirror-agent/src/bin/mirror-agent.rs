@@ -99,7 +99,8 @@ fn main() -> ExitCode {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
-    tracing::info!(config = %source, "mirror-agent {}", env!("CARGO_PKG_VERSION"));
+    // One line at info once it is up (startup.rs); this one for whoever looks closer.
+    tracing::debug!(config = %source, "mirror-agent {}", env!("CARGO_PKG_VERSION"));
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -109,7 +110,11 @@ fn main() -> ExitCode {
     };
     match rt.block_on(mirror_agent::agent::run(
         cfg,
-        mirror_agent::agent::RunOptions { keep_attached: args.keep_attached, take_over: args.take_over },
+        mirror_agent::agent::RunOptions {
+            keep_attached: args.keep_attached,
+            take_over: args.take_over,
+            config: source,
+        },
     )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
