@@ -22,15 +22,18 @@ use crate::metrics;
 use crate::pods::Pods;
 use crate::server;
 use crate::sink::Sink;
+use crate::startup::Start;
 use crate::state::StateStore;
 
 /// How the agent is started.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     /// On SIGTERM, leave the data path attached and pinned (`--keep-attached`).
     pub keep_attached: bool,
     /// When another agent holds the API socket, have it hand over (`--take-over`).
     pub take_over: bool,
+    /// Where the configuration came from, for the line that says the agent is up.
+    pub config: String,
 }
 
 /// Why the main loop ended.
@@ -45,17 +48,22 @@ enum Stop {
 /// Runs the agent until SIGTERM or SIGINT (after a hand-over, until then too, holding
 /// nothing). The start, in this order:
 ///
-/// 1. the signal handlers (a signal during the start then undoes it, not kills it halfway);
+/// 1. the signal handlers (a signal during the start then undoes it, not kills it halfway),
+///    and the node's requirements ([`crate::requirements::check`]);
 /// 2. the single-instance lock ([`crate::handover::acquire`]; with `--take-over`, after the
 ///    running agent handed over): nothing is touched before it is held;
 /// 3. the configured rules and the state file are read and checked (nothing loaded yet);
 /// 4. the engine loads or adopts the data path and takes the state file's one writer;
 /// 5. the sink, the API, the metrics, and the link events (see [`serve`]).
 pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
     // Before anything is created: a signal during start-up then waits for the main loop,
     // which undoes the start-up, instead of killing the agent halfway.
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    // What the node must have: a hard requirement missing stops the start here, naming what to
+    // do, before anything is touched.
+    crate::requirements::check(&cfg)?;
     // First of all: one agent per API socket. A second one refuses before it touches anything
     // (pins, groups, the socket of the running one), or with --take-over waits for the running
     // one to hand over.
@@ -66,6 +74,12 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     // Its one writer goes to the engine and comes back when the engine stops.
     let state = StateStore::open(&cfg.state.path)?;
     let created_sink = state.created_sink();
+    let start = Start {
+        at: started,
+        config: opts.config.clone(),
+        restored_from: (!state.first_start()).then(|| cfg.state.path.clone()),
+        cluster: false,
+    };
     crate::bpffs::ensure(&cfg.bpf.pin_path)?;
     // An agent killed while it had expedited RCU on (around a TCX link change) left it on.
     let rcu_marker = std::path::PathBuf::from(format!("{}.rcu-expedited", cfg.api.socket.display()));
@@ -76,13 +90,13 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
         Ok(false) => {}
         Err(e) => tracing::warn!(error = %e, "putting {} back", mirror_bpf::rcu::RCU_EXPEDITED),
     }
-    let flows_max = flow_table_size(&cfg)?;
+    let (flows_max, marks_max) = table_sizes(&cfg)?;
     let events = Arc::new(EventLog::new(cfg.events.recent, event_log::Output::open(&cfg.events)?));
     let engine = Engine::start(
         EngineConfig {
             datapath: DatapathOptions {
                 flows_max,
-                marks_max: cfg.flows.marks_max,
+                marks_max,
                 pin_path: Some(cfg.bpf.pin_path.clone()),
                 only: Some((cfg.attach.mode.into(), cfg.mirror.method.into())),
                 expedite_rcu: cfg.attach.expedite_rcu.then_some(rcu_marker),
@@ -110,7 +124,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     // an earlier agent is left as it was found.
     let adopted = engine.status().await?.adopted;
     let mut sink = Sink::new(cfg.mirror.clone(), created_sink)?;
-    let served = serve(&cfg, &engine, &events, &mut sink, &mut term, &mut int).await;
+    let served = serve(&cfg, start, &engine, &events, &mut sink, &mut term, &mut int).await;
     if let Err(e) = &served {
         tracing::error!(error = format!("{e:#}"), "stopping on an error");
     }
@@ -148,31 +162,31 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     served.map(drop).and(res)
 }
 
-/// The flow table's size (`flows.max`, `auto` resolved for this host), with a warning when
-/// pinned tables of an earlier agent, adopted with their size, differ from the configuration.
-fn flow_table_size(cfg: &Config) -> anyhow::Result<u32> {
+/// The flow tables' and the marks' sizes: `flows.max` (`auto` resolved for this host) and
+/// `flows.marks_max`, or the size of tables an earlier agent pinned, which are adopted as they
+/// are (with their flows and marks), with a warning when the configuration says otherwise.
+fn table_sizes(cfg: &Config) -> anyhow::Result<(u32, u32)> {
     // Flow values are per possible CPU: `auto` keeps the table's memory bounded on big nodes.
     let cpus = mirror_bpf::possible_cpus()?;
-    let flow_bytes = std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32;
-    let flows_max = cfg.flows.max.resolve(cpus, flow_bytes);
-    for (map, key, want) in
-        [("flow_table", "flows.max", flows_max), ("mirror_marks", "flows.marks_max", cfg.flows.marks_max)]
-    {
-        match crate::capacity::pinned_entries(&cfg.bpf.pin_path, map) {
-            Some(pinned) if pinned != want => tracing::warn!(
+    let adopted = |map: &str, key: &str, want: u32| {
+        let pinned = crate::capacity::pinned_entries(&cfg.bpf.pin_path, map).filter(|p| *p != want);
+        if let Some(pinned) = pinned {
+            tracing::warn!(
                 map,
                 pinned,
                 configured = want,
                 "{key}: the pinned {map} of an earlier agent is adopted with its size (and its entries); \
                  stop the agent without --keep-attached to size it anew"
-            ),
-            _ => {}
+            );
         }
-    }
+        pinned.unwrap_or(want)
+    };
+    let flows_max = adopted("flow_table", "flows.max", crate::memory::flows_on(cfg.flows.max, cpus));
+    let marks_max = adopted("mirror_marks", "flows.marks_max", cfg.flows.marks_max);
     // The kernel's own count, as `--check` prints it: buckets, elements and per-CPU values.
-    let maps = crate::capacity::map_memory(flows_max, cfg.flows.marks_max, cfg.mirror.replay_requests, cpus);
+    let maps = crate::capacity::map_memory(flows_max, marks_max, cfg.mirror.replay_requests, cpus);
     let of = |name: &str| maps.iter().find(|m| m.name == name).map_or(0, |m| m.bytes);
-    tracing::info!(
+    tracing::debug!(
         flows = flows_max,
         cpus,
         flow_table = crate::capacity::human(of("flow_table")),
@@ -180,12 +194,14 @@ fn flow_table_size(cfg: &Config) -> anyhow::Result<u32> {
         auto = cfg.flows.max == crate::config::FlowsMax::Auto,
         "flow table size (mirror-agent --check lists each map's memory)"
     );
-    Ok(flows_max)
+    Ok((flows_max, marks_max))
 }
 
-/// Creates the sink, serves the API and metrics, and follows link events until a signal.
+/// Creates the sink, serves the API and metrics, and follows link events until a signal; says
+/// once that the agent is up, when the links present at start are attached.
 async fn serve(
     cfg: &Config,
+    start: Start,
     engine: &Engine,
     events: &Arc<EventLog>,
     sink: &mut Sink,
@@ -193,15 +209,23 @@ async fn serve(
     int: &mut tokio::signal::unix::Signal,
 ) -> anyhow::Result<Stop> {
     let mirror = sink.start(engine).await?;
+    let memory = match crate::capacity::Host::this() {
+        Ok(host) => Some(crate::memory::NodeMemory::new(cfg, &host)),
+        Err(e) => {
+            tracing::warn!(error = format!("{e:#}"), "reading this host's CPUs and memory: no memory report");
+            None
+        }
+    };
     let info = Arc::new(Mutex::new(AgentInfo {
         attach_mode: format!("{:?}", cfg.attach.mode).to_lowercase(),
         mirror,
+        memory,
     }));
     let ready = Readiness::default();
     let pods = Pods::new(cfg.pods.clone());
     pods.start(engine.attached());
     events.name_pods(pods.clone());
-    start_cluster(cfg, engine, &pods, events).await?;
+    let mut up = Some(Start { cluster: start_cluster(cfg, engine, &pods, events).await?, ..start });
     let listener = api::bind(&cfg.api.socket).await?;
     let handover = Arc::new(tokio::sync::Notify::new());
     let app = api::router(ApiState {
@@ -220,7 +244,7 @@ async fn serve(
     // Aborted when the loop ends: a hand-over frees the socket and the metrics port at once.
     let api_stats = Arc::new(server::Stats::default());
     let mut servers = vec![tokio::spawn(server::serve(listener, app, limits, "api", api_stats.clone()))];
-    tracing::info!(
+    tracing::debug!(
         socket = %cfg.api.socket.display(),
         max_connections = limits.max_connections,
         header_timeout = ?limits.header_timeout,
@@ -239,7 +263,7 @@ async fn serve(
         // A scrape is one quick request: the API's timeouts, fewer connections.
         let limits = server::Limits { max_connections: crate::config::METRICS_CONNECTIONS, ..limits };
         servers.push(tokio::spawn(server::serve(tcp, app, limits, "metrics", metrics_stats)));
-        tracing::info!(listen = %cfg.metrics.listen, rule_text = cfg.metrics.rule_text, "metrics listening");
+        tracing::debug!(listen = %cfg.metrics.listen, rule_text = cfg.metrics.rule_text, "metrics listening");
     }
 
     let (tx, mut rx) = mpsc::channel(1024);
@@ -261,7 +285,11 @@ async fn serve(
             }
             ev = rx.recv() => {
                 let Some(ev) = ev else { anyhow::bail!("link events stopped") };
+                let synced = matches!(ev, LinkEvent::Synced);
                 on_link_event(cfg, engine, sink, &info, &ready, &mut known, ev).await;
+                if let Some(start) = up.take_if(|_| synced) {
+                    crate::startup::say(start, cfg, engine, &info).await?;
+                }
                 // A veth came or went, or a pod's side changed: who is behind each may differ.
                 pods.refresh();
             }
@@ -274,18 +302,19 @@ async fn serve(
     Ok(stop)
 }
 
-/// Follows the cluster's rules when `cluster:` says so. With `mode: auto`, a client that
-/// cannot be made (a pod without its service account token) is said in the log and the agent
-/// goes on with its local rules; with `mode: on` it stops the start.
+/// Follows the cluster's rules when `cluster:` says so, and says whether it does. With
+/// `mode: auto`, a client that cannot be made (a pod without its service account token) is
+/// said in the log and the agent goes on with its local rules; with `mode: on` it stops the
+/// start.
 async fn start_cluster(
     cfg: &Config,
     engine: &Engine,
     pods: &Pods,
     events: &Arc<EventLog>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     if !cfg.cluster.enabled() {
-        tracing::info!(mode = ?cfg.cluster.mode, "cluster rules off: local rules only");
-        return Ok(());
+        tracing::debug!(mode = ?cfg.cluster.mode, "cluster rules off: local rules only");
+        return Ok(false);
     }
     let client = match crate::cluster::client(&cfg.cluster).await {
         Ok(c) => c,
@@ -294,13 +323,13 @@ async fn start_cluster(
                 error = format!("{e:#}"),
                 "cluster rules off: no usable Kubernetes API configuration"
             );
-            return Ok(());
+            return Ok(false);
         }
         Err(e) => return Err(e),
     };
     let node = cfg.cluster.node_name();
     crate::cluster::start(cfg.cluster.clone(), client, node, engine.clone(), pods.clone(), events.clone());
-    Ok(())
+    Ok(true)
 }
 
 async fn on_link_event(

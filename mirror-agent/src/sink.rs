@@ -187,7 +187,7 @@ impl Sink {
         let (i, delivery) = target.as_ref().map_or((0, MirrorDelivery::Egress), |t| (t.ifindex, t.delivery));
         engine.set_mirror(i, delivery, ifindex.unwrap_or(0)).await?;
         if let Some(t) = &target {
-            tracing::info!(
+            tracing::debug!(
                 interface = self.name(),
                 copies_to = %t.name,
                 delivery = ?t.delivery,
@@ -322,11 +322,11 @@ impl Sink {
             SinkCreate::None => return Ok(None),
             SinkCreate::Auto => match self.add(SinkCreate::Dummy).await {
                 Err(e) if no_such_kind(&e) => {
-                    tracing::info!(
+                    tracing::debug!(
                         interface = %name,
                         peer = %veth_peer(&name),
-                        "mirror.create: auto: this kernel has no dummy link type, creating a veth pair \
-                         (capture on the peer)"
+                        "expected: mirror.create: auto: this kernel has no dummy link type, creating a veth \
+                         pair (capture on the peer)"
                     );
                     self.add(SinkCreate::Veth).await?;
                     SinkCreate::Veth
@@ -366,7 +366,7 @@ impl Sink {
         }
         self.set_up(&name, None).await?;
         self.created = true;
-        tracing::info!(
+        tracing::debug!(
             interface = %name,
             kind = ?made,
             configured = ?self.cfg.create,

@@ -274,6 +274,64 @@ pub struct StatusView {
     /// seen at least once.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub dns_rcodes: BTreeMap<String, u64>,
+    /// The kernel memory of the data path's maps on this node (none from an older agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryView>,
+}
+
+/// The kernel memory of the data path's maps, as the kernel accounts it (bpftool's
+/// `memlock`): on this node, map by map, and what the configuration gives on other CPU counts
+/// (per-CPU maps grow with the CPUs). `mirror-agent --check` prints the same.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryView {
+    /// Possible CPUs of this node: per-CPU maps hold a value for each.
+    pub cpus: u32,
+    /// All the maps.
+    pub total_bytes: u64,
+    /// Each map, largest first.
+    pub maps: Vec<MapMemoryView>,
+    /// What the maps may take here, and what sets it (the host's memory, or a cgroup's
+    /// limit); none when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<MemoryLimitView>,
+    /// `flows.max` as configured: `auto` or a number.
+    pub flows_max: String,
+    /// What the configuration gives on other CPU counts.
+    pub other_cpus: Vec<CpuMemoryView>,
+}
+
+/// One map's kernel memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapMemoryView {
+    /// Its name in the classifier.
+    pub name: String,
+    /// Its entries (for the event ring: its bytes).
+    pub entries: u32,
+    /// Its kernel memory.
+    pub bytes: u64,
+    /// The setting that sizes it, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sized_by: Option<String>,
+}
+
+/// The memory the maps may take on a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryLimitView {
+    /// Bytes.
+    pub bytes: u64,
+    /// What sets it, in words.
+    pub what: String,
+}
+
+/// The maps on a node of `cpus` CPUs with this configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuMemoryView {
+    /// Possible CPUs.
+    pub cpus: u32,
+    /// Flows of the flow table there (`flows.max`, `auto` resolved for those CPUs).
+    pub flows: u32,
+    /// All the maps.
+    pub total_bytes: u64,
 }
 
 /// One program of the data path, and what the verifier made of it at load.

@@ -1,5 +1,6 @@
 //! Bad input is refused with a message that says where: configurations naming the key, rules
-//! pointing at the token, an unknown rule id, an agent that is not there. Nothing changes.
+//! pointing at the token, an unknown rule id, an agent that is not there, a node without the
+//! capabilities. Nothing changes.
 
 mod common;
 
@@ -189,6 +190,50 @@ fn maps_beyond_the_cgroups_memory_are_refused_before_loading() {
 }
 
 #[test]
+fn a_node_without_the_capabilities_stops_before_loading() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let pins = format!("/sys/fs/bpf/mirror-e2e-caps-{}", std::process::id());
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "interfaces:\n  include: [\"none-such*\"]\nmirror:\n  create: none\nmetrics:\n  listen: \"\"\n\
+             api:\n  socket: {d}/api.sock\nbpf:\n  pin_path: {pins}\nstate:\n  path: {d}/state.yaml\n"
+        ),
+    )
+    .unwrap();
+    // Root without CAP_BPF and CAP_PERFMON (nor CAP_SYS_ADMIN, which stands for both): the
+    // bounding set caps what the agent's exec gets.
+    let without = |check: bool| {
+        let mut cmd = Command::new("timeout");
+        cmd.args(["10", "setpriv", "--bounding-set=-bpf,-perfmon,-sys_admin", "--"]).arg(bins().agent);
+        cmd.arg("--config").arg(&config);
+        if check {
+            cmd.arg("--check");
+        }
+        run(&mut cmd)
+    };
+    let (out, said) = without(false);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    let want = "mirror-agent: node requirements not met: missing capabilities CAP_BPF, CAP_PERFMON: run \
+                mirror-agent as root";
+    assert!(said.contains(want), "{said}");
+    assert!(!Path::new(&pins).exists() && !dir.path().join("api.sock").exists(), "touched: {said}");
+    // --check says the same of the node, the configuration being valid.
+    let (out, said) = without(true);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("\n  MISSING  capabilities: missing capabilities CAP_BPF, CAP_PERFMON: "),
+        "{said}"
+    );
+    assert!(said.contains("the agent would not start on this node"), "{said}");
+}
+
+#[test]
 fn the_example_config_is_valid() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/agent.yaml");
     let (out, said) = agent(&bins(), &example, true);
@@ -201,6 +246,16 @@ fn the_example_config_is_valid() {
         assert!(said.lines().any(|l| l.trim_start().starts_with(map) && l.contains(" MiB")), "{map}: {said}");
     }
     assert!(said.contains("(flows.max)") && said.contains("(flows.marks_max)"), "{said}");
+    // The node's requirements, each on a line.
+    assert!(said.contains("\nnode requirements (a start checks them before loading anything):\n"), "{said}");
+    assert!(said.lines().any(|l| l.trim_start().starts_with("ok       BTF: ")), "{said}");
+    // And what the same configuration takes on other nodes.
+    let other = "on 4/16/64 CPUs: ";
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with(other) && l.ends_with(" (flows.max auto: 65536, 32768, 8192 flows)")),
+        "{said}"
+    );
     // Saved by an editor that starts UTF-8 files with a byte order mark: the same.
     let dir = tempfile::tempdir().unwrap();
     let bom = dir.path().join("agent.yaml");

@@ -180,7 +180,9 @@ fn an_absent_or_silent_runtime_leaves_the_pods_to_proc() {
         ("absent", pods_section(&[&absent], "500ms")),
         ("none", "pods:\n  cri: none\n".to_string()),
     ] {
-        let cfg = AgentConfig { extra, ..AgentConfig::default() };
+        // Where the pods' names come from is said at debug.
+        let log = Some("info,mirror_agent::pods=debug".to_string());
+        let cfg = AgentConfig { extra, log, ..AgentConfig::default() };
         let env = AgentEnv::new(&bins(), &topo.node, &cfg);
         let agent = env.start(&[]);
         agent.wait_attached(&["vethserver"], ATTACH);

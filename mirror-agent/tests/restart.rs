@@ -2,9 +2,14 @@
 //! links and keeps mirroring while no agent runs; the next agent adopts it with the rules
 //! (same ids), the flows and their marks. One keep-alive connection, marked before the first
 //! stop, is used throughout: every packet of it from the 500 on is mirrored exactly once.
+//! Tables pinned with other sizes than the configuration's are adopted as they are, with a
+//! warning, and the status's memory report (the figures of `--check`) counts them so.
 
 mod common;
 
+use std::process::Command;
+
+use mirror_agent::views::MemoryView;
 use mirror_bpf::testing::{ifindex, require_root};
 use mirror_e2e::agent::{Agent, AgentConfig, AgentEnv};
 use mirror_e2e::capture::tcpdump::Recorder;
@@ -116,6 +121,12 @@ fn restarts_keep_the_data_path_rules_and_marks() {
     assert!(!env.pin_path().exists(), "pins outlived a clean stop");
 }
 
+/// The entries of map `name` in a status's memory report.
+#[track_caller]
+fn entries(memory: &MemoryView, name: &str) -> u32 {
+    memory.maps.iter().find(|m| m.name == name).unwrap_or_else(|| panic!("no {name}: {memory:?}")).entries
+}
+
 #[test]
 fn a_table_pinned_with_another_size_is_adopted_with_a_warning() {
     if !require_root() {
@@ -124,15 +135,36 @@ fn a_table_pinned_with_another_size_is_adopted_with_a_warning() {
     let topo = Topology::without_sink(&[]);
     let env = AgentEnv::new(&bins(), &topo.node, &AgentConfig::default());
     let agent = env.start(&["--keep-attached"]);
+    // The maps' memory in `mirrorctl status` is what `--check` says of the same configuration.
+    let check =
+        Command::new(bins().agent).arg("--config").arg(env.config_path()).arg("--check").output().unwrap();
+    let check = String::from_utf8_lossy(&check.stdout).into_owned();
+    // After the first line, before the node's requirements.
+    let report = check.split_once('\n').map(|(_, rest)| rest).unwrap_or_default();
+    let report = report.split("node requirements").next().unwrap_or_default();
+    assert!(report.starts_with("kernel memory of the data path's maps on "), "{check}");
+    let text = env.ctl_ok(&["status"]);
+    assert!(text.contains(report), "--check said:\n{check}\nstatus said:\n{text}");
+    let first = status(&env).memory.expect("the maps' memory in the status");
+    assert_eq!(first.total_bytes, first.maps.iter().map(|m| m.bytes).sum::<u64>());
     agent.terminate();
     // The next agent is configured with other sizes than the pinned tables have.
     let config = env.config_path();
     let yaml = std::fs::read_to_string(&config).unwrap();
     std::fs::write(&config, format!("{yaml}flows:\n  max: 4096\n  marks_max: 1024\n")).unwrap();
     let agent = env.start(&[]);
-    assert!(status(&env).adopted);
+    let st = status(&env);
+    assert!(st.adopted);
+    // The report counts the maps as loaded, the pinned sizes; other CPU counts, the configured.
+    let memory = st.memory.expect("the maps' memory in the status");
+    assert_eq!(entries(&memory, "flow_table"), entries(&first, "flow_table"));
+    assert_eq!((entries(&memory, "mirror_marks"), memory.total_bytes), (16_384, first.total_bytes));
+    assert_eq!(memory.flows_max, "4096");
+    assert!(memory.other_cpus.iter().all(|c| c.flows == 4096), "{memory:?}");
     let log = agent.terminate();
     for key in ["flows.max: the pinned flow_table", "flows.marks_max: the pinned mirror_marks"] {
         assert!(log.contains(key), "no warning on {key}: {log}");
     }
+    // Adopted, not replaced by tables of the configured size.
+    assert!(!log.contains("a pinned map differs from ours"), "{log}");
 }

@@ -202,7 +202,8 @@ impl Attacher<'_, '_> {
             AttachMode::Tc => self.attach_tc_both(&mut att),
             AttachMode::Auto => match self.attach_tcx_both(&mut att) {
                 Err(Error::Io { ref cause, .. }) if tcx_missing(cause) => {
-                    tracing::info!(ifindex, error = %cause, "TCX not available, using clsact + cls_bpf");
+                    // An expected fallback on kernels before 6.6, not an error.
+                    tracing::debug!(ifindex, kernel_said = %cause, "expected: no TCX, using clsact + cls_bpf");
                     att.mode = AttachMode::Tc;
                     self.attach_tc_both(&mut att)
                 }

@@ -84,6 +84,9 @@ pub struct AgentConfig {
     /// More keys of the `mirror:` section (key, YAML value, flow style for sections), such as
     /// `tunnel` and `budget`.
     pub mirror: Vec<(String, String)>,
+    /// `RUST_LOG` of the agent (none: the test's own), for a test that reads a line logged at
+    /// debug, e.g. `info,mirror_agent::pods=debug`.
+    pub log: Option<String>,
 }
 
 impl Default for AgentConfig {
@@ -100,6 +103,7 @@ impl Default for AgentConfig {
             api: vec![],
             extra: String::new(),
             mirror: vec![],
+            log: None,
         }
     }
 }
@@ -117,6 +121,7 @@ pub struct AgentEnv {
     /// The node namespace's name and path.
     node: (String, String),
     sink: String,
+    log: Option<String>,
     pin_path: PathBuf,
     dir: TempDir,
 }
@@ -141,6 +146,7 @@ impl AgentEnv {
             bins: bins.clone(),
             node: (node.name().to_string(), node.path()),
             sink: cfg.sink.clone(),
+            log: cfg.log.clone(),
             pin_path: Path::new(PIN_ROOT).join(format!("{PIN_PREFIX}{unique}")),
             dir,
         };
@@ -215,6 +221,9 @@ impl AgentEnv {
     pub fn start_within(&self, args: &[&str], timeout: Duration) -> Agent<'_> {
         let mut cmd = nsenter(&self.node.1, &self.bins.agent);
         cmd.arg("--config").arg(self.config_path()).args(args);
+        if let Some(log) = &self.log {
+            cmd.env("RUST_LOG", log);
+        }
         let mut proc = Proc::spawn(&format!("mirror-agent in {}", self.node.0), &mut cmd);
         let socket = self.socket();
         let serving = wait_until(timeout, || UnixStream::connect(&socket).is_ok() || !proc.running());

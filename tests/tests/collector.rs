@@ -322,7 +322,9 @@ fn a_tunnel_kind_the_kernel_lacks_is_a_clear_error() {
         };
         let env = AgentEnv::new(&bins, &topo.node, &cfg);
         // Where the kernel has the type the agent runs: stopped by the timeout, the sink made.
+        // The sink's creation is said at debug.
         let out = Command::new("timeout")
+            .env("RUST_LOG", "info,mirror_agent::sink=debug")
             .args(["-s", "TERM", "8"])
             .arg("nsenter")
             .arg(format!("--net={}", topo.node.path()))

@@ -146,7 +146,14 @@ fn the_image_installs_upgrades_and_uninstalls_as_the_daemonset_runs_it() {
     eprintln!("first agent serving and attached in {:.1} s", started.elapsed().as_secs_f64());
     let st = status_json(&first);
     assert_eq!(st["mirror"]["kind"], "veth", "this kernel has no dummy type: {st}");
-    assert!(first.logs().contains("no dummy link type, creating a veth pair"), "{}", first.logs());
+    // The one line the start logs at info (the DaemonSet's RUST_LOG) says so.
+    let said = "mirror interface mirror0 (veth, created; copies to mirror0p)";
+    let up = wait_until(Duration::from_secs(5), || {
+        first.logs().lines().any(|l| l.contains(" up in ") && l.contains(said))
+    });
+    assert!(up, "{}", first.logs());
+    // And nothing else: the node meets every requirement, no warning.
+    assert_eq!(first.logs().lines().filter(|l| !l.trim().is_empty()).count(), 1, "{}", first.logs());
 
     // The probes of the manifest (/healthz, /readyz), on the node's address.
     for (kind, path, port) in m.probes("agent") {

@@ -82,6 +82,9 @@ fn curl() -> SandboxSpec {
     SandboxSpec::new("curl-0", "tools", 2, &[("app", "curl")])
 }
 
+/// The agent's `RUST_LOG` where a test reads which runtime names the pods.
+const PODS_DEBUG: &str = "info,mirror_agent::pods=debug";
+
 /// An agent on `node`, asking its containerd for the pods, with metrics.
 fn agent_env(node: &CriNode) -> AgentEnv {
     let bins = Binaries::locate().expect("the binaries");
@@ -91,6 +94,8 @@ fn agent_env(node: &CriNode) -> AgentEnv {
             "pods:\n  cri: [{:?}]\n  cri_timeout: 2s\n  labels: {LABELS}\n",
             node.socket().display().to_string()
         ),
+        // Which runtime names the pods is said at debug.
+        log: Some(PODS_DEBUG.into()),
         ..AgentConfig::default()
     };
     AgentEnv::new(&bins, &node.node, &cfg)
@@ -579,10 +584,13 @@ fn the_daemonset_agent_names_containerd_pods_through_the_nodes_run() {
     };
     Container::run_to_end(&m.podman_args("mount-bpffs", &kube_node));
     let _nginx = Server::nginx(&server.pod, HTTP, dir.path());
-    let agent = Container::start(
-        &format!("mirror-e2e-{}-node", std::process::id()),
-        &m.podman_args("agent", &kube_node),
-    );
+    // The DaemonSet's, with which runtime names the pods said (at debug).
+    let args: Vec<String> = m
+        .podman_args("agent", &kube_node)
+        .into_iter()
+        .map(|a| if a.starts_with("--env=RUST_LOG=") { format!("--env=RUST_LOG={PODS_DEBUG}") } else { a })
+        .collect();
+    let agent = Container::start(&format!("mirror-e2e-{}-node", std::process::id()), &args);
     let socket = run.join("api.sock");
     let serving =
         wait_until(Duration::from_secs(30), || std::os::unix::net::UnixStream::connect(&socket).is_ok());

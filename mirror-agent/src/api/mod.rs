@@ -36,6 +36,8 @@ pub struct AgentInfo {
     pub attach_mode: String,
     /// The mirror sink as last seen.
     pub mirror: MirrorView,
+    /// What the maps' memory report needs of this node (none: the host could not be read).
+    pub memory: Option<crate::memory::NodeMemory>,
 }
 
 /// Shared state of the handlers.
@@ -211,6 +213,7 @@ async fn status(State(s): State<ApiState>) -> ApiResult<StatusView> {
         protocols: st.protocols,
         programs: st.programs,
         dns_rcodes: crate::api::text::rcode_counts(&st.dns_rcodes).collect(),
+        memory: info.memory.as_ref().map(|m| m.report(st.map_sizes)),
     }))
 }
 

@@ -29,7 +29,8 @@ struct Args {
     /// node's address from the DaemonSet's environment: `--metrics-listen=$(NODE_IP):9464`.
     #[arg(long, value_name = "ADDR:PORT")]
     metrics_listen: Option<String>,
-    /// Check the configuration and exit.
+    /// Check the configuration, print what the maps take and what this node has of the
+    /// agent's requirements, and exit.
     #[arg(long)]
     check: bool,
     /// Print the CustomResourceDefinitions of the cluster's mirror rules (deploy/crds.yaml)
@@ -80,9 +81,14 @@ fn main() -> ExitCode {
     if args.check {
         println!("configuration is valid: {source}");
         match mirror_agent::capacity::Host::this() {
-            Ok(host) => print!("{}", cfg.memory_report(&host)),
+            Ok(host) => {
+                let node = mirror_agent::memory::NodeMemory::new(&cfg, &host);
+                print!("{}", mirror_agent::memory::render(&node.report(node.configured(host.cpus))))
+            }
             Err(e) => eprintln!("mirror-agent: the maps' memory on this host: {e:#}"),
         }
+        let node = mirror_agent::requirements::Facts::read(&cfg);
+        print!("{}", mirror_agent::requirements::report(&mirror_agent::requirements::evaluate(&node)));
         return ExitCode::SUCCESS;
     }
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -93,7 +99,8 @@ fn main() -> ExitCode {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
-    tracing::info!(config = %source, "mirror-agent {}", env!("CARGO_PKG_VERSION"));
+    // One line at info once it is up (startup.rs); this one for whoever looks closer.
+    tracing::debug!(config = %source, "mirror-agent {}", env!("CARGO_PKG_VERSION"));
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -103,7 +110,11 @@ fn main() -> ExitCode {
     };
     match rt.block_on(mirror_agent::agent::run(
         cfg,
-        mirror_agent::agent::RunOptions { keep_attached: args.keep_attached, take_over: args.take_over },
+        mirror_agent::agent::RunOptions {
+            keep_attached: args.keep_attached,
+            take_over: args.take_over,
+            config: source,
+        },
     )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

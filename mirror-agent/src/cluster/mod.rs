@@ -206,7 +206,7 @@ async fn run(
     if ready.await.is_err() {
         return;
     }
-    tracing::info!(%node, "following the cluster's mirror rules");
+    tracing::debug!(%node, "following the cluster's mirror rules");
     let mut installed: Option<Vec<WantedRule>> = None;
     let mut results: BTreeMap<String, Result<u32, String>> = BTreeMap::new();
     loop {

@@ -11,50 +11,10 @@ use crate::capacity::{self, Host, TableMemory};
 const RESERVED_FDS: u64 = 256;
 
 impl Config {
-    /// The kernel memory the data path's maps will take on this host, map by map, largest
-    /// first, with the setting that sizes each (what `mirror-agent --check` prints).
-    pub fn memory_report(&self, host: &Host) -> String {
-        let flows =
-            self.flows.max.resolve(host.cpus, std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32);
-        let maps = capacity::map_memory(flows, self.flows.marks_max, self.mirror.replay_requests, host.cpus);
-        let total: u64 = maps.iter().map(|m| m.bytes).sum();
-        let mut out = format!(
-            "kernel memory of the data path's maps on {} CPUs: {} (the limit here: {}, {})\n",
-            host.cpus,
-            capacity::human(total),
-            capacity::human(host.map_budget()),
-            host.map_budget_text(),
-        );
-        let mut rest = (0, 0u64);
-        for m in &maps {
-            if m.bytes < 1 << 20 {
-                rest = (rest.0 + 1, rest.1 + m.bytes);
-                continue;
-            }
-            let by = m.sized_by.map(|k| format!("  ({k})")).unwrap_or_default();
-            out.push_str(&format!(
-                "  {:<22} {:>10}  {:>9} entries{by}\n",
-                m.name,
-                capacity::human(m.bytes),
-                m.entries
-            ));
-        }
-        if rest.0 > 0 {
-            out.push_str(&format!(
-                "  {:<22} {:>10}  ({} maps under 1 MiB)\n",
-                "the others",
-                capacity::human(rest.1),
-                rest.0
-            ));
-        }
-        out
-    }
-
     /// What depends on the host: the memory the sized tables take, the descriptors the API's
     /// connections take, where the pins go.
     pub fn check_host(&self, host: &Host) -> Result<(), ConfigError> {
-        let flows =
-            self.flows.max.resolve(host.cpus, std::mem::size_of::<mirror_bpf::types::flow_traffic>() as u32);
+        let flows = crate::memory::flows_on(self.flows.max, host.cpus);
         let mem = TableMemory::of(flows, self.flows.marks_max, self.mirror.replay_requests, host.cpus);
         let budget = host.map_budget();
         if mem.total() > budget {

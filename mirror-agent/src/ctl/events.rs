@@ -13,7 +13,8 @@ use crate::views::EventView;
 /// How long one poll of `-f` waits for events (below the API's request timeout).
 const FOLLOW_WAIT_S: u64 = 25;
 
-const HEADER: [&str; 9] = [
+/// The table's columns (the README's sample shows them; a test keeps the two in step).
+pub const HEADER: [&str; 9] = [
     "TIME",
     "POD / INTERFACE",
     "CLIENT -> SERVER",

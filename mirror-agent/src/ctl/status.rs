@@ -1,5 +1,6 @@
-//! `mirrorctl status`: the agent, its mirror interface, its programs, the attached interfaces
-//! with their pods, the classifier's counters, DNS responses by rcode and the network stack's
+//! `mirrorctl status`: the agent, its mirror interface, its programs, its maps' kernel memory,
+//! the attached interfaces with their pods, the classifier's counters, DNS responses by rcode
+//! and the network stack's
 //! share of each CPU (`/v1/status`).
 
 use hyper::Method;
@@ -44,7 +45,8 @@ pub async fn run(c: &Client<'_>, json: bool) -> anyhow::Result<()> {
 }
 
 /// The lines above the tables: version and attach mode, the mirror interface, attach latency,
-/// tracing, protocols and programs.
+/// tracing, protocols and programs, the maps' kernel memory (as `mirror-agent --check` prints
+/// it).
 fn print_summary(s: &StatusView) {
     println!(
         "mirror-agent {}  attach mode {} (TCX available: {})",
@@ -78,7 +80,11 @@ fn print_summary(s: &StatusView) {
         })
         .collect();
     println!("protocols: {}", if s.protocols.is_empty() { "-" } else { &s.protocols });
-    println!("programs, instructions verified (of 1,000,000): {}\n", programs.join(", "));
+    println!("programs, instructions verified (of 1,000,000): {}", programs.join(", "));
+    if let Some(memory) = &s.memory {
+        print!("{}", crate::memory::render(memory));
+    }
+    println!();
 }
 
 /// `DNS responses by rcode: NOERROR 120, NXDOMAIN 4`, when some were seen.

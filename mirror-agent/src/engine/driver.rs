@@ -70,8 +70,9 @@ impl Driver {
         }
         cluster.reselect(&mut dp);
         if !state.first_start() {
-            // The configuration's `rules` seed the first start only: say where these came from.
-            tracing::info!(
+            // The configuration's `rules` seed the first start only: say where these came from
+            // (and the line that says the agent is up).
+            tracing::debug!(
                 rules = state.rules().len(),
                 state = %state.path().display(),
                 "rules restored from the state file (the configuration's rules apply at the first start only)"
@@ -79,7 +80,7 @@ impl Driver {
         }
         let path =
             dp.loaded_programs().map_or("all", |(m, _)| if m == AttachMode::Tcx { "tcx" } else { "tc" });
-        tracing::info!(
+        tracing::debug!(
             rules = state.rules().len(),
             adopted = dp.adopted(),
             attach = path,
@@ -91,7 +92,7 @@ impl Driver {
         );
         dp.set_budget(cfg.budget)?;
         if cfg.budget != mirror_bpf::Budget::default() {
-            tracing::info!(
+            tracing::debug!(
                 packets_per_second = cfg.budget.packets_per_second,
                 bytes_per_second = cfg.budget.bytes_per_second,
                 "node-wide budget of copies (0: no limit), split evenly over the CPUs"
@@ -102,21 +103,20 @@ impl Driver {
             Ok(t) => {
                 t.set_stack_sample(cfg.stack_sample);
                 match t.fexit() {
-                    Ok(()) => tracing::info!(
+                    Ok(()) => tracing::debug!(
                         "latency tracing uses fexit and tp_btf: clones of a packet keep its stack-latency stamp"
                     ),
-                    Err(why) => {
-                        // What the kernel said (EPERM) reads as an error: only at debug.
-                        tracing::debug!(kernel_said = %why, "fexit programs refused");
-                        tracing::info!(
-                            "latency tracing uses tp_btf tracepoints: this kernel does not allow fexit \
-                             programs (lockdown, usual on distribution kernels), which is expected and works; \
-                             only clones of a packet are not followed by the stack group"
-                        )
-                    }
+                    // An expected fallback, not an error: said as such, at debug with the rest of
+                    // the start (mirrorctl status says it too).
+                    Err(why) => tracing::debug!(
+                        kernel_said = %why,
+                        "expected: latency tracing uses tp_btf tracepoints, as this kernel does not allow \
+                         fexit programs (lockdown, usual on distribution kernels); only clones of a packet are \
+                         not followed by the stack group"
+                    ),
                 }
                 if !t.socket_io_counted() {
-                    tracing::info!(
+                    tracing::debug!(
                         "cpu group: no sock_send_length/sock_recv_length tracepoints (kernel before 6.3): \
                          read/write/sendfile on sockets are not counted, send and recv calls are"
                     );
@@ -147,7 +147,7 @@ impl Driver {
         }
         // One line for all of them at start; a switch later is logged by itself.
         let on: Vec<&str> = d.cfg.groups.iter().filter(|(_, on)| *on).map(|(g, _)| g.name()).collect();
-        tracing::info!(on = %on.join(", "), "measurement groups");
+        tracing::debug!(on = %on.join(", "), "measurement groups");
         if first_start {
             // Saved once below, not after each rule: thousands of initial rules stay quick.
             for rule in d.cfg.initial_rules.clone() {
@@ -155,7 +155,7 @@ impl Driver {
                 tracing::debug!(id, %rule, "initial rule added");
             }
             if !d.cfg.initial_rules.is_empty() {
-                tracing::info!(rules = d.cfg.initial_rules.len(), "initial rules added");
+                tracing::debug!(rules = d.cfg.initial_rules.len(), "initial rules added");
             }
         }
         d.save_rules()?;
@@ -212,7 +212,7 @@ impl Driver {
         let took = since.elapsed();
         let _ = self.latency.record(took.as_micros() as u64);
         let (t, round) = (att.timings, crate::duration::round);
-        tracing::info!(
+        tracing::debug!(
             %name, ifindex, mode = ?att.mode, queued = %round(queued), hooks = %round(t.hooks),
             pin = %round(t.pin), maps = %round(t.maps), expedited = t.expedited,
             "attached in {}", round(took)
@@ -229,7 +229,7 @@ impl Driver {
         self.cluster.forget_iface(&mut self.dp, ifindex);
         self.state.set_created_qdisc(ifindex, false)?;
         match res {
-            Ok(()) => tracing::info!(name = %a.name, ifindex, "detached"),
+            Ok(()) => tracing::debug!(name = %a.name, ifindex, "detached"),
             // The link went away with everything on it.
             Err(e) => tracing::debug!(name = %a.name, ifindex, error = %e, "detach of a vanished link"),
         }

@@ -155,5 +155,19 @@ pub(super) fn status(dp: &Datapath<'_>, p: StatusParts<'_>) -> anyhow::Result<En
                 verify_ms: p.verify_time.map(|t| t.as_secs_f64() * 1e3),
             })
             .collect(),
+        map_sizes: map_sizes(dp),
     })
+}
+
+/// The entries of the maps the settings size, as the kernel has them: a map adopted from its
+/// pin keeps its own, whatever the object asked for.
+fn map_sizes(dp: &Datapath<'_>) -> crate::memory::Sizes {
+    use libbpf_rs::MapCore;
+    let entries = |m: &dyn MapCore| m.info().map_or(m.max_entries(), |i| i.info.max_entries);
+    let maps = &dp.skel().maps;
+    crate::memory::Sizes {
+        flows: entries(&maps.flow_table),
+        marks: entries(&maps.mirror_marks),
+        replay: entries(&maps.request_replay),
+    }
 }

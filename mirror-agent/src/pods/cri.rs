@@ -108,7 +108,7 @@ impl Cri {
             Ok(Ok(list)) => {
                 self.retry_at = None;
                 self.say(Said::Cri(path.clone()), || {
-                    tracing::info!(socket = %path.display(), "pod identity: from the container runtime (CRI)")
+                    tracing::debug!(socket = %path.display(), "pod identity: from the container runtime (CRI)")
                 });
                 self.listed = Some((Instant::now(), list.clone()));
                 Some(list)
@@ -147,7 +147,7 @@ impl Cri {
         for path in &present {
             match tokio::time::timeout(self.timeout, connect(path)).await {
                 Ok(Ok((grpc, v))) => {
-                    tracing::info!(
+                    tracing::debug!(
                         socket = %path.display(),
                         runtime = %v.runtime_name,
                         version = %v.runtime_version,
@@ -170,7 +170,7 @@ impl Cri {
         };
         self.say(Said::Proc, || {
             if errors.is_empty() {
-                tracing::info!("{said}");
+                tracing::debug!("{said}");
             } else {
                 tracing::warn!("{said}");
             }

@@ -127,7 +127,7 @@ impl Pods {
         };
         if changed {
             for p in t.by_ifindex.values() {
-                tracing::info!(
+                tracing::debug!(
                     interface = %p.interface,
                     pod = %p.label(),
                     source = %p.source,
