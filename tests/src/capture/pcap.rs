@@ -218,6 +218,15 @@ pub fn datagram_of(frame: &[u8]) -> Option<Datagram> {
     }
 }
 
+/// The TCP segment in an Ethernet frame (a kept query over TCP an event carries), `None` when the
+/// frame is not IPv4/IPv6 TCP; its time 0.
+pub fn segment_of(frame: &[u8]) -> Option<Packet> {
+    match parse_frame(frame, 0)? {
+        Frame::Tcp(p) => Some(p),
+        Frame::Udp(_) => None,
+    }
+}
+
 fn be16(b: &[u8], off: usize) -> Option<u16> {
     Some(u16::from_be_bytes(b.get(off..off + 2)?.try_into().ok()?))
 }

@@ -1,22 +1,28 @@
-//! What the mirror must carry of DNS over UDP, read from a capture at the client: each query
-//! with its response (an exchange: one client socket, one id, one question); the client sockets
-//! (5-tuples) a rule marks, each at the first response of it the rule covers; and what the
-//! mirror then carries of each, exactly once: the query of that response, replayed ahead of
-//! every copy of its socket, then every datagram of the socket from that response on. Nothing
-//! of the sockets no rule marks, and no TCP.
+//! What the mirror must carry of DNS, over UDP and over TCP, read from a capture at the client:
+//! each query with its response (an exchange: one client socket or connection, one id, one
+//! question; over TCP the message at the start of a segment, after its 2-byte length); the flows
+//! (UDP sockets, TCP connections) a rule marks, each at the first response of it the rule covers;
+//! and what the mirror then carries of each, exactly once: every datagram or segment of the flow
+//! from that response on, and each query of the flow sent before the mark and answered at or
+//! after it (the triggering one; on a socket of glibc's, asking A and AAAA at once, the other one
+//! too when sent before the first answer) replayed as the client sent it, ahead of its answer,
+//! the triggering one ahead of every copy of the flow that carries data. A query sent after the
+//! mark is copied with its flow: replayed as well, it would be on the mirror twice. Nothing of
+//! the flows no rule marks.
 //!
 //! Copies are told apart by what NAT does not change: the client's address and port, the
-//! direction and the DNS message itself. A query is copied where the classifier first sees it
-//! (sent to the ClusterIP, on a path through a Service) and a response where it sees it (from
-//! the resolver pod); the replay is the query as the client sent it.
+//! direction and the DNS message itself (over TCP the segment's numbers, flags and payload). A
+//! query is copied where the classifier first sees it (sent to the ClusterIP, on a path through
+//! a Service) and a response where it sees it (from the resolver pod); the replay is the query
+//! as the client sent it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 
 use mirror_bpf::{TriggerEvent, TriggerKind};
 
-use crate::capture::pcap::{self, Datagram, Trace};
-use crate::workload::dns::{QType, Rcode};
+use crate::capture::pcap::{self, Datagram, Packet, Trace};
+use crate::workload::dns::{QType, Rcode, Transport};
 
 /// The header and question of a DNS message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +67,31 @@ impl Message {
             qtype: QType(u16::from_be_bytes([*m.get(at)?, *m.get(at + 1)?])),
         })
     }
+
+    /// Reads the message at the start of a TCP segment's payload, after its 2-byte length (where
+    /// the classifier reads one); `None` for anything else.
+    pub fn in_segment(payload: &[u8]) -> Option<Message> {
+        Message::parse(payload.get(2..)?)
+    }
+}
+
+/// A client's flow, as its capture has it: a UDP socket or a TCP connection, to the server as
+/// the client addressed it (a ClusterIP through a Service).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Flow {
+    /// UDP or TCP.
+    pub transport: Transport,
+    /// The client's socket.
+    pub client: SocketAddr,
+    /// The server.
+    pub server: SocketAddr,
+}
+
+impl Flow {
+    /// Whether a datagram or segment of its transport from `src` to `dst` is of it.
+    fn carries(&self, src: SocketAddr, dst: SocketAddr) -> bool {
+        (src, dst) == (self.client, self.server) || (src, dst) == (self.server, self.client)
+    }
 }
 
 /// A query and its response, as the client's capture has them.
@@ -70,15 +101,17 @@ pub struct Exchange {
     pub client: SocketAddr,
     /// The server, as the client addressed it (a ClusterIP through a Service).
     pub server: SocketAddr,
+    /// UDP or TCP.
+    pub transport: Transport,
     /// The query's id.
     pub id: u16,
     /// The question's name, lower case.
     pub qname: String,
     /// The question's type.
     pub qtype: QType,
-    /// The query: its index in the trace's datagrams.
+    /// The query: its index in the trace's datagrams (UDP) or segments (TCP, `packets`).
     pub query: usize,
-    /// Its response's index, if one came.
+    /// Its response's index there, if one came.
     pub response: Option<usize>,
     /// The response's code.
     pub rcode: Option<Rcode>,
@@ -87,22 +120,51 @@ pub struct Exchange {
 impl Exchange {
     /// From the query to its response, ns, as the capture saw them.
     pub fn took_ns(&self, trace: &Trace) -> Option<u64> {
-        let d = &trace.datagrams;
-        self.response.map(|r| d[r].ts_ns - d[self.query].ts_ns)
+        self.response.map(|r| ts_of(trace, self.transport, r) - ts_of(trace, self.transport, self.query))
+    }
+
+    /// Its flow.
+    pub fn flow(&self) -> Flow {
+        Flow { transport: self.transport, client: self.client, server: self.server }
     }
 }
 
-/// The exchanges of `trace` with servers on `port`, in the order of their queries: each
-/// response paired with the earliest unanswered query of its socket with the same id and
-/// question.
+/// The time of the datagram (UDP) or segment (TCP) at `i` of `trace`.
+fn ts_of(trace: &Trace, transport: Transport, i: usize) -> u64 {
+    match transport {
+        Transport::Udp => trace.datagrams[i].ts_ns,
+        Transport::Tcp => trace.packets[i].ts_ns,
+    }
+}
+
+/// How many datagrams (UDP) or segments (TCP) `trace` holds.
+fn count_of(trace: &Trace, transport: Transport) -> usize {
+    match transport {
+        Transport::Udp => trace.datagrams.len(),
+        Transport::Tcp => trace.packets.len(),
+    }
+}
+
+/// The exchanges of `trace` with servers on `port`, over UDP and TCP, in the order of their
+/// queries: each response paired with the earliest unanswered query of its flow with the same
+/// id and question.
 pub fn exchanges(trace: &Trace, port: u16) -> Vec<Exchange> {
+    let datagrams =
+        trace.datagrams.iter().enumerate().filter_map(|(i, d)| {
+            Some((d.ts_ns, Transport::Udp, i, d.src, d.dst, Message::parse(&d.payload)?))
+        });
+    let segments = trace.packets.iter().enumerate().filter_map(|(i, p)| {
+        Some((p.ts_ns, Transport::Tcp, i, p.src, p.dst, Message::in_segment(&p.payload)?))
+    });
+    let mut messages: Vec<_> = datagrams.chain(segments).collect();
+    messages.sort_by_key(|m| m.0);
     let mut found: Vec<Exchange> = Vec::new();
-    for (i, d) in trace.datagrams.iter().enumerate() {
-        let Some(m) = Message::parse(&d.payload) else { continue };
-        if !m.response && d.dst.port() == port {
+    for (_, transport, i, src, dst, m) in messages {
+        if !m.response && dst.port() == port {
             found.push(Exchange {
-                client: d.src,
-                server: d.dst,
+                client: src,
+                server: dst,
+                transport,
                 id: m.id,
                 qname: m.qname,
                 qtype: m.qtype,
@@ -110,10 +172,11 @@ pub fn exchanges(trace: &Trace, port: u16) -> Vec<Exchange> {
                 response: None,
                 rcode: None,
             });
-        } else if m.response && d.src.port() == port {
+        } else if m.response && src.port() == port {
             let pending = found.iter_mut().find(|e| {
                 e.response.is_none()
-                    && (e.client, e.server, e.id, e.qtype) == (d.dst, d.src, m.id, m.qtype)
+                    && (e.transport, e.client, e.server, e.id, e.qtype)
+                        == (transport, dst, src, m.id, m.qtype)
                     && e.qname == m.qname
             });
             if let Some(e) = pending {
@@ -125,113 +188,265 @@ pub fn exchanges(trace: &Trace, port: u16) -> Vec<Exchange> {
     found
 }
 
-/// A client socket a rule marks.
+/// A flow a rule marks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Triggered {
     /// The client's socket.
     pub client: SocketAddr,
     /// The server as the client addressed it.
     pub server: SocketAddr,
-    /// The exchange (an index into the exchanges given) whose response marks it.
+    /// UDP or TCP.
+    pub transport: Transport,
+    /// The exchange (an index into the exchanges given) whose response (or, unanswered,
+    /// query) marks it.
     pub exchange: usize,
 }
 
-/// A datagram as told apart across NAT: the client's socket, the direction, the message.
+impl Triggered {
+    /// Its flow.
+    pub fn flow(&self) -> Flow {
+        Flow { transport: self.transport, client: self.client, server: self.server }
+    }
+}
+
+/// A datagram or segment as told apart across NAT.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-struct Wire {
-    client: SocketAddr,
-    response: bool,
-    message: Vec<u8>,
+enum Wire {
+    /// A datagram: the client's socket, the direction, the message.
+    Datagram { client: SocketAddr, response: bool, message: Vec<u8> },
+    /// A segment: the client's socket, the direction, its numbers, flags and payload.
+    Segment {
+        client: SocketAddr,
+        from_client: bool,
+        seq: u32,
+        ack: u32,
+        flags: u8,
+        len: u32,
+        payload: Vec<u8>,
+    },
 }
 
 impl Wire {
     /// A datagram from or to a DNS server; `None` when it is not a DNS message.
-    fn of(d: &Datagram) -> Option<Wire> {
+    fn of_datagram(d: &Datagram) -> Option<Wire> {
         let m = Message::parse(&d.payload)?;
-        Some(Wire {
+        Some(Wire::Datagram {
             client: if m.response { d.dst } else { d.src },
             response: m.response,
             message: d.payload.clone(),
         })
     }
+
+    /// A segment from or to a server's `port`; `None` when neither end has it.
+    fn of_segment(p: &Packet, port: u16) -> Option<Wire> {
+        let from_client = match (p.src.port() == port, p.dst.port() == port) {
+            (false, true) => true,
+            (true, false) => false,
+            _ => return None,
+        };
+        Some(Wire::Segment {
+            client: if from_client { p.src } else { p.dst },
+            from_client,
+            seq: p.seq,
+            ack: p.ack,
+            flags: p.flags,
+            len: p.len,
+            payload: p.payload.clone(),
+        })
+    }
+
+    /// What `trace` holds at `i` of `transport`, as a wire.
+    fn at(trace: &Trace, transport: Transport, i: usize, port: u16) -> Option<Wire> {
+        match transport {
+            Transport::Udp => Wire::of_datagram(&trace.datagrams[i]),
+            Transport::Tcp => Wire::of_segment(&trace.packets[i], port),
+        }
+    }
+
+    fn client(&self) -> SocketAddr {
+        match self {
+            Wire::Datagram { client, .. } | Wire::Segment { client, .. } => *client,
+        }
+    }
+
+    /// Whether it carries data: a datagram, or a segment with a payload (not a bare ACK or FIN).
+    fn carries_data(&self) -> bool {
+        match self {
+            Wire::Datagram { .. } => true,
+            Wire::Segment { len, .. } => *len > 0,
+        }
+    }
+}
+
+/// A datagram or a segment, as a client sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Sent {
+    Datagram(Datagram),
+    Segment(Packet),
+}
+
+impl Sent {
+    /// Whether `other` is the same datagram or segment: its ends, (numbers and flags) and
+    /// payload; the time aside.
+    fn same(&self, other: &Sent) -> bool {
+        match (self, other) {
+            (Sent::Datagram(a), Sent::Datagram(b)) => {
+                (a.src, a.dst, &a.payload) == (b.src, b.dst, &b.payload)
+            }
+            (Sent::Segment(a), Sent::Segment(b)) => (a.id(), &a.payload) == (b.id(), &b.payload),
+            _ => false,
+        }
+    }
+
+    fn describe(&self) -> String {
+        let (src, dst, m) = match self {
+            Sent::Datagram(d) => (d.src, d.dst, Message::parse(&d.payload)),
+            Sent::Segment(p) => (p.src, p.dst, Message::in_segment(&p.payload)),
+        };
+        let what = m.map_or("no DNS message".to_string(), |m| format!("{} {} id {}", m.qname, m.qtype, m.id));
+        format!("{src} > {dst} ({what})")
+    }
+}
+
+/// A query the data path must replay: the query of an exchange of a marked flow, sent before its
+/// mark and answered at or after it.
+#[derive(Debug, Clone)]
+struct Replay {
+    /// The flow's trigger, an index into `triggered`.
+    trigger: usize,
+    /// The exchange, an index into the exchanges given.
+    exchange: usize,
+    /// The query as the client sent it.
+    query: Sent,
+    /// Its answer, as copied.
+    answer: Option<Wire>,
+}
+
+/// Where a flow is marked: the index of its first datagram or segment copied (in its transport's
+/// list), when (ns, the capture's clock) and the exchange that marks it.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    at: usize,
+    ts_ns: u64,
+    exchange: usize,
 }
 
 /// What the mirror must carry of the DNS exchanges of a capture.
 #[derive(Debug, Clone)]
 pub struct DnsExpected {
-    /// The sockets marked, in the order of their triggers.
+    /// The flows marked, in the order of their marks.
     pub triggered: Vec<Triggered>,
     /// The kind of trigger.
     kind: TriggerKind,
-    /// The replays the data path makes: the query of each trigger, as the client sent it (its
-    /// datagram); none for a mark without a packet.
-    replays: Vec<Datagram>,
+    /// The servers' port.
+    port: u16,
+    /// The replays the data path makes, in the order of their answers per flow.
+    replays: Vec<Replay>,
     /// The copies, with how often each.
     copies: BTreeMap<Wire, usize>,
 }
 
 impl DnsExpected {
-    /// The sockets of `exchanges` (from `trace`) marked by `dns=` rules that cover the
-    /// responses `covers` says, and what the mirror must carry of them.
-    pub fn new(trace: &Trace, exchanges: &[Exchange], covers: impl Fn(&Exchange) -> bool) -> DnsExpected {
-        let marks =
-            exchanges.iter().enumerate().filter_map(|(i, e)| Some((e.response.filter(|_| covers(e))?, i)));
-        let (triggered, copies) = Self::from_marks(trace, exchanges, marks);
-        let replays =
-            triggered.iter().map(|t| trace.datagrams[exchanges[t.exchange].query].clone()).collect();
-        DnsExpected { triggered, kind: TriggerKind::Dns, replays, copies }
-    }
-
-    /// The sockets of `exchanges` (from `trace`) marked by a `noresponse>` rule of `wait`: at
-    /// the first query not answered `wait` after it (the mark comes soon after: nothing of the
-    /// socket may pass meanwhile), its datagrams from then on copied, no replay by the data
-    /// path (the agent makes it, from the event).
-    pub fn unanswered(trace: &Trace, exchanges: &[Exchange], wait: std::time::Duration) -> DnsExpected {
-        let ts = |i: usize| trace.datagrams[i].ts_ns;
+    /// The flows of `exchanges` (from `trace`, servers on `port`) marked by `dns=` rules that
+    /// cover the responses `covers` says, each at the first such response, and what the mirror
+    /// must carry of them: each query of the flow sent before that response and answered at or
+    /// after it replayed (the triggering one, and another answered later on the same socket).
+    pub fn new(
+        trace: &Trace,
+        exchanges: &[Exchange],
+        port: u16,
+        covers: impl Fn(&Exchange) -> bool,
+    ) -> DnsExpected {
         let marks = exchanges.iter().enumerate().filter_map(|(i, e)| {
-            let deadline = ts(e.query) + wait.as_nanos() as u64;
-            if e.response.is_some_and(|r| ts(r) <= deadline) {
-                return None;
-            }
-            let at = trace.datagrams.iter().position(|d| d.ts_ns > deadline).unwrap_or(trace.datagrams.len());
-            Some((at, i))
+            let at = e.response.filter(|_| covers(e))?;
+            Some(Mark { at, ts_ns: ts_of(trace, e.transport, at), exchange: i })
         });
-        let (triggered, copies) = Self::from_marks(trace, exchanges, marks);
-        DnsExpected { triggered, kind: TriggerKind::NoResponse, replays: Vec::new(), copies }
+        Self::from_marks(trace, exchanges, port, TriggerKind::Dns, marks, |_| true)
     }
 
-    /// The sockets marked by `marks` (the index of the first datagram copied, the exchange
-    /// that marks), each at its earliest, in the order of their marks, and the datagrams of
-    /// each socket from its mark on.
+    /// The flows of `exchanges` (from `trace`, servers on `port`) marked by a `noresponse>` rule
+    /// of `wait`: at the first query not answered `wait` after it (the mark comes soon after:
+    /// nothing of the flow may pass meanwhile), its datagrams from then on copied. That query is
+    /// not replayed by the data path (the agent replays it, from the event), nor is any other
+    /// that waited `wait` (the tick marks it too); another query sent before the mark and
+    /// answered after it, in time, is.
+    pub fn unanswered(
+        trace: &Trace,
+        exchanges: &[Exchange],
+        port: u16,
+        wait: std::time::Duration,
+    ) -> DnsExpected {
+        let wait = wait.as_nanos() as u64;
+        let deadline = |e: &Exchange| ts_of(trace, e.transport, e.query) + wait;
+        let in_time = |e: &Exchange| e.response.is_some_and(|r| ts_of(trace, e.transport, r) <= deadline(e));
+        let marks = exchanges.iter().enumerate().filter(|(_, e)| !in_time(e)).map(|(i, e)| {
+            let ts_ns = deadline(e);
+            let n = count_of(trace, e.transport);
+            let at = (0..n).find(|&j| ts_of(trace, e.transport, j) > ts_ns).unwrap_or(n);
+            Mark { at, ts_ns, exchange: i }
+        });
+        Self::from_marks(trace, exchanges, port, TriggerKind::NoResponse, marks, in_time)
+    }
+
+    /// The flows marked by `marks`, each at its earliest, in the order of their marks; the
+    /// datagrams or segments of each from its mark on; the queries of each sent before its mark
+    /// and answered at or after it, those `replayed` says.
     fn from_marks(
         trace: &Trace,
         exchanges: &[Exchange],
-        marks: impl Iterator<Item = (usize, usize)>,
-    ) -> (Vec<Triggered>, BTreeMap<Wire, usize>) {
-        let mut first: HashMap<(SocketAddr, SocketAddr), (usize, usize)> = HashMap::new();
-        for (at, i) in marks {
-            let e = &exchanges[i];
-            let slot = first.entry((e.client, e.server)).or_insert((at, i));
-            if at < slot.0 {
-                *slot = (at, i);
+        port: u16,
+        kind: TriggerKind,
+        marks: impl Iterator<Item = Mark>,
+        replayed: impl Fn(&Exchange) -> bool,
+    ) -> DnsExpected {
+        let mut first: HashMap<Flow, Mark> = HashMap::new();
+        for m in marks {
+            let slot = first.entry(exchanges[m.exchange].flow()).or_insert(m);
+            if m.at < slot.at {
+                *slot = m;
             }
         }
-        let mut marks: Vec<(usize, Triggered)> = first
-            .into_iter()
-            .map(|((client, server), (at, exchange))| (at, Triggered { client, server, exchange }))
-            .collect();
-        marks.sort_by_key(|(at, t)| (*at, t.exchange));
+        let mut marks: Vec<(Flow, Mark)> = first.into_iter().collect();
+        marks.sort_by_key(|(_, m)| (m.ts_ns, m.exchange));
         let mut copies = BTreeMap::new();
-        for (at, t) in &marks {
-            for d in &trace.datagrams[*at..] {
-                let of_socket =
-                    (d.src, d.dst) == (t.client, t.server) || (d.src, d.dst) == (t.server, t.client);
-                if let Some(w) = Wire::of(d).filter(|_| of_socket) {
+        let mut replays = Vec::new();
+        for (k, (flow, mark)) in marks.iter().enumerate() {
+            for j in mark.at..count_of(trace, flow.transport) {
+                let (src, dst) = match flow.transport {
+                    Transport::Udp => (trace.datagrams[j].src, trace.datagrams[j].dst),
+                    Transport::Tcp => (trace.packets[j].src, trace.packets[j].dst),
+                };
+                if let Some(w) = Wire::at(trace, flow.transport, j, port).filter(|_| flow.carries(src, dst)) {
                     *copies.entry(w).or_insert(0) += 1;
                 }
             }
+            let mut of_flow: Vec<(usize, usize)> = exchanges
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.flow() == *flow && e.query < mark.at && replayed(e))
+                .filter_map(|(i, e)| Some((e.response.filter(|r| *r >= mark.at)?, i)))
+                .collect();
+            of_flow.sort_unstable();
+            for (answer, i) in of_flow {
+                let e = &exchanges[i];
+                let query = match e.transport {
+                    Transport::Udp => Sent::Datagram(trace.datagrams[e.query].clone()),
+                    Transport::Tcp => Sent::Segment(trace.packets[e.query].clone()),
+                };
+                let answer = Wire::at(trace, e.transport, answer, port);
+                replays.push(Replay { trigger: k, exchange: i, query, answer });
+            }
         }
-        (marks.into_iter().map(|(_, t)| t).collect(), copies)
+        let triggered = marks
+            .into_iter()
+            .map(|(f, m)| Triggered {
+                client: f.client,
+                server: f.server,
+                transport: f.transport,
+                exchange: m.exchange,
+            })
+            .collect();
+        DnsExpected { triggered, kind, port, replays, copies }
     }
 
     /// How many copies the mirror must carry.
@@ -244,24 +459,34 @@ impl DnsExpected {
         self.replays.len()
     }
 
+    /// Of the replays, how many are of the flows' second queries (not the one that marked).
+    pub fn second_replays(&self) -> usize {
+        self.replays.iter().filter(|r| r.exchange != self.triggered[r.trigger].exchange).count()
+    }
+
     /// What differs between `mirror` and what it must carry, every difference; `Ok` when it
-    /// holds exactly that: each copy as often as the client saw it, each `dns=` trigger's query
-    /// replayed once, as the client sent it, ahead of every copy of its socket, and nothing
-    /// else (no other replay, no TCP, no other frame).
+    /// holds exactly that: each copy as often as the client saw it; each query to replay
+    /// replayed once, as the client sent it, ahead of its answer, the triggering one ahead of
+    /// every copy of its flow that carries data; nothing else (no other replay, no other frame).
     pub fn compare_mirror(&self, mirror: &Trace) -> Result<(), String> {
         let mut failures = Vec::new();
-        if !mirror.packets.is_empty() || mirror.other != 0 {
-            failures.push(format!(
-                "the mirror carried {} TCP segments and {} other frames",
-                mirror.packets.len(),
-                mirror.other
-            ));
+        if mirror.other != 0 {
+            failures.push(format!("the mirror carried {} frames neither UDP nor TCP", mirror.other));
         }
+        let datagrams: Vec<Option<Wire>> = mirror.datagrams.iter().map(Wire::of_datagram).collect();
+        let segments: Vec<Option<Wire>> =
+            mirror.packets.iter().map(|p| Wire::of_segment(p, self.port)).collect();
         let mut got: BTreeMap<Wire, usize> = BTreeMap::new();
-        for d in &mirror.datagrams {
-            match Wire::of(d) {
-                Some(w) => *got.entry(w).or_insert(0) += 1,
+        for (w, d) in datagrams.iter().zip(&mirror.datagrams) {
+            match w {
+                Some(w) => *got.entry(w.clone()).or_insert(0) += 1,
                 None => failures.push(format!("a datagram that is not DNS: {} > {}", d.src, d.dst)),
+            }
+        }
+        for (w, p) in segments.iter().zip(&mirror.packets) {
+            match w {
+                Some(w) => *got.entry(w.clone()).or_insert(0) += 1,
+                None => failures.push(format!("a segment of no DNS server: {}", p.id())),
             }
         }
         for (w, n) in &self.copies {
@@ -273,32 +498,51 @@ impl DnsExpected {
         for (w, n) in got.iter().filter(|(w, _)| !self.copies.contains_key(w)) {
             failures.push(format!("{} copied {n} times, never expected", describe(w)));
         }
-        for (t, want) in self.triggered.iter().zip(&self.replays) {
-            let of_socket: Vec<_> =
-                mirror.replayed_datagrams.iter().filter(|r| r.datagram.src == t.client).collect();
-            let [r] = of_socket.as_slice() else {
-                failures.push(format!("{}: {} replays, one expected", t.client, of_socket.len()));
-                continue;
-            };
-            let d = &r.datagram;
-            if (d.src, d.dst, &d.payload) != (want.src, want.dst, &want.payload) {
-                failures.push(format!(
-                    "{}: the replay {} > {} is not the query {} > {} as the client sent it",
-                    t.client, d.src, d.dst, want.src, want.dst
-                ));
-            }
-            let first_copy =
-                mirror.datagrams.iter().position(|c| Wire::of(c).is_some_and(|w| w.client == t.client));
-            if first_copy.is_some_and(|c| c < r.after_copies) {
-                failures.push(format!("{}: a copy came ahead of the replay", t.client));
-            }
-        }
-        let strays = mirror
+        let replayed: Vec<(Sent, usize, Transport)> = mirror
             .replayed_datagrams
             .iter()
-            .filter(|r| !self.replays.iter().any(|q| q.src == r.datagram.src));
-        for r in strays {
-            failures.push(format!("a replay of {} > {}, none expected", r.datagram.src, r.datagram.dst));
+            .map(|r| (Sent::Datagram(r.datagram.clone()), r.after_copies, Transport::Udp))
+            .chain(
+                mirror
+                    .replayed
+                    .iter()
+                    .map(|r| (Sent::Segment(r.packet.clone()), r.after_copies, Transport::Tcp)),
+            )
+            .collect();
+        let mut used = vec![false; replayed.len()];
+        for want in &self.replays {
+            let t = &self.triggered[want.trigger];
+            let Some(k) = (0..replayed.len()).find(|&k| !used[k] && replayed[k].0.same(&want.query)) else {
+                failures.push(format!("{}: no replay of the query {}", t.client, want.query.describe()));
+                continue;
+            };
+            used[k] = true;
+            let (_, after, transport) = &replayed[k];
+            let copies = if *transport == Transport::Udp { &datagrams } else { &segments };
+            let answer = copies.iter().position(|c| c.is_some() && *c == want.answer);
+            if answer.is_some_and(|a| a < *after) {
+                failures.push(format!(
+                    "{}: the answer to {} came ahead of the query's replay",
+                    t.client,
+                    want.query.describe()
+                ));
+            }
+            if want.exchange == t.exchange {
+                let ahead = copies[..(*after).min(copies.len())]
+                    .iter()
+                    .flatten()
+                    .filter(|c| c.client() == t.client && c.carries_data())
+                    .count();
+                if ahead > 0 {
+                    failures.push(format!(
+                        "{}: {ahead} copies carrying data came ahead of the replay of the query that marked it",
+                        t.client
+                    ));
+                }
+            }
+        }
+        for (s, _, _) in replayed.iter().zip(&used).filter(|(_, u)| !**u).map(|(r, _)| r) {
+            failures.push(format!("a replay of {}, none expected", s.describe()));
         }
         if failures.is_empty() {
             Ok(())
@@ -308,16 +552,17 @@ impl DnsExpected {
     }
 
     /// The trigger events scored against the triggers: an event is right when it is of the
-    /// triggers' kind, names the triggering exchange's client socket (under either tuple), its
-    /// response code (0 for a query unanswered), id, name and type, and carries that query
-    /// (kept for its replay); a second event of a socket is wrong. Returns how many triggers
-    /// have their right event (precision: of the events; recall: of the triggers) and a line
-    /// for each event that is wrong and each trigger without an event.
+    /// triggers' kind, names the triggering exchange's flow (its client socket under either
+    /// tuple, its transport), its response code (0 for a query unanswered), id, name and type,
+    /// and carries that query (kept for its replay); a second event of a flow is wrong. Returns
+    /// how many triggers have their right event (precision: of the events; recall: of the
+    /// triggers) and a line for each event that is wrong and each trigger without an event.
     pub fn score(&self, exchanges: &[Exchange], events: &[TriggerEvent]) -> (usize, Vec<String>) {
         let mut hit = vec![false; self.triggered.len()];
         let mut problems = Vec::new();
         for ev in events {
-            let Some(i) = self.triggered.iter().position(|t| names(ev, t.client)) else {
+            let of = |t: &Triggered| names(ev, t.client) && ev.key.proto == t.transport.proto();
+            let Some(i) = self.triggered.iter().position(of) else {
                 problems.push(format!("an event of no trigger: {}", describe_event(ev)));
                 continue;
             };
@@ -336,8 +581,8 @@ impl DnsExpected {
         for (t, _) in self.triggered.iter().zip(&hit).filter(|(_, h)| !**h) {
             let e = &exchanges[t.exchange];
             problems.push(format!(
-                "no event of {} ({} {} id {}, {:?})",
-                t.client, e.qname, e.qtype, e.id, e.rcode
+                "no event of {} {:?} ({} {} id {}, {:?})",
+                t.client, t.transport, e.qname, e.qtype, e.id, e.rcode
             ));
         }
         (hit.iter().filter(|h| **h).count(), problems)
@@ -377,27 +622,42 @@ impl<'a> SearchLookup<'a> {
     }
 
     /// Of `events`, those of its sockets.
-    pub fn events(&self, events: &[TriggerEvent]) -> usize {
-        events.iter().filter(|ev| self.sockets.iter().any(|s| names(ev, *s))).count()
+    pub fn events<'e>(&self, events: &'e [TriggerEvent]) -> Vec<&'e TriggerEvent> {
+        events.iter().filter(|ev| self.sockets.iter().any(|s| names(ev, *s))).collect()
     }
 }
 
-/// The responses on `mirror` whose query it carries neither copied nor replayed (by client
-/// socket, id and question): a second query of a socket, sent before the first response marked
-/// it, is neither, while its answer is copied as the socket's.
+/// The responses on `mirror` whose query it carries neither copied nor replayed (by transport,
+/// client socket, id and question). The data path replays the query of every answer of a marked
+/// flow that was sent before the mark, so only a query marked by `noresponse>` (the agent
+/// replays it) leaves its answer alone.
 pub fn answers_without_query(mirror: &Trace) -> usize {
-    let queries: BTreeSet<(SocketAddr, u16, String, QType)> = mirror
+    type Seen = (Transport, SocketAddr, SocketAddr, Message);
+    let datagram = |d: &Datagram| Some((Transport::Udp, d.src, d.dst, Message::parse(&d.payload)?));
+    let segment = |p: &Packet| Some((Transport::Tcp, p.src, p.dst, Message::in_segment(&p.payload)?));
+    let copies: Vec<Seen> = mirror
         .datagrams
         .iter()
-        .chain(mirror.replayed_datagrams.iter().map(|r| &r.datagram))
-        .filter_map(|d| {
-            Message::parse(&d.payload).filter(|m| !m.response).map(|m| (d.src, m.id, m.qname, m.qtype))
-        })
+        .filter_map(datagram)
+        .chain(mirror.packets.iter().filter_map(segment))
         .collect();
-    let answers = mirror.datagrams.iter().filter_map(|d| {
-        Message::parse(&d.payload).filter(|m| m.response).map(|m| (d.dst, m.id, m.qname, m.qtype))
-    });
-    answers.filter(|a| !queries.contains(a)).count()
+    let replays = mirror
+        .replayed_datagrams
+        .iter()
+        .filter_map(|r| datagram(&r.datagram))
+        .chain(mirror.replayed.iter().filter_map(|r| segment(&r.packet)));
+    let queries: BTreeSet<(Transport, SocketAddr, Question)> = copies
+        .iter()
+        .cloned()
+        .chain(replays)
+        .filter(|(_, _, _, m)| !m.response)
+        .map(|(t, src, _, m)| (t, src, (m.id, m.qname, m.qtype)))
+        .collect();
+    copies
+        .into_iter()
+        .filter(|(_, _, _, m)| m.response)
+        .filter(|(t, _, dst, m)| !queries.contains(&(*t, *dst, (m.id, m.qname.clone(), m.qtype))))
+        .count()
 }
 
 /// Whether `ev` is of the socket `client`, under either of its tuples.
@@ -418,18 +678,34 @@ pub fn event_question(ev: &TriggerEvent) -> Option<Question> {
     Some((q.id, q.qname.clone(), QType(q.qtype)))
 }
 
-/// The question of the query a DNS trigger event carries (the datagram kept for its replay).
+/// The question of the query a DNS trigger event carries (the datagram, or over TCP the segment,
+/// kept for its replay).
 pub fn kept_question(ev: &TriggerEvent) -> Option<Question> {
-    let d = pcap::datagram_of(&ev.request.as_ref()?.frame)?;
-    let m = Message::parse(&d.payload).filter(|m| !m.response)?;
+    let frame = &ev.request.as_ref()?.frame;
+    let m = match pcap::datagram_of(frame) {
+        Some(d) => Message::parse(&d.payload),
+        None => Message::in_segment(&pcap::segment_of(frame)?.payload),
+    };
+    let m = m.filter(|m| !m.response)?;
     Some((m.id, m.qname, m.qtype))
 }
 
 fn describe(w: &Wire) -> String {
-    let what = if w.response { "response to" } else { "query of" };
-    match Message::parse(&w.message) {
-        Some(m) => format!("the {what} {} ({} {} id {}, {})", w.client, m.qname, m.qtype, m.id, m.rcode),
-        None => format!("a datagram of {}", w.client),
+    match w {
+        Wire::Datagram { client, response, message } => {
+            let what = if *response { "response to" } else { "query of" };
+            match Message::parse(message) {
+                Some(m) => format!("the {what} {client} ({} {} id {}, {})", m.qname, m.qtype, m.id, m.rcode),
+                None => format!("a datagram of {client}"),
+            }
+        }
+        Wire::Segment { client, from_client, seq, ack, flags, len, payload } => {
+            let way = if *from_client { "from" } else { "to" };
+            let m = Message::in_segment(payload)
+                .map(|m| format!(" ({} {} id {}, {})", m.qname, m.qtype, m.id, m.rcode))
+                .unwrap_or_default();
+            format!("the segment {way} {client} flags {flags:#04x} seq {seq} ack {ack} len {len}{m}")
+        }
     }
 }
 
@@ -511,11 +787,17 @@ mod tests {
             (ex[1].response, ex[1].rcode, ex[1].took_ns(&trace)),
             (Some(3), Some(Rcode::NXDOMAIN), Some(2))
         );
-        let expected = DnsExpected::new(&trace, &ex, |e| e.rcode == Some(Rcode::NXDOMAIN));
+        let expected = DnsExpected::new(&trace, &ex, 53, |e| e.rcode == Some(Rcode::NXDOMAIN));
         assert_eq!(
             expected.triggered,
-            [Triggered { client: c.parse().unwrap(), server: vip.parse().unwrap(), exchange: 1 }]
+            [Triggered {
+                client: c.parse().unwrap(),
+                server: vip.parse().unwrap(),
+                transport: Transport::Udp,
+                exchange: 1
+            }]
         );
+        assert_eq!(expected.replays(), 1, "b.test's query: a.test's was answered before the mark");
         // The NXDOMAIN and what follows on its socket: c.test's query and response.
         assert_eq!(expected.copies(), 3);
         // The mirror: the query replayed, then the copies, the response from the pod behind the VIP.
@@ -557,7 +839,7 @@ mod tests {
             ..Trace::default()
         };
         let ex = exchanges(&trace, 53);
-        let expected = DnsExpected::unanswered(&trace, &ex, std::time::Duration::from_secs(1));
+        let expected = DnsExpected::unanswered(&trace, &ex, 53, std::time::Duration::from_secs(1));
         assert_eq!(expected.triggered.iter().map(|t| t.exchange).collect::<Vec<_>>(), [0]);
         assert_eq!(expected.copies(), 1, "the late answer");
         let mirror = Trace { datagrams: vec![trace.datagrams[3].clone()], ..Trace::default() };
@@ -565,5 +847,129 @@ mod tests {
         let replayed = pcap::ReplayedDatagram { after_copies: 0, datagram: trace.datagrams[0].clone() };
         let with_replay = Trace { replayed_datagrams: vec![replayed], ..mirror };
         assert!(expected.compare_mirror(&with_replay).unwrap_err().contains("none expected"));
+    }
+
+    #[test]
+    fn the_other_query_of_a_marked_socket_is_replayed_ahead_of_its_answer() {
+        // glibc's A and AAAA on one socket, both NXDOMAIN: the first answer marks it.
+        let (c, vip, pod) = ("198.18.1.2:40001", "198.19.0.53:53", "198.18.2.2:53");
+        let trace = Trace {
+            datagrams: vec![
+                datagram(1, c, vip, message(1, false, 0, "x.example")),
+                datagram(2, c, vip, message(2, false, 0, "x.example")),
+                datagram(3, vip, c, message(1, true, 3, "x.example")),
+                datagram(4, vip, c, message(2, true, 3, "x.example")),
+            ],
+            ..Trace::default()
+        };
+        let ex = exchanges(&trace, 53);
+        let expected = DnsExpected::new(&trace, &ex, 53, |e| e.rcode == Some(Rcode::NXDOMAIN));
+        assert_eq!((expected.triggered.len(), expected.replays(), expected.second_replays()), (1, 2, 1));
+        assert_eq!(expected.copies(), 2, "the two answers");
+        let replay = |after: usize, i: usize| pcap::ReplayedDatagram {
+            after_copies: after,
+            datagram: trace.datagrams[i].clone(),
+        };
+        let mut mirror = Trace {
+            datagrams: vec![
+                datagram(13, pod, c, message(1, true, 3, "x.example")),
+                datagram(14, pod, c, message(2, true, 3, "x.example")),
+            ],
+            replayed_datagrams: vec![replay(0, 0), replay(1, 1)],
+            ..Trace::default()
+        };
+        expected.compare_mirror(&mirror).unwrap();
+        assert_eq!(answers_without_query(&mirror), 0);
+        mirror.replayed_datagrams[1].after_copies = 2;
+        let diff = expected.compare_mirror(&mirror).unwrap_err();
+        assert!(diff.contains("came ahead of the query's replay"), "{diff}");
+        mirror.replayed_datagrams.pop();
+        assert!(expected.compare_mirror(&mirror).unwrap_err().contains("no replay of the query"));
+        assert_eq!(answers_without_query(&mirror), 1, "the AAAA answer alone");
+    }
+
+    fn segment(ts: u64, src: &str, dst: &str, seq: u32, ack: u32, flags: u8, payload: Vec<u8>) -> Packet {
+        Packet {
+            ts_ns: ts,
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            seq,
+            ack,
+            flags,
+            len: payload.len() as u32,
+            payload,
+        }
+    }
+
+    /// A message as TCP carries it: its 2-byte length first.
+    fn framed(m: Vec<u8>) -> Vec<u8> {
+        let mut f = (m.len() as u16).to_be_bytes().to_vec();
+        f.extend(m);
+        f
+    }
+
+    #[test]
+    fn a_failure_over_tcp_marks_its_connection_from_the_response_on() {
+        let (c, vip, pod) = ("198.18.1.2:20001", "198.19.0.53:53", "198.18.2.2:53");
+        let (query, response) =
+            (framed(message(9, false, 0, "m.test")), framed(message(9, true, 3, "m.test")));
+        let (ql, rl) = (query.len() as u32, response.len() as u32);
+        let trace = Trace {
+            packets: vec![
+                segment(1, c, vip, 100, 0, 0x02, vec![]),
+                segment(2, vip, c, 500, 101, 0x12, vec![]),
+                segment(3, c, vip, 101, 501, 0x10, vec![]),
+                segment(4, c, vip, 101, 501, 0x18, query.clone()),
+                segment(5, vip, c, 501, 101 + ql, 0x10, vec![]),
+                segment(6, vip, c, 501, 101 + ql, 0x18, response.clone()),
+                segment(7, c, vip, 101 + ql, 501 + rl, 0x10, vec![]),
+                segment(8, c, vip, 101 + ql, 501 + rl, 0x11, vec![]),
+                segment(9, vip, c, 501 + rl, 102 + ql, 0x11, vec![]),
+                segment(10, c, vip, 102 + ql, 502 + rl, 0x10, vec![]),
+            ],
+            ..Trace::default()
+        };
+        let ex = exchanges(&trace, 53);
+        assert_eq!(ex.len(), 1);
+        assert_eq!(
+            (ex[0].transport, ex[0].query, ex[0].response, ex[0].took_ns(&trace)),
+            (Transport::Tcp, 3, Some(5), Some(2))
+        );
+        let expected = DnsExpected::new(&trace, &ex, 53, |e| e.rcode == Some(Rcode::NXDOMAIN));
+        assert_eq!(expected.triggered[0].transport, Transport::Tcp);
+        assert_eq!(
+            (expected.copies(), expected.replays()),
+            (5, 1),
+            "the response and every segment after it"
+        );
+        // On the mirror the server's segments come from the pod behind the VIP; the client's ACK
+        // of the response, carrying no data, may overtake the replay.
+        let copies: Vec<Packet> = trace.packets[5..]
+            .iter()
+            .map(|p| Packet {
+                src: if p.src.port() == 53 { pod.parse().unwrap() } else { p.src },
+                ..p.clone()
+            })
+            .collect();
+        let mut mirror = Trace {
+            packets: vec![
+                copies[1].clone(),
+                copies[0].clone(),
+                copies[2].clone(),
+                copies[3].clone(),
+                copies[4].clone(),
+            ],
+            replayed: vec![pcap::Replayed { after_copies: 1, packet: trace.packets[3].clone() }],
+            ..Trace::default()
+        };
+        expected.compare_mirror(&mirror).unwrap();
+        assert_eq!(answers_without_query(&mirror), 0);
+        mirror.replayed[0].after_copies = 2;
+        let diff = expected.compare_mirror(&mirror).unwrap_err();
+        assert!(diff.contains("copies carrying data came ahead"), "{diff}");
+        mirror.replayed[0].after_copies = 0;
+        mirror.packets.remove(3);
+        let diff = expected.compare_mirror(&mirror).unwrap_err();
+        assert!(diff.contains("copied 0 times, 1 expected"), "{diff}");
     }
 }

@@ -259,12 +259,22 @@ impl Resolver {
 }
 
 /// The transport of a lookup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Transport {
     /// One datagram each way.
     Udp,
     /// A TCP connection (dig's `+tcp`).
     Tcp,
+}
+
+impl Transport {
+    /// Its IP protocol number, as flow keys carry it.
+    pub fn proto(self) -> u8 {
+        match self {
+            Transport::Udp => 17,
+            Transport::Tcp => 6,
+        }
+    }
 }
 
 /// One lookup dig makes: a question to a server, from a given local address and port (so that
