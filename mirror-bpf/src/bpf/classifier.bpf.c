@@ -288,8 +288,11 @@ int proto_dns(struct __sk_buff *skb)
     if (!hs)
         return TC_ACT_UNSPEC;
     struct flow_cache_slot *fs = slot_get(&hs->meta);
-    dns_stage(skb, hs, fs);
-    return verdict(hs->meta.method, packet_finish(skb, hs, fs, counters_get()));
+    int kept = dns_stage(skb, hs, fs) == 2;
+    int copied = packet_finish(skb, hs, fs, counters_get());
+    if (kept && copied)
+        dns_query_copied(hs);
+    return verdict(hs->meta.method, copied);
 }
 
 /*

@@ -137,8 +137,9 @@ static __always_inline int dns_same_question(const struct dns_query *q, const st
 /*
  * dns_query_keep - a query of s->meta's flow: kept until its response (or a noresponse mark,
  * dns_noresponse.h) with its time and, when a DNS rule exists (@rules), its whole datagram for
- * a replay. A retransmission (same flow, id
- * and question) keeps the first one's. A global function: verified once.
+ * a replay. A retransmission (same flow, id and question) keeps the first one's. A global
+ * function: verified once.
+ * @return 2 when the query was kept with a replay slot, else 0.
  */
 __noinline int dns_query_keep(struct __sk_buff *skb, struct http_scratch *s, __u32 rules)
 {
@@ -165,7 +166,7 @@ __noinline int dns_query_keep(struct __sk_buff *skb, struct http_scratch *s, __u
     __builtin_memcpy(q->name, s->req.head, DNS_NAME_MAX);
     q->replay = rules ? replay_take(skb, m) : 0;
     bpf_map_update_elem(&dns_queries, k, q, BPF_ANY);
-    return 0;
+    return q->replay ? 2 : 0;
 }
 
 /*

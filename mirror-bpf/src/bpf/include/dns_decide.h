@@ -168,7 +168,8 @@ static __always_inline void dns_replay_marked(struct __sk_buff *skb, struct http
  * dns_stage - the DNS message of s->meta's packet: a query kept, a response matched, timed,
  * counted and decided. A global function: verified once, in the DNS program.
  * @fs: this CPU's flow entry (may be NULL), whose TCP direction is classified as DNS here.
- * @return 1 when the packet marked its flow.
+ * @return 2 when a query was kept with a replay slot (dns_query_copied, if the finish copied
+ * it), 1 when a response marked its flow, else 0.
  */
 __noinline int dns_stage(struct __sk_buff *skb, struct http_scratch *s, struct flow_cache_slot *fs)
 {
@@ -217,6 +218,15 @@ __noinline int dns_stage(struct __sk_buff *skb, struct http_scratch *s, struct f
     if (q)
         q->state = DNS_QUERY_ANSWERED;
     return marked;
+}
+
+/* dns_query_copied - the query kept by dns_stage (s->dns_key) was copied with its flow, marked
+ * when it passed: on the mirror already, its answer replays it no more. */
+static __always_inline void dns_query_copied(struct http_scratch *s)
+{
+    struct dns_query *q = bpf_map_lookup_elem(&dns_queries, &s->dns_key);
+    if (q)
+        q->replay = 0;
 }
 
 #endif /* MIRROR_DNS_DECIDE_H */
