@@ -4,15 +4,13 @@
 //! DNS left alone; the dns= rules with their filters (qname=, qname=!, qtype=, latency>) and
 //! the event each trigger gives; a query left unanswered marked by the tick.
 
-use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use mirror_bpf::testing::bed::Bed;
 use mirror_bpf::testing::{self, consts::*, dns, packet::*, SkbContext, VERDICT_CONTINUE};
 use mirror_bpf::types::stat_idx as S;
-use mirror_bpf::{
-    Counters, Datapath, DatapathOptions, EventRing, FlowKey, HistKind, TriggerEvent, TriggerKind,
-};
+use mirror_bpf::{Counters, Datapath, FlowKey, HistKind, TriggerKind};
 
 type Dp = Datapath<'static>;
 
@@ -50,41 +48,15 @@ fn flow() -> FlowKey {
     )
 }
 
-/// The classifier with `rules`, and its events as they come.
-struct Bed {
-    dp: Dp,
-    ring: EventRing<'static>,
-    events: Arc<Mutex<Vec<TriggerEvent>>>,
+/// DNS responses by rcode so far.
+fn rcodes(bed: &Bed) -> Vec<u64> {
+    bed.dp.dns_rcodes().unwrap().to_vec()
 }
 
-impl Bed {
-    fn new(rules: &[&str]) -> Option<Bed> {
-        if !testing::require_root() {
-            return None;
-        }
-        let mut dp = testing::load(&DatapathOptions::default());
-        for r in rules {
-            dp.add_rule(r.parse().unwrap()).unwrap();
-        }
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let sink = events.clone();
-        let ring = dp.events(move |e| sink.lock().unwrap().push(e)).unwrap();
-        Some(Bed { dp, ring, events })
-    }
-
-    fn take(&self) -> Vec<TriggerEvent> {
-        Datapath::poll_events(&self.ring, Duration::from_millis(50)).unwrap();
-        std::mem::take(&mut *self.events.lock().unwrap())
-    }
-
-    fn rcodes(&self) -> Vec<u64> {
-        self.dp.dns_rcodes().unwrap().to_vec()
-    }
-
-    fn dns_histogram_count(&self) -> u64 {
-        let hists = self.dp.histograms().unwrap();
-        hists.iter().filter(|h| h.kind == HistKind::DnsResponse).map(|h| h.count).sum()
-    }
+/// DNS answers timed so far, over every interface.
+fn dns_histogram_count(bed: &Bed) -> u64 {
+    let hists = bed.dp.histograms().unwrap();
+    hists.iter().filter(|h| h.kind == HistKind::DnsResponse).map(|h| h.count).sum()
 }
 
 #[test]
@@ -98,8 +70,8 @@ fn a_response_finds_its_query_and_is_timed_and_counted_by_rcode() {
         (1, 0, 0),
         "the response matched its query (names compared in lower case)"
     );
-    assert_eq!(bed.rcodes()[3], 1, "counted as NXDOMAIN");
-    assert_eq!(bed.dns_histogram_count(), 1, "timed");
+    assert_eq!(rcodes(&bed)[3], 1, "counted as NXDOMAIN");
+    assert_eq!(dns_histogram_count(&bed), 1, "timed");
     // Answered: a second response to the same id finds nothing.
     let d = ingress(&bed.dp, &response(7, "missing.example.com", dns::A, dns::NXDOMAIN));
     assert_eq!(d.get(S::STAT_DNS_UNMATCHED), 1);
@@ -286,5 +258,5 @@ fn dns_over_tcp_is_followed_and_a_segment_that_is_no_message_names_nothing() {
         (0, 1, 0)
     );
     assert!(bed.take().is_empty());
-    assert_eq!(bed.rcodes()[3], 1, "only the response that answered its query is counted");
+    assert_eq!(rcodes(&bed)[3], 1, "only the response that answered its query is counted");
 }

@@ -3,13 +3,13 @@
 //! timer marks the flow, without a packet, when the rule's time has passed), request filters
 //! (method, path prefix, Host), and under pipelining the request each trigger concerns.
 
-use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use mirror_bpf::testing::bed::Bed;
 use mirror_bpf::testing::{self, consts::*, fixtures, packet::*, SkbContext, VERDICT_CONTINUE};
 use mirror_bpf::types::stat_idx as S;
-use mirror_bpf::{Counters, Datapath, DatapathOptions, EventRing, FlowKey, Side, TriggerEvent, TriggerKind};
+use mirror_bpf::{Counters, Datapath, FlowKey, Side, TriggerKind};
 
 type Dp = Datapath<'static>;
 
@@ -45,34 +45,6 @@ fn to_client(cport: u16, seq: u32, text: &[u8]) -> Vec<u8> {
         .seq(seq)
         .payload(text)
         .build()
-}
-
-/// The classifier with `rules`, and its events as they come.
-struct Bed {
-    dp: Dp,
-    ring: EventRing<'static>,
-    events: Arc<Mutex<Vec<TriggerEvent>>>,
-}
-
-impl Bed {
-    fn new(rules: &[&str]) -> Option<Bed> {
-        if !testing::require_root() {
-            return None;
-        }
-        let mut dp = testing::load(&DatapathOptions::default());
-        for r in rules {
-            dp.add_rule(r.parse().unwrap()).unwrap();
-        }
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let sink = events.clone();
-        let ring = dp.events(move |e| sink.lock().unwrap().push(e)).unwrap();
-        Some(Bed { dp, ring, events })
-    }
-
-    fn take(&self) -> Vec<TriggerEvent> {
-        Datapath::poll_events(&self.ring, Duration::from_millis(50)).unwrap();
-        std::mem::take(&mut *self.events.lock().unwrap())
-    }
 }
 
 #[test]

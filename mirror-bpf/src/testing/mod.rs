@@ -2,6 +2,7 @@
 //! privileges, throwaway network namespaces, the shared test addresses, and the fixtures that
 //! both the tests and the data-path benchmark run (with the rig that runs them).
 
+pub mod bed;
 pub mod consts;
 pub mod dns;
 pub mod fixtures;
