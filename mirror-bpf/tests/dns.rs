@@ -8,21 +8,11 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use mirror_bpf::testing::bed::Bed;
-use mirror_bpf::testing::{self, consts::*, dns, packet::*, SkbContext, VERDICT_CONTINUE};
+use mirror_bpf::testing::{consts::*, dns, ingress, packet::*};
 use mirror_bpf::types::stat_idx as S;
-use mirror_bpf::{Counters, Datapath, FlowKey, HistKind, TriggerKind};
-
-type Dp = Datapath<'static>;
+use mirror_bpf::{FlowKey, HistKind, TriggerKind};
 
 const CLIENT_PORT: u16 = 40053;
-
-fn ingress(dp: &Dp, frame: &[u8]) -> Counters {
-    let before = dp.counters().unwrap();
-    let (ret, out) = testing::run(&dp.skel().progs.tc_ingress_mirror, frame, SkbContext::default());
-    assert_eq!(ret, VERDICT_CONTINUE, "verdict must always be 'continue'");
-    assert_eq!(out, frame, "the frame must pass untouched");
-    dp.counters().unwrap().since(&before)
-}
 
 /// A query from the client to the server's port 53.
 fn query(id: u16, name: &str, qtype: u16) -> Vec<u8> {

@@ -7,19 +7,9 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use mirror_bpf::testing::bed::Bed;
-use mirror_bpf::testing::{self, consts::*, fixtures, packet::*, SkbContext, VERDICT_CONTINUE};
+use mirror_bpf::testing::{consts::*, fixtures, ingress, packet::*};
 use mirror_bpf::types::stat_idx as S;
-use mirror_bpf::{Counters, Datapath, FlowKey, Side, TriggerKind};
-
-type Dp = Datapath<'static>;
-
-fn ingress(dp: &Dp, frame: &[u8]) -> Counters {
-    let before = dp.counters().unwrap();
-    let (ret, out) = testing::run(&dp.skel().progs.tc_ingress_mirror, frame, SkbContext::default());
-    assert_eq!(ret, VERDICT_CONTINUE, "verdict must always be 'continue'");
-    assert_eq!(out, frame, "the frame must pass untouched");
-    dp.counters().unwrap().since(&before)
-}
+use mirror_bpf::{FlowKey, Side, TriggerKind};
 
 fn v4_flow(cport: u16) -> FlowKey {
     FlowKey::new(

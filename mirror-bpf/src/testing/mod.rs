@@ -120,6 +120,16 @@ pub fn forget_flow(dp: &Datapath<'_>, key: &types::flow_key) {
     }
 }
 
+/// Runs `frame` through `dp`'s tc ingress program and returns how its counters moved; the
+/// verdict must be "continue" and the frame left untouched.
+pub fn ingress(dp: &Datapath<'_>, frame: &[u8]) -> crate::stats::Counters {
+    let before = dp.counters().expect("reading the counters");
+    let (ret, out) = run(&dp.skel().progs.tc_ingress_mirror, frame, SkbContext::default());
+    assert_eq!(ret, VERDICT_CONTINUE, "verdict must always be 'continue'");
+    assert_eq!(out, frame, "the frame must pass untouched");
+    dp.counters().expect("reading the counters").since(&before)
+}
+
 /// Runs `prog` once over `frame`; returns its verdict and the frame it left.
 pub fn run(prog: &ProgramMut<'_>, frame: &[u8], ctx: SkbContext) -> (u32, Vec<u8>) {
     let (ret, out, _) = run_repeat(prog, frame, ctx, 1);
