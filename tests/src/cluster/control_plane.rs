@@ -1,6 +1,6 @@
 //! A Kubernetes control plane for the end-to-end tests: etcd and kube-apiserver, built once per
 //! machine by `tests/kube/build.sh` into the cache (see
-//! [`crate::workload::h2_stacks::cache_dir`]), run in a network namespace of their own. No
+//! [`crate::workload::cache::cache_dir`]), run in a network namespace of their own. No
 //! controller-manager, scheduler nor kubelet: objects are stored, validated, admitted,
 //! authorised and watched as in a cluster, never acted upon (a pod bound to a node by
 //! `spec.nodeName` stays Pending; a DaemonSet makes no pods).
@@ -34,7 +34,8 @@ use serde_json::{json, Value};
 
 use crate::proc::{wait_until, Proc};
 use crate::topology::netns::{nsenter, Netns};
-use crate::workload::h2_stacks::{cache_dir, run_ok};
+use crate::workload::cache::cache_dir;
+use crate::workload::h2_stacks::run_ok;
 use crate::workload::servers::find_program;
 
 /// The API server's address: on the control plane namespace's loopback, routed to from the

@@ -1,5 +1,5 @@
-//! DNS in the pods: a real resolver (dnsmasq) with a zone that answers, names that do not
-//! exist and a forward to an upstream that fails; a scripted responder (an upstream that
+//! DNS in the pods: real resolvers (dnsmasq, and CoreDNS: [`ResolverKind`]) with a zone that
+//! answers, names that do not exist and a forward to an upstream that fails; a scripted responder (an upstream that
 //! answers SERVFAIL or REFUSED, or a server that delays chosen names); and real clients: dig,
 //! many lookups per process, and glibc's getaddrinfo (python's `socket.getaddrinfo`) reading a
 //! resolv.conf of the test's.
@@ -14,14 +14,16 @@
 //! | any other under `test`, `cluster.local` or `example` | NXDOMAIN |
 //! | [`CLUSTER_GOOD`] | NOERROR, as [`GOOD_ZONE`] |
 //!
-//! dnsmasq keeps no cache: every query is answered from its configuration or forwarded.
+//! Neither resolver keeps a cache: every query is answered from its configuration or forwarded.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread;
 use std::time::Duration;
+
+use mirror_bpf::testing::in_ci;
 
 use crate::proc::{wait_until, Proc};
 use crate::topology::netns::{Netns, Pod};
@@ -192,10 +194,45 @@ impl Responder {
     }
 }
 
-/// dnsmasq in a pod, on port 53 of its addresses (both families), with the names of this
-/// module's table and an upstream [`Responder`] on the pod's loopback. Stopped on drop.
+/// A resolver program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResolverKind {
+    /// dnsmasq, from the distribution.
+    Dnsmasq,
+    /// CoreDNS, built from its Go module ([`crate::workload::coredns`]): its binary.
+    CoreDns(PathBuf),
+}
+
+impl ResolverKind {
+    /// Its name in reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ResolverKind::Dnsmasq => "dnsmasq",
+            ResolverKind::CoreDns(_) => "CoreDNS",
+        }
+    }
+
+    /// The resolvers this machine has: dnsmasq, and CoreDNS (built into the tests' cache once)
+    /// where a Go toolchain is; without one, CoreDNS fails in CI and is left out elsewhere.
+    pub fn available() -> Vec<ResolverKind> {
+        let mut kinds = vec![ResolverKind::Dnsmasq];
+        match crate::workload::coredns::binary() {
+            Some(b) => kinds.push(ResolverKind::CoreDns(b)),
+            None => {
+                let needs = "a Go toolchain (go in PATH or /usr/local/go/bin/go)";
+                assert!(!in_ci(), "CoreDNS is built from its Go module: it needs {needs}, and CI=true forbids leaving it out");
+                eprintln!("NOT RUN: CoreDNS ({needs} not found)");
+            }
+        }
+        kinds
+    }
+}
+
+/// A resolver ([`ResolverKind`]) in a pod, on port 53 (UDP and TCP) of its addresses (both
+/// families), answering as this module's table says, with an upstream [`Responder`] on the
+/// pod's loopback for the zones that fail. Stopped on drop.
 pub struct Resolver {
-    _dnsmasq: Proc,
+    _server: Proc,
     _upstream: Responder,
     /// Its IPv4 address.
     pub v4: Ipv4Addr,
@@ -204,32 +241,31 @@ pub struct Resolver {
 }
 
 impl Resolver {
-    /// Starts the upstream, then dnsmasq, in `pod`; returns once dnsmasq answers. Files go to
-    /// `dir`.
-    pub fn start(pod: &Pod, dir: &Path) -> Resolver {
+    /// Starts the upstream, then the resolver `kind`, in `pod`; returns once it listens on
+    /// both addresses over UDP and TCP. Files go to `dir`.
+    pub fn start(kind: &ResolverKind, pod: &Pod, dir: &Path) -> Resolver {
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let zones = [Zone::new(FAIL_ZONE, Rcode::SERVFAIL), Zone::new(REFUSED_ZONE, Rcode::REFUSED)];
         let upstream = Responder::start(&pod.ns, &[loopback], UPSTREAM_PORT, &zones, dir);
-        let mut cmd = pod.ns.command("dnsmasq");
-        cmd.args(["--no-daemon", "--conf-file=/dev/null", "--no-resolv", "--no-hosts", "--pid-file="]);
-        cmd.args(["--port=53", "--bind-interfaces", "--cache-size=0", "--log-facility=-"]);
-        cmd.arg(format!("--listen-address={}", pod.v4)).arg(format!("--listen-address={}", pod.v6));
-        for name in [GOOD_ZONE, CLUSTER_GOOD] {
-            cmd.arg(format!("--address=/{name}/{GOOD_A}")).arg(format!("--address=/{name}/{GOOD_AAAA}"));
-        }
-        for zone in [FAIL_ZONE, REFUSED_ZONE] {
-            cmd.arg(format!("--server=/{zone}/127.0.0.1#{UPSTREAM_PORT}"));
-        }
-        cmd.args(["--local=/test/", "--local=/cluster.local/", "--local=/example/"]);
-        let mut dnsmasq = Proc::spawn(&format!("dnsmasq in {}", pod.ns.name()), &mut cmd);
+        let mut cmd = match kind {
+            ResolverKind::Dnsmasq => dnsmasq(pod),
+            ResolverKind::CoreDns(binary) => {
+                crate::workload::coredns::command(binary, pod, SocketAddr::new(loopback, UPSTREAM_PORT), dir)
+            }
+        };
+        let what = format!("{} in {}", kind.name(), pod.ns.name());
+        let mut server = Proc::spawn(&what, &mut cmd);
         let mut exited = false;
         let listening = wait_until(STARTUP, || {
-            exited = !dnsmasq.running();
-            let bound = pod.ns.sh("ss -Hlun sport = :53");
-            exited || (bound.contains(&pod.v4.to_string()) && bound.contains(&pod.v6.to_string()))
+            exited = !server.running();
+            let bound = |ss: &str| {
+                let out = pod.ns.sh(&format!("ss -Hln{ss} sport = :53"));
+                out.contains(&pod.v4.to_string()) && out.contains(&pod.v6.to_string())
+            };
+            exited || (bound("u") && bound("t"))
         });
-        assert!(listening && !exited, "dnsmasq is not listening: {}", dnsmasq.output());
-        Resolver { _dnsmasq: dnsmasq, _upstream: upstream, v4: pod.v4, v6: pod.v6 }
+        assert!(listening && !exited, "{what} is not listening: {}", server.output());
+        Resolver { _server: server, _upstream: upstream, v4: pod.v4, v6: pod.v6 }
     }
 
     /// Its address in the family asked for.
@@ -256,6 +292,23 @@ impl Resolver {
             Rcode::NXDOMAIN
         }
     }
+}
+
+/// dnsmasq in `pod` with the names of this module's table, no cache, its failing zones sent
+/// to the upstream.
+fn dnsmasq(pod: &Pod) -> Command {
+    let mut cmd = pod.ns.command("dnsmasq");
+    cmd.args(["--no-daemon", "--conf-file=/dev/null", "--no-resolv", "--no-hosts", "--pid-file="]);
+    cmd.args(["--port=53", "--bind-interfaces", "--cache-size=0", "--log-facility=-"]);
+    cmd.arg(format!("--listen-address={}", pod.v4)).arg(format!("--listen-address={}", pod.v6));
+    for name in [GOOD_ZONE, CLUSTER_GOOD] {
+        cmd.arg(format!("--address=/{name}/{GOOD_A}")).arg(format!("--address=/{name}/{GOOD_AAAA}"));
+    }
+    for zone in [FAIL_ZONE, REFUSED_ZONE] {
+        cmd.arg(format!("--server=/{zone}/127.0.0.1#{UPSTREAM_PORT}"));
+    }
+    cmd.args(["--local=/test/", "--local=/cluster.local/", "--local=/example/"]);
+    cmd
 }
 
 /// The transport of a lookup.
@@ -507,15 +560,10 @@ pub struct Resolved {
 /// over /etc/resolv.conf in a mount namespace of the process's own). Files go to `dir`.
 #[track_caller]
 pub fn getaddrinfo(ns: &Netns, conf: &ResolvConf, names: &[&str], dir: &Path) -> Vec<Resolved> {
-    let n = names.len() + names.iter().map(|n| n.len()).sum::<usize>();
-    let resolv = dir.join(format!("resolv-{}-{n}.conf", ns.name()));
-    std::fs::write(&resolv, conf.text()).unwrap_or_else(|e| panic!("writing {}: {e}", resolv.display()));
     let script = dir.join("getaddrinfo.py");
     std::fs::write(&script, GETADDRINFO).unwrap_or_else(|e| panic!("writing {}: {e}", script.display()));
-    let mut cmd = ns.command("unshare");
-    cmd.args(["--mount", "--propagation", "private", "sh", "-c"]);
-    cmd.arg(r#"mount --bind "$0" /etc/resolv.conf && exec python3 "$@""#);
-    cmd.arg(&resolv).arg(&script).args(names);
+    let mut cmd = with_resolv_conf(ns, conf, dir, Path::new("python3"));
+    cmd.arg(&script).args(names);
     let out = cmd.output().expect("running getaddrinfo");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "getaddrinfo {names:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
@@ -538,6 +586,21 @@ pub fn getaddrinfo(ns: &Netns, conf: &ResolvConf, names: &[&str], dir: &Path) ->
         .collect();
     assert_eq!(resolved.len(), names.len(), "getaddrinfo {names:?}: {stdout}");
     resolved
+}
+
+/// A command that runs `program` in `ns` reading `conf` (written to `dir`) as its
+/// /etc/resolv.conf: bound over it in a mount namespace of the process's own. Its arguments
+/// follow.
+pub fn with_resolv_conf(ns: &Netns, conf: &ResolvConf, dir: &Path, program: &Path) -> Command {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let resolv = dir.join(format!("resolv-{}-{n}.conf", ns.name()));
+    std::fs::write(&resolv, conf.text()).unwrap_or_else(|e| panic!("writing {}: {e}", resolv.display()));
+    let mut cmd = ns.command("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"]);
+    cmd.arg(r#"mount --bind "$0" /etc/resolv.conf && exec "$@""#);
+    cmd.arg(&resolv).arg(program);
+    cmd
 }
 
 /// `getaddrinfo.py NAME...`: prints `NAME ok ADDR...` or `NAME error EAI` for each.

@@ -12,12 +12,11 @@
 //! - The clients of nghttp2 (`nghttp`, `h2load`) and curl (`--http2-prior-knowledge`, and
 //!   `--http2`, which asks for the upgrade), each call's outcome read from their own output.
 //!
-//! The cache is `$MIRROR_E2E_CACHE`, else /var/cache/mirror-e2e; what is built there is named
-//! after a hash of its sources, so a change rebuilds it.
+//! What is built or installed once per machine is kept in the tests' cache
+//! ([`crate::workload::cache`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -26,43 +25,12 @@ use serde_json::{json, Value};
 
 use crate::proc::{wait_until, Proc};
 use crate::topology::netns::{Netns, Pod};
+use crate::workload::cache::{self, cache_dir, hash_files, CacheLock};
 use crate::workload::servers::{self, find_program};
 
 /// The sources: `tests/h2`.
 pub fn sources() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("h2")
-}
-
-/// Where built stacks are kept between runs.
-pub fn cache_dir() -> PathBuf {
-    let dir =
-        std::env::var_os("MIRROR_E2E_CACHE").map_or_else(|| "/var/cache/mirror-e2e".into(), PathBuf::from);
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
-    dir
-}
-
-/// Holds the cache's lock (one builder at a time, across processes) until dropped.
-struct CacheLock(#[allow(dead_code)] std::fs::File);
-
-impl CacheLock {
-    fn take(cache: &Path) -> CacheLock {
-        let f = std::fs::File::create(cache.join("h2.lock")).expect("creating the cache's lock");
-        // SAFETY: flock on a file we hold open; released when it is closed.
-        assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0, "locking the cache");
-        CacheLock(f)
-    }
-}
-
-/// FNV-1a over files' contents, in hex: a cache key that does not depend on the toolchain.
-fn hash_files(files: &[PathBuf]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for f in files {
-        let data = std::fs::read(f).unwrap_or_else(|e| panic!("reading {}: {e}", f.display()));
-        for b in data.iter().chain(f.file_name().unwrap().as_encoded_bytes()) {
-            h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    format!("{h:016x}")
 }
 
 /// Runs `cmd`; panics with its output unless it succeeds.
@@ -80,38 +48,9 @@ pub(crate) fn run_ok(what: &str, cmd: &mut Command) -> Output {
 }
 
 /// The grpc-go server and client (`tests/h2/go`), built with the toolchain `go` into the cache
-/// once (modules from the Go module proxy, `GOFLAGS=-mod=mod`; the first build compiles grpc,
-/// a minute or so of CPU); the binary.
+/// once (the first build compiles grpc, a minute or so of CPU); the binary.
 pub fn build_grpc_go(go: &Path) -> PathBuf {
-    let src = sources().join("go");
-    let files: Vec<PathBuf> = ["go.mod", "go.sum", "main.go"].iter().map(|f| src.join(f)).collect();
-    let cache = cache_dir();
-    let binary = cache.join(format!("grpc-go-{}", hash_files(&files)));
-    let _lock = CacheLock::take(&cache);
-    if binary.is_file() {
-        return binary;
-    }
-    let t = Instant::now();
-    // Built from a copy: -mod=mod may touch go.mod and go.sum.
-    let work = tempfile::Builder::new().prefix("grpc-go").tempdir().expect("a temp dir");
-    for f in &files {
-        std::fs::copy(f, work.path().join(f.file_name().unwrap())).expect("copying the Go sources");
-    }
-    let partial = cache.join("grpc-go.partial");
-    run_ok(
-        "go build (tests/h2/go)",
-        Command::new(go)
-            .current_dir(work.path())
-            .args(["build", "-o"])
-            .arg(&partial)
-            .arg(".")
-            .env("GOFLAGS", "-mod=mod")
-            .env("GOTOOLCHAIN", "local")
-            .env("CGO_ENABLED", "0"),
-    );
-    std::fs::rename(&partial, &binary).expect("keeping the grpc-go binary");
-    eprintln!("grpc-go built in {:.1} s: {}", t.elapsed().as_secs_f64(), binary.display());
-    binary
+    cache::build_go(go, "grpc-go", &sources().join("go"))
 }
 
 /// npm: in PATH or /usr/bin/npm.
@@ -127,7 +66,7 @@ pub fn install_grpc_js(npm: &Path) -> PathBuf {
     let cache = cache_dir();
     let dir = cache.join(format!("grpc-js-{}", hash_files(&files)));
     let modules = dir.join("node_modules");
-    let _lock = CacheLock::take(&cache);
+    let _lock = CacheLock::take(&cache, "h2");
     if modules.join("@grpc/grpc-js/package.json").is_file() {
         return modules;
     }
