@@ -54,6 +54,11 @@ fn bad_configs_are_refused_naming_the_key() {
         ("rules: [\"status=500\", \"status=500\"]\n", "rules[1]", "same rule as rules[0]"),
         ("rules: [\"status=500 duration=99999999999999h\"]\n", "rules[0]", "longer than 24h"),
         ("mirror:\n  interface: \"..\"\n", "mirror.interface", "not a link name"),
+        (
+            "protocols: [http1, http2]\nrules: [\"status=500\", \"dns=nxdomain qname=.svc.cluster.local\"]\n",
+            "rules[1]",
+            "needs the dns protocol, which the setting protocols: [http1, http2] leaves out",
+        ),
     ];
     let many: Vec<String> = (1..=200_001).map(|n| format!("status=500 packets={n}")).collect();
     let many = format!("rules: {}\n", serde_json::to_string(&many).unwrap());
@@ -423,6 +428,36 @@ fn rules_beyond_the_rule_maps_are_refused_and_nothing_changes() {
         rules(&env).iter().map(|r| (r.id, &r.rule)).collect::<Vec<_>>(),
         listed.iter().map(|r| (r.id, &r.rule)).collect::<Vec<_>>()
     );
+    agent.terminate();
+}
+
+/// An agent that follows HTTP only (`protocols: [http1, http2]`): a rule with a DNS trigger or
+/// a DNS filter is refused through the API (409, naming the rule and the setting) and nothing
+/// changes; an HTTP rule is taken.
+#[test]
+fn dns_rules_are_refused_where_dns_is_not_followed() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&[]);
+    let cfg = AgentConfig { extra: "protocols: [http1, http2]\n".into(), ..AgentConfig::default() };
+    let env = AgentEnv::new(&bins(), &topo.node, &cfg);
+    let agent = env.start(&[]);
+    let socket = env.socket();
+    for rule in ["dns=servfail", "noresponse>1s qname=.svc.cluster.local", "dns=nxdomain qtype=AAAA"] {
+        let (code, body) = request(&socket, "POST", "/v1/rules", &format!(r#"{{"rule": "{rule}"}}"#));
+        assert_eq!(code, 409, "{rule}: {body}");
+        assert!(
+            body.contains("rule not added: rule '")
+                && body.contains(
+                    "needs the dns protocol, which the setting protocols: [http1, http2] leaves out"
+                ),
+            "{rule}: {body}"
+        );
+    }
+    assert!(rules(&env).is_empty(), "a refused rule was installed");
+    let (code, body) = request(&socket, "POST", "/v1/rules", r#"{"rule": "noresponse>1s"}"#);
+    assert_eq!(code, 201, "{body}");
     agent.terminate();
 }
 

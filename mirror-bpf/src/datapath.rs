@@ -573,8 +573,13 @@ impl<'obj> Datapath<'obj> {
         self.add_rule_with(rule, Reach::Everywhere)
     }
 
-    /// Adds a rule that reaches `reach`, with the next free id.
+    /// Adds a rule that reaches `reach`, with the next free id. A rule whose trigger or
+    /// filters need a protocol program this data path did not load is refused
+    /// ([`Protocols::admits`]).
     pub fn add_rule_with(&mut self, rule: Rule, reach: Reach) -> Result<RuleId> {
+        self.protocols
+            .admits(&rule)
+            .map_err(|why| Error::ProtocolNotLoaded(format!("rule '{rule}' {why}")))?;
         let id = self.rules.next_id();
         self.insert_rule_with(id, rule, reach)?;
         Ok(id)

@@ -37,6 +37,9 @@ pub enum Error {
     /// A rule does not fit the rule maps for another reason (said in words).
     #[error("{0}")]
     RuleDoesNotFit(String),
+    /// A rule needs a protocol program the data path did not load (`protocols:`).
+    #[error("{0}")]
+    ProtocolNotLoaded(String),
     /// The kernel lacks what the requested mode needs.
     #[error("{0}")]
     Unsupported(String),

@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use crate::rule::syntax::{Rule, Trigger};
 use crate::shared::types::proto_prog;
 
 /// A protocol the classifier follows, each in a program of its own.
@@ -110,6 +111,36 @@ impl Protocols {
     }
 }
 
+impl Protocols {
+    /// Whether `rule` can trigger with these programs loaded: a DNS trigger (`dns=`) or a DNS
+    /// filter (`qname=`, `qtype=`) needs dns; `grpc-status=` needs http2; `status=`,
+    /// `latency>`, `reset` and the HTTP filters (`method=`, `path=`, `host=`) need http1;
+    /// `noresponse>` alone needs http1 or dns. The error says what it needs and names the
+    /// `protocols:` setting (the caller names the rule).
+    pub fn admits(self, rule: &Rule) -> Result<(), String> {
+        let dns = matches!(rule.trigger, Trigger::Dns { .. }) || rule.filter.is_dns();
+        let needs: &[Protocol] = if dns {
+            &[Protocol::Dns]
+        } else {
+            match rule.trigger {
+                Trigger::Grpc { .. } => &[Protocol::Http2],
+                Trigger::NoResponse(_) if !rule.filter.is_http() => &[Protocol::Http1, Protocol::Dns],
+                _ => &[Protocol::Http1],
+            }
+        };
+        if needs.iter().any(|p| self.contains(*p)) {
+            return Ok(());
+        }
+        let names: Vec<&str> = needs.iter().map(|p| p.name()).collect();
+        Err(format!(
+            "needs the {} protocol, which the setting protocols: [{}] leaves out: add {} to protocols",
+            names.join(" or "),
+            self.iter().map(Protocol::name).collect::<Vec<_>>().join(", "),
+            names[0]
+        ))
+    }
+}
+
 impl fmt::Display for Protocols {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names: Vec<_> = self.iter().map(Protocol::name).collect();
@@ -132,6 +163,33 @@ mod tests {
         assert_eq!((Protocol::Dns.index(), Protocol::Dns.program()), (2, "proto_dns"));
         let indexes: Vec<u32> = Protocol::ALL.iter().map(|p| p.index()).collect();
         assert!(indexes.iter().all(|i| *i < proto_prog::PROGS_MAX.0 && *i != proto_prog::PROG_RESET.0));
+    }
+
+    #[test]
+    fn rules_need_their_protocol() {
+        let rule = |s: &str| s.parse::<Rule>().unwrap();
+        let http = Protocols::from_iter([Protocol::Http1, Protocol::Http2]);
+        let dns = Protocols::from_iter([Protocol::Dns]);
+        for r in [
+            "dns=nxdomain",
+            "noresponse>1s qname=.cluster.local",
+            "noresponse>1s qtype=AAAA",
+            "dns=any latency>1s",
+        ] {
+            let err = http.admits(&rule(r)).unwrap_err();
+            assert!(err.starts_with("needs the dns protocol"), "{err}");
+            assert!(err.contains("protocols: [http1, http2]") && err.contains("add dns"), "{err}");
+            assert!(dns.admits(&rule(r)).is_ok() && Protocols::default().admits(&rule(r)).is_ok(), "{r}");
+        }
+        for r in ["status=500", "latency>1s", "reset", "noresponse>1s path=/api", "grpc-status=14"] {
+            let err = dns.admits(&rule(r)).unwrap_err();
+            assert!(err.contains("needs the http"), "{err}");
+        }
+        assert!(dns.admits(&rule("noresponse>1s")).is_ok() && http.admits(&rule("noresponse>1s")).is_ok());
+        let err = Protocols::NONE.admits(&rule("noresponse>1s")).unwrap_err();
+        assert!(err.contains("needs the http1 or dns protocol") && err.contains("protocols: []"), "{err}");
+        let h1 = Protocols::from_iter([Protocol::Http1]);
+        assert!(h1.admits(&rule("grpc-status=14")).unwrap_err().contains("add http2"));
     }
 
     #[test]

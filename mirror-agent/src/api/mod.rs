@@ -129,6 +129,10 @@ async fn add_rule(
         }
         match e.downcast_ref::<mirror_bpf::Error>() {
             Some(mirror_bpf::Error::TooManyRules(_)) => ApiError(StatusCode::CONFLICT, e.to_string()),
+            // The agent's configuration leaves out a protocol program the rule needs.
+            Some(mirror_bpf::Error::ProtocolNotLoaded(why)) => {
+                ApiError(StatusCode::CONFLICT, format!("rule not added: {why}"))
+            }
             _ => e.into(),
         }
     })?;

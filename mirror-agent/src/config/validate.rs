@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use mirror_bpf::rule::capacity::{fits, Capacity};
-use mirror_bpf::DatapathOptions;
+use mirror_bpf::{DatapathOptions, Protocols};
 
 use super::{err, AttachModeCfg, Config, ConfigError, DeliverCfg, FlowsMax, MethodCfg, SinkCreate};
 use crate::capacity::HASH_MAX_ENTRIES;
@@ -124,11 +124,11 @@ impl Config {
         }
         DatapathOptions::check_replay_requests(self.mirror.replay_requests)
             .map_err(|why| err("mirror.replay_requests", why))?;
-        self.protocol_set()?;
+        let protocols = self.protocol_set()?;
         if self.latency.stack_sample == 0 {
             return Err(err("latency.stack_sample", "must be at least 1 (1: every packet)"));
         }
-        self.validate_rules()
+        self.validate_rules(protocols)
     }
 
     /// Paths: absolute, within the kernel's limits on names, and for the socket on sun_path.
@@ -205,13 +205,16 @@ impl Config {
         Ok(())
     }
 
-    /// Each rule parses within the agent's bounds, none is given twice, and all fit the
-    /// classifier's rule maps at once.
-    fn validate_rules(&self) -> Result<(), ConfigError> {
+    /// Each rule parses within the agent's bounds, needs no protocol `protocols` leaves out,
+    /// none is given twice, and all fit the classifier's rule maps at once.
+    fn validate_rules(&self, protocols: Protocols) -> Result<(), ConfigError> {
         let mut parsed = Vec::with_capacity(self.rules.len());
         let mut seen = HashMap::with_capacity(self.rules.len());
         for (i, text) in self.rules.iter().enumerate() {
             let rule = crate::rules::parse(text).map_err(|e| err(format!("rules[{i}]"), e.to_string()))?;
+            protocols
+                .admits(&rule)
+                .map_err(|why| err(format!("rules[{i}]"), format!("rule '{text}' {why}")))?;
             if let Some(first) = seen.insert(rule.clone(), i) {
                 return Err(err(
                     format!("rules[{i}]"),
@@ -243,6 +246,12 @@ mod tests {
                 "unknown protocol 'http3' (one of: http1, http2, dns)",
             ),
             ("protocols: [http2]\n", "protocols", "http2 needs http1"),
+            (
+                "protocols: [http1, http2]\nrules: [\"status=500\", \"dns=servfail qname=.svc.cluster.local\"]\n",
+                "rules[1]",
+                "rule 'dns=servfail qname=.svc.cluster.local' needs the dns protocol, which the setting protocols: [http1, http2] leaves out",
+            ),
+            ("protocols: [dns]\nrules: [\"noresponse>2s\", \"status=5xx\"]\n", "rules[1]", "needs the http1 protocol"),
             ("mirror:\n  replay_requests: 1048576\n", "mirror.replay_requests", "65536"),
             ("mirror:\n  interface: \"m\\t0\"\n", "mirror.interface", "not a link name"),
             (

@@ -57,6 +57,10 @@ impl Driver {
             let rule: Rule =
                 r.rule.parse().with_context(|| format!("saved rule {} in the state file", r.id))?;
             let reach = if r.selected.is_some() { Reach::Selected } else { Reach::Everywhere };
+            // Saved under other `protocols:`: kept (it is the user's), but it cannot trigger.
+            if let Err(why) = dp.protocols().admits(&rule) {
+                tracing::warn!(id = r.id, rule = %rule, "saved rule restored, but it will not trigger: it {why}");
+            }
             if dp.adopted() {
                 dp.restore_rule_with(r.id, r.slot, rule.clone(), reach)?;
             } else {
