@@ -1,6 +1,7 @@
 //! `mirrorctl top` in a real terminal (a detached tmux session of its own server) against an
-//! agent mirroring real traffic: the screen shows the rule and its triggers, the mirrored flow
-//! with its endpoints and pods, and the mirror's rate; `q` ends it.
+//! agent mirroring real traffic: the screen shows the rules and their triggers, the mirrored flow
+//! with its endpoints and pods, the mirror's rate, and the DNS responses by rcode with the client
+//! pod's failed lookups (dig's NXDOMAINs from a real resolver); `q` ends it.
 
 mod common;
 
@@ -14,6 +15,7 @@ use mirror_e2e::proc::wait_until;
 use mirror_e2e::scenario::{HTTP, PODS};
 use mirror_e2e::topology::netns::Topology;
 use mirror_e2e::workload::client::{self, url};
+use mirror_e2e::workload::dns::{self, Lookup, QType, Rcode, Resolver, ResolverKind, Transport};
 use mirror_e2e::workload::servers::Server;
 
 use common::{bins, ATTACH, VETHS};
@@ -57,9 +59,11 @@ fn top_shows_flows_pods_and_rules_and_quits_on_q() {
     };
     let _client = PodProcess::start(&topo.pod("client").ns, &spec("shopper-0", 1));
     let _server = PodProcess::start(&topo.pod("server").ns, &spec("web-0", 2));
-    let cfg = AgentConfig { rules: vec!["status=500".into()], ..AgentConfig::default() };
+    let cfg =
+        AgentConfig { rules: vec!["status=500".into(), "dns=nxdomain".into()], ..AgentConfig::default() };
     let env = AgentEnv::new(&bins(), &topo.node, &cfg);
     let _nginx = Server::nginx(topo.pod("server"), HTTP, env.dir());
+    let _resolver = Resolver::start(&ResolverKind::Dnsmasq, topo.pod("server"), env.dir());
     let agent = env.start(&[]);
     agent.wait_attached(&VETHS, ATTACH);
 
@@ -68,12 +72,25 @@ fn top_shows_flows_pods_and_rules_and_quits_on_q() {
     let out = tmux.cmd(&["new-session", "-d", "-s", "top", "-x", "200", "-y", "50", &command]);
     assert!(out.status.success(), "tmux: {}", String::from_utf8_lossy(&out.stderr));
 
-    // Traffic: a 500 on a keep-alive connection that then goes on (mirrored), every half second.
+    // Traffic: a 500 on a keep-alive connection that then goes on (mirrored), and a lookup of a
+    // name that does not exist, every half second.
     let server = topo.pod("server").addr(false);
+    let client_ns = &topo.pod("client").ns;
     let mut screen = String::new();
+    let mut port = 30_000;
     let shown = wait_until(Duration::from_secs(15), || {
         let urls = ["/foo", "/bar", "/foo"].map(|p| url(server, HTTP, p));
-        assert_eq!(client::get_keepalive(&topo.pod("client").ns, &urls), [200, 500, 200]);
+        assert_eq!(client::get_keepalive(client_ns, &urls), [200, 500, 200]);
+        port += 1;
+        let lookup = Lookup {
+            name: format!("missing-{port}.test"),
+            qtype: QType::A,
+            server: std::net::SocketAddr::new(server, 53),
+            local: std::net::SocketAddr::new(topo.pod("client").addr(false), port),
+            transport: Transport::Udp,
+        };
+        let looked = dns::dig(client_ns, &[lookup], 1, env.dir());
+        assert_eq!(looked[0].rcode(), Some(Rcode::NXDOMAIN), "{looked:?}");
         std::thread::sleep(Duration::from_millis(500));
         screen = tmux.screen();
         screen.contains("shop/web-0")
@@ -81,11 +98,16 @@ fn top_shows_flows_pods_and_rules_and_quits_on_q() {
             && screen.contains("rule 1 (500)")
             && screen.contains(&format!("{server}:{HTTP}"))
             && screen.lines().any(|l| l.contains("status=500") && !l.contains(" 0 "))
+            && screen.lines().any(|l| l.contains("responses: NOERROR") || l.contains("responses: NXDOMAIN"))
+            && screen
+                .lines()
+                .any(|l| l.contains("shop/shopper-0") && l.contains("NXDOMAIN") && l.contains(".test"))
     });
     assert!(shown, "top does not show the flow, its pods and rule:\n{screen}\n{}", agent.output());
     eprintln!("{screen}");
     assert!(screen.contains("mirror ") && screen.contains("pkt/s"), "{screen}");
     assert!(screen.contains("triggers per rule") && screen.contains("busiest flows"), "{screen}");
+    assert!(screen.contains("DNS: responses by rcode, failed lookups by pod"), "{screen}");
 
     let out = tmux.cmd(&["send-keys", "-t", "top", "q"]);
     assert!(out.status.success());

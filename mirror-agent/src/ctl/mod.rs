@@ -11,6 +11,7 @@ pub mod rules;
 pub mod status;
 pub mod table;
 pub mod top;
+pub mod top_dns;
 
 use std::path::PathBuf;
 

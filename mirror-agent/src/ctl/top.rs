@@ -1,6 +1,7 @@
 //! `mirrorctl top`: a live view of the agent, refreshed each second over the API: the mirror's
-//! rate and drops, triggers per rule, the mirrored flows and the busiest ones, by pod. `q` (or
-//! Esc, or Ctrl-C) quits.
+//! rate and drops, triggers per rule, DNS responses by rcode and failed lookups by pod (where
+//! DNS is followed: [`super::top_dns`]), the mirrored flows and the busiest ones, by pod. `q`
+//! (or Esc, or Ctrl-C) quits.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -13,9 +14,10 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
 use ratatui::Frame;
 
+use super::top_dns::{self, DnsTally, DnsView};
 use crate::api::client::Client;
 use crate::api::text::trigger_text;
-use crate::views::{FlowView, RuleView, StatusView};
+use crate::views::{EventView, FlowView, RuleView, StatusView};
 
 /// How often the view is refreshed.
 const TICK: Duration = Duration::from_secs(1);
@@ -43,6 +45,8 @@ pub struct View {
     pub mirrored: Vec<FlowRow>,
     /// Busiest flows (bytes per second).
     pub busiest: Vec<FlowRow>,
+    /// DNS, where the agent follows it.
+    pub dns: Option<DnsView>,
 }
 
 /// A flow as shown.
@@ -69,6 +73,7 @@ struct Before {
     counters: HashMap<String, u64>,
     hits: HashMap<u32, u64>,
     flow_bytes: HashMap<(String, String), u64>,
+    dns: DnsTally,
 }
 
 fn row(f: &FlowView, bps: f64) -> FlowRow {
@@ -90,7 +95,13 @@ fn row(f: &FlowView, bps: f64) -> FlowRow {
 }
 
 impl Before {
-    fn view(&mut self, st: &StatusView, rules: &[RuleView], flows: &[FlowView]) -> View {
+    fn view(
+        &mut self,
+        st: &StatusView,
+        rules: &[RuleView],
+        flows: &[FlowView],
+        events: &[EventView],
+    ) -> View {
         let now = Instant::now();
         let secs = self.at.map_or(0.0, |a| now.duration_since(a).as_secs_f64());
         let rate = |now: u64, then: Option<&u64>| match then {
@@ -127,6 +138,8 @@ impl Before {
         v.mirrored.sort_by_key(|r| std::cmp::Reverse(r.copied));
         all.sort_by(|a, b| b.bps.total_cmp(&a.bps).then(b.bytes.cmp(&a.bytes)));
         v.busiest = all;
+        let follows_dns = st.protocols.split(", ").any(|p| p == "dns");
+        v.dns = follows_dns.then(|| self.dns.update(secs, st, flows, events));
         self.at = Some(now);
         self.counters = st.counters.clone().into_iter().collect();
         self.hits = rules.iter().map(|r| (r.id, r.hits)).collect();
@@ -135,7 +148,8 @@ impl Before {
     }
 }
 
-fn si(v: f64) -> String {
+/// `v` with an SI prefix (`1.5k`).
+pub(super) fn si(v: f64) -> String {
     match v {
         v if v >= 1e9 => format!("{:.1}G", v / 1e9),
         v if v >= 1e6 => format!("{:.1}M", v / 1e6),
@@ -149,6 +163,7 @@ pub fn draw(f: &mut Frame, v: &View) {
     let areas = Layout::vertical([
         Constraint::Length(3),
         Constraint::Length(v.rules.len().clamp(1, 8) as u16 + 3),
+        Constraint::Length(v.dns.as_ref().map_or(0, top_dns::height)),
         Constraint::Percentage(40),
         Constraint::Min(5),
     ])
@@ -213,30 +228,38 @@ pub fn draw(f: &mut Frame, v: &View) {
             .header(Row::new(["PODS", "ENDPOINTS", "MIRRORED", "COPIED", "RATE", "BYTES"]).style(bold))
             .block(Block::default().borders(Borders::ALL).title(title.to_string()))
     };
-    f.render_widget(flows(&v.mirrored, "mirrored flows"), areas[2]);
-    f.render_widget(flows(&v.busiest, "busiest flows"), areas[3]);
+    if let Some(dns) = &v.dns {
+        top_dns::draw(f, areas[2], dns);
+    }
+    f.render_widget(flows(&v.mirrored, "mirrored flows"), areas[3]);
+    f.render_widget(flows(&v.busiest, "busiest flows"), areas[4]);
 }
 
-async fn fetch(c: &Client<'_>) -> anyhow::Result<(StatusView, Vec<RuleView>, Vec<FlowView>)> {
+/// What a tick reads: the status, the rules, the flows, the trigger events after `after`.
+type Fetched = (StatusView, Vec<RuleView>, Vec<FlowView>, Vec<EventView>);
+
+async fn fetch(c: &Client<'_>, after: u64) -> anyhow::Result<Fetched> {
     let st: StatusView = c.call(Method::GET, "/v1/status", None).await?;
     let rules: Vec<RuleView> = c.call(Method::GET, "/v1/rules", None).await?;
     let flows: Vec<FlowView> = c.call(Method::GET, &format!("/v1/flows?limit={FLOWS}"), None).await?;
-    Ok((st, rules, flows))
+    let events = format!("/v1/events?after={after}&limit={}", top_dns::EVENTS);
+    let events: Vec<EventView> = c.call(Method::GET, &events, None).await?;
+    Ok((st, rules, flows, events))
 }
 
 /// Runs the view until `q`.
 pub async fn run(c: &Client<'_>) -> anyhow::Result<()> {
     // Fails before the screen is taken when the agent does not answer.
     let mut before = Before::default();
-    let (st, rules, flows) = fetch(c).await?;
-    let mut view = before.view(&st, &rules, &flows);
+    let (st, rules, flows, events) = fetch(c, before.dns.after()).await?;
+    let mut view = before.view(&st, &rules, &flows, &events);
     let mut term = ratatui::init();
     let res = async {
         let mut next = Instant::now();
         loop {
             if Instant::now() >= next {
-                let (st, rules, flows) = fetch(c).await?;
-                view = before.view(&st, &rules, &flows);
+                let (st, rules, flows, events) = fetch(c, before.dns.after()).await?;
+                view = before.view(&st, &rules, &flows, &events);
                 term.draw(|f| draw(f, &view))?;
                 next = Instant::now() + TICK;
             }
