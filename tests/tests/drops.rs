@@ -213,3 +213,101 @@ fn a_closed_port_triggers_and_the_nodes_own_drops_do_not() {
     assert_eq!(env.status()["drops"]["no_socket"], 1, "{}", env.status()["drops"]);
     drop(agent);
 }
+
+/// The kernel's ids of the BPF programs process `pid` holds (from its descriptors' fdinfo).
+fn prog_ids(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|info| info.lines().find_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok()))
+        .collect()
+}
+
+/// Run count and run time (ns) of the drop program of process `pid`, by the kernel's accounting.
+fn drop_program_runs(pid: u32) -> (u64, u64) {
+    let ids = prog_ids(pid);
+    libbpf_rs::query::ProgInfoIter::default()
+        .filter(|p| ids.contains(&p.id) && p.name.to_string_lossy() == "drop_trace")
+        .map(|p| (p.run_cnt, p.run_time_ns))
+        .next()
+        .expect("the agent's drop program")
+}
+
+/// CPU time of process `pid`, clock ticks (utime + stime).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the agent's stat");
+    let after = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// A flood of 100,000 SYNs, each a flow of its own, that the node's rule drops: every one is
+/// counted by its reason; the rule triggers at most its rate (100 a second), the rest counted as
+/// limited, none lost from the ring; the agent's memory stays put; a connection to another port
+/// meanwhile is untouched.
+#[test]
+fn a_flood_of_drops_is_counted_and_its_triggers_rate_limited() {
+    if !require_root() {
+        return;
+    }
+    const FLOOD: u32 = 100_000;
+    let bins = Binaries::locate().expect("the binaries");
+    let topo = Topology::without_sink(&PODS);
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let _open = Server::asyncio(&topo.pod("server").ns, OPEN, dir.path());
+    let cfg = AgentConfig { rules: vec!["drop=netfilter_drop".into()], ..AgentConfig::default() };
+    let env = AgentEnv::new(&bins, &topo.node, &cfg);
+    let agent = env.start(&[]);
+    agent.wait_attached(&["vethclient", "vethserver"], Duration::from_secs(10));
+    let (client, server) = (topo.pod("client"), topo.pod("server"));
+    // The flood goes to ports 1 and 2 of the server pod: dropped in the forward path.
+    topo.node.sh(&format!("iptables -I FORWARD -d {} -p tcp --dport 1:2 -j DROP", server.v4));
+    let pid = agent.pid();
+    let (_, rss_before) = mirror_e2e::capture::footprint::process(pid);
+    let cpu_before = cpu_ticks(pid);
+    let stats = {
+        // SAFETY: a plain syscall wrapper; a non-negative return is a descriptor we own.
+        let fd =
+            unsafe { libbpf_rs::libbpf_sys::bpf_enable_stats(libbpf_rs::libbpf_sys::BPF_STATS_RUN_TIME) };
+        assert!(fd >= 0, "BPF_ENABLE_STATS: {}", std::io::Error::from_raw_os_error(-fd));
+        // SAFETY: fd is open and ours alone.
+        unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }
+    };
+    let runs_before = drop_program_runs(pid);
+    let took = mirror_e2e::workload::flood::syn_flood(&client.ns, client.v4, server.v4, FLOOD);
+    assert!(
+        connect(&client.ns, SocketAddr::new(server.addr(false), OPEN), Duration::from_secs(2)),
+        "open port"
+    );
+    std::thread::sleep(SETTLE);
+    let runs_after = drop_program_runs(pid);
+    drop(stats);
+    let cpu = cpu_ticks(pid) - cpu_before;
+    let (_, rss_after) = mirror_e2e::capture::footprint::process(pid);
+
+    let st = env.status();
+    let c = &st["counters"];
+    let count = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("no counter {k}: {c}"));
+    assert_eq!(st["drops"]["netfilter_drop"], FLOOD, "every dropped SYN counted: {}", st["drops"]);
+    let (triggers, limited) = (count("drop_triggers"), count("drop_limited"));
+    assert_eq!(triggers + limited, u64::from(FLOOD), "each drop triggered or was limited: {c}");
+    // The rate: 100 a second, per one-second window; the flood spans a window or a few more.
+    let windows = took.as_secs() + 2;
+    assert!(triggers >= 100 && triggers <= 100 * windows, "{triggers} triggers in {took:?}");
+    assert_eq!(count("ringbuf_drops"), 0, "no event lost: {c}");
+    let evs = events(&env);
+    let drops = evs.iter().filter(|e| e["kind"] == "drop").count();
+    assert_eq!(drops as u64, triggers.min(evs.len() as u64), "an event per trigger (as the log keeps)");
+    let growth = rss_after.saturating_sub(rss_before);
+    assert!(growth < 4096, "the agent's RSS grew by {growth} KiB over the flood");
+    let (n, ns) = (runs_after.0 - runs_before.0, runs_after.1 - runs_before.1);
+    assert!(n >= u64::from(FLOOD), "the drop program ran {n} times");
+    eprintln!(
+        "{FLOOD} SYNs dropped in {} ms: {triggers} triggers, {limited} limited; agent CPU {} ms, RSS +{growth} KiB; \
+         drop program: {n} runs, {:.0} ns per run",
+        took.as_millis(),
+        cpu * 10,
+        ns as f64 / n as f64
+    );
+    drop(agent);
+}
