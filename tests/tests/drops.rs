@@ -8,14 +8,17 @@
 //! checked against the client's own capture (the SYNs it sent) and the mirror's.
 
 use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv, Binaries};
 use mirror_e2e::capture::pcap::{Packet, Trace};
 use mirror_e2e::capture::tcpdump::{Capture, SETTLE};
+use mirror_e2e::proc::Proc;
 use mirror_e2e::scenario::PODS;
-use mirror_e2e::topology::netns::{Netns, Topology};
+use mirror_e2e::topology::netns::{nsenter, Netns, Topology};
 use mirror_e2e::workload::servers::Server;
 use serde_json::Value;
 
@@ -63,6 +66,27 @@ fn syns_to(client: &Trace, port: u16) -> Vec<&Packet> {
     client.packets.iter().filter(|p| p.flags & SYN != 0 && p.dst.port() == port).collect()
 }
 
+/// `mirrorctl capture` of the agent of `env` in `node`, into `file`, running.
+fn ctl_capture(bins: &Binaries, node: &Netns, env: &AgentEnv, file: &Path) -> Proc {
+    let mut cmd = nsenter(&node.path(), &bins.ctl);
+    cmd.arg("--socket").arg(env.socket()).args(["capture", "-w"]).arg(file);
+    let mut p = Proc::spawn("mirrorctl capture", &mut cmd);
+    p.wait_for_output("capturing", Duration::from_secs(5));
+    p
+}
+
+/// tshark's reading of pcapng `file`: per frame, its comment and summary, tab-separated.
+fn tshark_lines(file: &Path) -> Vec<String> {
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(file)
+        .args(["-T", "fields", "-e", "eth.src", "-e", "frame.comment", "-e", "_ws.col.Info"])
+        .output()
+        .expect("running tshark");
+    assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
+}
+
 /// The agent's events, as JSON.
 fn events(env: &AgentEnv) -> Vec<Value> {
     let v: Value = serde_json::from_str(&env.ctl_ok(&["-o", "json", "events"])).expect("events as JSON");
@@ -87,6 +111,8 @@ fn dropped_by_the_node(firewall: Firewall) -> f64 {
     let (client_file, sink_file) = (dir.path().join("client.pcap"), dir.path().join("sink.pcap"));
     let client_cap = Capture::start(&topo.pod("client").ns, "eth0", "tcp", &client_file);
     let sink_cap = Capture::start(&topo.node, &env.sink_peer(), "tcp", &sink_file);
+    let ctl_file = dir.path().join("mirrorctl.pcapng");
+    let mut ctl = ctl_capture(&bins, &topo.node, &env, &ctl_file);
     let server: IpAddr = topo.pod("server").addr(false);
     let client_ns = &topo.pod("client").ns;
     // The SYN at 0, its retransmissions at 1 s and 3 s.
@@ -94,6 +120,8 @@ fn dropped_by_the_node(firewall: Firewall) -> f64 {
     assert!(connect(client_ns, SocketAddr::new(server, OPEN), Duration::from_secs(2)), "the open port");
     std::thread::sleep(SETTLE);
     let (client_trace, sink_trace) = (client_cap.stop(), sink_cap.stop());
+    let status = ctl.stop(libc::SIGTERM, Duration::from_secs(5));
+    assert!(status.is_some_and(|s| s.success()), "mirrorctl capture: {}", ctl.output());
 
     let sent = syns_to(&client_trace, DROPPED);
     assert!(sent.len() >= 3, "the client's SYN and two retransmissions: {sent:?}");
@@ -138,6 +166,19 @@ fn dropped_by_the_node(firewall: Firewall) -> f64 {
         st["drops"]
     );
     assert_eq!(st["counters"]["drop_triggers"], 1, "{}", st["counters"]);
+    // mirrorctl's capture, read by tshark: the dropped SYN first, commented with its reason and
+    // location, then its retransmissions.
+    let lines = tshark_lines(&ctl_file);
+    for l in &lines {
+        eprintln!("tshark: {l}");
+    }
+    let [first, rest @ ..] = &lines[..] else { panic!("nothing in mirrorctl's capture") };
+    assert!(first.starts_with("02:64:72:6f:70:73\t"), "the drop's copy first: {lines:?}");
+    assert!(
+        first.contains(&format!("dropped by the kernel: netfilter_drop at {location}; mirrored by rule 1")),
+        "{first}"
+    );
+    assert_eq!(rest.len(), retransmitted.len(), "then the retransmissions: {lines:?}");
     eprintln!(
         "{firewall:?}: the dropped SYN written to the sink {copied_ms:.3} ms after the drop; at {location}"
     );
