@@ -352,3 +352,41 @@ fn a_flood_of_drops_is_counted_and_its_triggers_rate_limited() {
     );
     drop(agent);
 }
+
+/// A packet conntrack finds invalid (a SYN/ACK no SYN came before), dropped by the node's
+/// `--ctstate INVALID` rule: the rule's port (`port=`) and reason match, and the packet reaches
+/// the mirror; a drop rule for another port does not trigger on it.
+#[test]
+fn a_packet_conntrack_finds_invalid_reaches_the_mirror() {
+    if !require_root() {
+        return;
+    }
+    const PORT: u16 = 8082;
+    let bins = Binaries::locate().expect("the binaries");
+    let topo = Topology::without_sink(&PODS);
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let rules = vec![format!("drop=netfilter_drop port={PORT}"), "drop=netfilter_drop port=9999".into()];
+    let cfg = AgentConfig { rules, ..AgentConfig::default() };
+    let env = AgentEnv::new(&bins, &topo.node, &cfg);
+    let agent = env.start(&[]);
+    agent.wait_attached(&["vethclient", "vethserver"], Duration::from_secs(10));
+    topo.node.sh("iptables -I FORWARD -m conntrack --ctstate INVALID -j DROP");
+    let sink_file = dir.path().join("sink.pcap");
+    let sink_cap = Capture::start(&topo.node, &env.sink_peer(), "tcp", &sink_file);
+    let (client, server) = (topo.pod("client"), topo.pod("server"));
+    mirror_e2e::workload::flood::segment(&client.ns, (client.v4, 40_000), (server.v4, PORT), 0x12);
+    std::thread::sleep(SETTLE);
+    let sink_trace = sink_cap.stop();
+    let dropped: Vec<&Packet> = sink_trace.dropped.iter().map(|d| &d.packet).collect();
+    let [p] = dropped[..] else { panic!("the invalid SYN/ACK once on the mirror: {dropped:?}") };
+    assert_eq!((p.src.port(), p.dst.port(), p.flags), (40_000, PORT, 0x12), "{p:?}");
+    let evs = events(&env);
+    assert_eq!(evs.len(), 1, "{evs:?}");
+    assert_eq!(
+        (&evs[0]["rule_id"], &evs[0]["drop"]["reason"]),
+        (&1.into(), &"netfilter_drop".into()),
+        "{}",
+        evs[0]
+    );
+    drop(agent);
+}
