@@ -132,7 +132,15 @@ impl EventLog {
     pub fn push(&self, mut ev: EventView) -> u64 {
         if ev.pod.is_none() {
             if let Some(pods) = self.pods.lock().expect("event pods lock").as_ref() {
-                if let Some(p) = pods.by_ifindex(ev.ifindex) {
+                // Else the pod of an address of the flow (a drop in a pod's own namespace has no
+                // interface of ours): the server's, then the client's.
+                let by_addr =
+                    |a: &str| a.parse::<std::net::SocketAddr>().ok().and_then(|sa| pods.by_addr(sa.ip()));
+                let pod = pods
+                    .by_ifindex(ev.ifindex)
+                    .or_else(|| by_addr(&ev.server_side.server))
+                    .or_else(|| by_addr(&ev.client_side.client));
+                if let Some(p) = pod {
                     ev.pod = Some(p.label());
                     ev.labels = p.labels;
                 }

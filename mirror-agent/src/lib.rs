@@ -16,6 +16,7 @@ pub mod event_log;
 pub mod groups;
 pub mod handover;
 pub mod health;
+pub mod kallsyms;
 pub mod links;
 pub mod memory;
 pub mod metrics;

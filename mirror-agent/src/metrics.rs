@@ -187,6 +187,15 @@ async fn render(
         "DNS responses seen on the DNS ports, by rcode (the named ones always, 12-15 once seen)",
         dns_responses(&status.dns_rcodes),
     );
+    let drops = Family::<Vec<(String, String)>, Counter>::default();
+    for (reason, n) in &status.drops {
+        drops.get_or_create(&vec![("reason".to_string(), reason.clone())]).inc_by(*n);
+    }
+    reg.register(
+        "drops",
+        "Packets of the pods' flows the kernel dropped, by reason (those seen; a rule or not)",
+        drops,
+    );
     let attached = Gauge::<i64>::default();
     attached.set(status.interfaces.len() as i64);
     reg.register("attached_interfaces", "Interfaces the classifier is attached to", attached);

@@ -70,7 +70,7 @@ pub struct FlowView {
     /// Status that triggered; for `grpc-status`, the gRPC code; for `dns`, the rcode (0 for the
     /// other kinds).
     pub status: Option<u16>,
-    /// What triggered: `status`, `reset`, `noresponse`, `grpc-status` or `dns`.
+    /// What triggered: `status`, `reset`, `noresponse`, `grpc-status`, `dns` or `drop`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<String>,
     /// Packets mirrored.
@@ -274,6 +274,10 @@ pub struct StatusView {
     /// seen at least once.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub dns_rcodes: BTreeMap<String, u64>,
+    /// The pods' packets the kernel dropped, by reason (`netfilter_drop`; `subsystem` for a
+    /// subsystem's reasons): those seen at least once.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub drops: BTreeMap<String, u64>,
     /// The kernel memory of the data path's maps on this node (none from an older agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryView>,
@@ -493,6 +497,27 @@ pub struct EventView {
     /// may hold other requests sent with it in one segment: the event names the one answered).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<RequestView>,
+    /// `drop`: the packet the kernel dropped, why and where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop: Option<DropView>,
+}
+
+/// A packet the kernel dropped, behind a `drop` trigger.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DropView {
+    /// The kernel's reason (`netfilter_drop`: `SKB_DROP_REASON_NETFILTER_DROP`, lower case).
+    pub reason: String,
+    /// Where in the kernel (kfree_skb's caller), as `/proc/kallsyms` names it
+    /// (`nf_hook_slow+0x8c`), else its address.
+    pub location: String,
+    /// Bytes of it copied (headers and the first bytes of the payload), of `wire_bytes`.
+    pub bytes: usize,
+    /// Its length (from its network header, with an Ethernet header's 14 bytes).
+    pub wire_bytes: u32,
+    /// Its copy was written to the sink (Ethernet source 02:64:72:6f:70:73), this many
+    /// milliseconds after the drop; absent when not written (no sink, or it failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copied_ms: Option<f64>,
 }
 
 /// The request behind a trigger: the start of the segment that carried it.

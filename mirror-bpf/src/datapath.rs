@@ -116,6 +116,9 @@ pub struct Datapath<'obj> {
     /// The tracing programs, once loaded ([`Datapath::load_tracing`]); dropped (their groups
     /// detached) before the classifier whose maps they share.
     tracing: Option<Tracing>,
+    /// The drop program's link while attached ([`Datapath::attach_drops`]); detached before
+    /// the classifier goes.
+    drops: Option<libbpf_rs::Link>,
     skel: ClassifierSkel<'obj>,
     rules: InstalledRules,
     pin_path: Option<PathBuf>,
@@ -205,12 +208,15 @@ impl<'obj> Datapath<'obj> {
             }
             crate::programs::ask_stats(&mut prog);
         }
+        // The drop program where the kernel has its tracepoint (else it would fail the load).
+        open.progs.drop_trace.set_autoload(crate::drops::supported().is_ok());
         let rodata = open
             .maps
             .rodata_data
             .as_deref_mut()
             .ok_or_else(|| Error::Unsupported("the classifier's .rodata is not mapped".into()))?;
         rodata.protocols_enabled = opts.protocols.bits();
+        rodata.node_netns = crate::probes::current_netns()?;
         DatapathOptions::check_replay_requests(opts.replay_requests)
             .map_err(|why| Error::Unsupported(format!("replay_requests: {why}")))?;
         let maps = &mut open.maps;
@@ -311,6 +317,7 @@ impl<'obj> Datapath<'obj> {
         }
         let programs = crate::programs::stats(skel.object());
         let dp = Self {
+            drops: None,
             tracing: None,
             protocols: opts.protocols,
             programs,
@@ -526,6 +533,31 @@ impl<'obj> Datapath<'obj> {
             set_stack_stamps(&mut self.skel, true);
         }
         Ok(())
+    }
+
+    // The kernel's drops (see crate::drops).
+
+    /// Attaches the drop program (`include/drop.h`) to the kfree_skb tracepoint: the pods'
+    /// packets the kernel drops are counted by reason, and trigger the drop rules. Fails where
+    /// the kernel lacks the tracepoint ([`crate::drops::supported`] says why). Again: nothing.
+    pub fn attach_drops(&mut self) -> Result<()> {
+        if self.drops.is_some() {
+            return Ok(());
+        }
+        crate::drops::supported().map_err(|why| Error::Unsupported(format!("drops: {why}")))?;
+        let link = self.skel.progs.drop_trace.attach().context(|| "attaching drop_trace".into())?;
+        self.drops = Some(link);
+        Ok(())
+    }
+
+    /// Whether the drop program is attached.
+    pub fn drops_attached(&self) -> bool {
+        self.drops.is_some()
+    }
+
+    /// The pods' packets the kernel dropped, by reason (see [`crate::drops::DropCounts`]).
+    pub fn drop_counts(&self) -> Result<crate::drops::DropCounts> {
+        crate::drops::read_counts(&self.skel.maps.drop_counts)
     }
 
     // Attaching.
@@ -764,7 +796,7 @@ impl<'obj> Datapath<'obj> {
     where
         F: FnMut(TriggerEvent) + 'static,
     {
-        event::ring(&self.skel.maps.events, f)
+        event::ring(&[&self.skel.maps.events, &self.skel.maps.drop_events], f)
     }
 
     /// Polls `rb` once for at most `timeout`.

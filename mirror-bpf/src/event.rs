@@ -127,7 +127,44 @@ pub struct TriggerEvent {
     /// The segment of the request behind the trigger, kept before it (and replayed to the
     /// mirror ahead of the response when the replay program is attached).
     pub request: Option<ReplayedRequest>,
+    /// A drop ([`TriggerKind::Drop`]): the packet the kernel dropped, why and where.
+    pub dropped: Option<DroppedPacket>,
 }
+
+/// A packet the kernel dropped, as the drop program copied it (`include/drop.h`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DroppedPacket {
+    /// The kernel's reason (`enum skb_drop_reason` of the running kernel; its name:
+    /// [`DroppedPacket::reason_name`]).
+    pub reason: u16,
+    /// Where in the kernel: the address of kfree_skb's caller.
+    pub location: u64,
+    /// Its length from the network header, plus an Ethernet header's 14 bytes.
+    pub wire_len: u32,
+    /// An Ethernet header (the packet's own when it had one, else zero addresses) and its first
+    /// bytes from the network header on (at most 640 in all).
+    pub frame: Vec<u8>,
+}
+
+impl DroppedPacket {
+    /// The reason's name on this kernel (`netfilter_drop`), else its number.
+    pub fn reason_name(&self) -> String {
+        crate::rule::drop::reason_text(self.reason)
+    }
+
+    /// The frame as the mirror gets it: its Ethernet source [`DROP_MAC`], and a frame kept cut
+    /// given the length it carries (as a replay's: [`ReplayedRequest::reshaped`]).
+    pub fn reshaped(&self) -> Option<Vec<u8>> {
+        let r = ReplayedRequest { ts_ns: 0, wire_len: self.wire_len, frame: self.frame.clone() };
+        let mut frame = r.reshaped()?;
+        frame[6..12].copy_from_slice(&DROP_MAC);
+        Some(frame)
+    }
+}
+
+/// The Ethernet source of a dropped packet's copy on the mirror: locally administered,
+/// "\2drops" (the replayed request's is [`crate::replay::REPLAY_MAC`]).
+pub const DROP_MAC: [u8; 6] = *b"\x02drops";
 
 /// What the classifier knows of the request behind a trigger: it names the one answered, or
 /// none, never another.
@@ -212,7 +249,13 @@ impl TriggerEvent {
             request_to_response: (ev.request_to_response_ns != 0)
                 .then(|| Duration::from_nanos(ev.request_to_response_ns)),
             request_state: RequestState::from_raw(u32::from(ev.request)),
-            request: (ev.replay_len != 0).then(|| ReplayedRequest {
+            dropped: (kind == TriggerKind::Drop).then(|| DroppedPacket {
+                reason: ev.status,
+                location: ev.location,
+                wire_len: ev.replay_wire_len,
+                frame: ev.replay[..(ev.replay_len as usize).min(ev.replay.len())].to_vec(),
+            }),
+            request: (ev.replay_len != 0 && kind != TriggerKind::Drop).then(|| ReplayedRequest {
                 ts_ns: ev.replay_ts_ns,
                 wire_len: ev.replay_wire_len,
                 frame: ev.replay[..(ev.replay_len as usize).min(ev.replay.len())].to_vec(),
@@ -233,19 +276,24 @@ impl TriggerEvent {
     }
 }
 
-/// A ring buffer over the `events` map that calls `f` for each trigger event.
-pub(crate) fn ring<F>(events: &MapMut<'_>, mut f: F) -> Result<RingBuffer<'static>>
+/// One ring buffer over the maps `rings` (the triggers' `events`, the drops' `drop_events`)
+/// that calls `f` for each trigger event.
+pub(crate) fn ring<F>(rings: &[&MapMut<'_>], f: F) -> Result<RingBuffer<'static>>
 where
     F: FnMut(TriggerEvent) + 'static,
 {
+    let f = std::rc::Rc::new(std::cell::RefCell::new(f));
     let mut b = RingBufferBuilder::new();
-    b.add(events, move |data: &[u8]| {
-        if let Some(ev) = TriggerEvent::parse(data) {
-            f(ev);
-        }
-        0
-    })
-    .context(|| "opening the events ring buffer".into())?;
+    for events in rings {
+        let f = f.clone();
+        b.add(*events, move |data: &[u8]| {
+            if let Some(ev) = TriggerEvent::parse(data) {
+                (f.borrow_mut())(ev);
+            }
+            0
+        })
+        .context(|| "opening the events ring buffer".into())?;
+    }
     b.build().context(|| "opening the events ring buffer".into())
 }
 

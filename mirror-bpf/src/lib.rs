@@ -10,6 +10,7 @@
 pub mod attach;
 pub mod budget;
 pub mod datapath;
+pub mod drops;
 pub mod error;
 pub mod event;
 pub mod flow;
@@ -43,8 +44,8 @@ pub use programs::ProgramStats;
 pub use protocols::{Protocol, Protocols};
 pub use replay::{ReplayHook, ReplayedRequest};
 pub use rule::{
-    DnsRcodes, GrpcCodes, Limits, Reach, RequestFilter, Rule, RuleError, RuleId, RuleInfo, StatusMatch,
-    Trigger, TriggerKind,
+    DnsRcodes, DropReasons, GrpcCodes, Limits, Reach, RequestFilter, Rule, RuleError, RuleId, RuleInfo,
+    StatusMatch, Trigger, TriggerKind,
 };
 pub use settings::MirrorDelivery;
 pub use settings::TimingGroup;

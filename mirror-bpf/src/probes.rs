@@ -106,7 +106,7 @@ fn sock_length_tracepoints() -> bool {
 }
 
 /// The inode of the calling thread's network namespace (the node's: where the classifier is).
-fn current_netns() -> Result<u32> {
+pub(crate) fn current_netns() -> Result<u32> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata("/proc/thread-self/ns/net")
         .context(|| "reading /proc/thread-self/ns/net".into())?;

@@ -115,9 +115,13 @@ impl Protocols {
     /// Whether `rule` can trigger with these programs loaded: a DNS trigger (`dns=`) or a DNS
     /// filter (`qname=`, `qtype=`) needs dns; `grpc-status=` needs http2; `status=`,
     /// `latency>`, `reset` and the HTTP filters (`method=`, `path=`, `host=`) need http1;
-    /// `noresponse>` alone needs http1 or dns. The error says what it needs and names the
+    /// `noresponse>` alone needs http1 or dns; `drop` alone needs none (the kernel's drops are
+    /// seen by a program of their own). The error says what it needs and names the
     /// `protocols:` setting (the caller names the rule).
     pub fn admits(self, rule: &Rule) -> Result<(), String> {
+        if matches!(rule.trigger, Trigger::Drop(_)) && !rule.filter.is_http() && !rule.filter.is_dns() {
+            return Ok(());
+        }
         let dns = matches!(rule.trigger, Trigger::Dns { .. }) || rule.filter.is_dns();
         let needs: &[Protocol] = if dns {
             &[Protocol::Dns]
@@ -188,6 +192,7 @@ mod tests {
         assert!(dns.admits(&rule("noresponse>1s")).is_ok() && http.admits(&rule("noresponse>1s")).is_ok());
         let err = Protocols::NONE.admits(&rule("noresponse>1s")).unwrap_err();
         assert!(err.contains("needs the http1 or dns protocol") && err.contains("protocols: []"), "{err}");
+        assert!(Protocols::NONE.admits(&rule("drop=netfilter_drop port=80")).is_ok());
         let h1 = Protocols::from_iter([Protocol::Http1]);
         assert!(h1.admits(&rule("grpc-status=14")).unwrap_err().contains("add http2"));
     }

@@ -300,6 +300,24 @@ pub const COUNTERS: &[Counter] = &[
         metric: Some("dns_triggers"),
         help: "DNS responses that matched a dns= rule and marked their flow",
     },
+    Counter {
+        idx: S::STAT_DROPS,
+        name: "drops",
+        metric: None,
+        help: "Packets of the pods' flows the kernel dropped for a real reason (by reason: mirror_drops_total)",
+    },
+    Counter {
+        idx: S::STAT_DROP_TRIGGERS,
+        name: "drop_triggers",
+        metric: Some("drop_triggers"),
+        help: "Drops that matched a drop rule and marked their flow",
+    },
+    Counter {
+        idx: S::STAT_DROP_LIMITED,
+        name: "drop_limited",
+        metric: Some("drop_triggers_limited"),
+        help: "Drop triggers refused by their rule's rate (100 a second per rule)",
+    },
 ];
 
 /// DNS responses by rcode (the `dns_rcodes` map), summed over CPUs: entry `r` is rcode `r`.

@@ -217,6 +217,7 @@ async fn status(State(s): State<ApiState>) -> ApiResult<StatusView> {
         protocols: st.protocols,
         programs: st.programs,
         dns_rcodes: crate::api::text::rcode_counts(&st.dns_rcodes).collect(),
+        drops: st.drops.clone(),
         memory: info.memory.as_ref().map(|m| m.report(st.map_sizes)),
     }))
 }

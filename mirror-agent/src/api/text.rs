@@ -6,7 +6,8 @@ use crate::views::EventView;
 
 /// What triggered, as the tables show it: the status (`500`), `grpc 13 INTERNAL` (a gRPC
 /// code, its name when gRPC names it), `dns NXDOMAIN` (a DNS rcode, by name when DNS names
-/// it), `reset` (`reset by server` when `by` is known), `noresponse`. `kind` is a
+/// it), `reset` (`reset by server` when `by` is known), `noresponse`, `drop netfilter_drop` (the
+/// kernel's reason, its name on this kernel). `kind` is a
 /// [`mirror_bpf::TriggerKind`] name (`None`: `status`).
 pub fn trigger_text(kind: Option<&str>, status: u16, by: Option<&str>) -> String {
     match (kind.unwrap_or("status"), by) {
@@ -16,6 +17,7 @@ pub fn trigger_text(kind: Option<&str>, status: u16, by: Option<&str>) -> String
             None => format!("grpc {status}"),
         },
         ("dns", _) => format!("dns {}", rcode_text(status)),
+        ("drop", _) => format!("drop {}", mirror_bpf::rule::drop::reason_text(status)),
         ("reset", Some(by)) => format!("reset by {by}"),
         (kind, _) => kind.to_string(),
     }
@@ -61,6 +63,8 @@ mod tests {
         assert_eq!(trigger_text(Some("reset"), 0, Some("client")), "reset by client");
         assert_eq!(trigger_text(Some("reset"), 0, None), "reset");
         assert_eq!(trigger_text(Some("noresponse"), 0, None), "noresponse");
+        let nf = mirror_bpf::rule::drop::reasons().iter().find(|(_, n)| n == "netfilter_drop").unwrap().0;
+        assert_eq!(trigger_text(Some("drop"), nf, Some("client")), "drop netfilter_drop");
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub const GROUP: &str = "mirror.ebpf.io";
 pub const VERSION: &str = "v1alpha1";
 
 /// A rule's trigger, request filters, per-flow limits, and reach. At least one trigger field
-/// (`status`, `grpcStatus`, `dns`, `reset`, `noResponse`, `latency`) is needed.
+/// (`status`, `grpcStatus`, `dns`, `reset`, `noResponse`, `latency`, `drop`) is needed.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RuleFields {
@@ -39,6 +39,11 @@ pub struct RuleFields {
     /// A TCP reset of an HTTP connection triggers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reset: Option<bool>,
+    /// The kernel dropping a packet of the pod's flow triggers, for these reasons: the kernel's
+    /// names (`SKB_DROP_REASON_*` lower case, without the prefix), as `drop=` takes them:
+    /// `[netfilter_drop]`, `[netfilter_drop, no_socket]`, or `[any]` for every real drop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop: Option<Vec<String>>,
     /// A request unanswered for this long triggers (`2s`, `500ms`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_response: Option<String>,

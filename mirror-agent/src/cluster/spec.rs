@@ -43,6 +43,12 @@ pub fn rule_of(f: &RuleFields) -> Result<Rule, String> {
     let dns = f.dns.as_ref().map(|codes| codes.iter().map(int_or_string).collect::<Vec<_>>().join(","));
     push("dns", "dns=", &dns)?;
     push("reset", "", &f.reset.filter(|r| *r).map(|_| "reset".to_string()))?;
+    if f.drop.as_ref().is_some_and(|reasons| reasons.is_empty()) {
+        return Err(
+            "spec.drop: empty: give the kernel's drop reasons (netfilter_drop, no_socket) or any".into()
+        );
+    }
+    push("drop", "drop=", &f.drop.as_ref().map(|r| r.join(",")))?;
     push("noResponse", "noresponse>", &f.no_response)?;
     push("latency", "latency>", &f.latency)?;
     push("method", "method=", &f.method)?;
@@ -53,10 +59,10 @@ pub fn rule_of(f: &RuleFields) -> Result<Rule, String> {
     push("packets", "packets=", &f.packets.map(|p| p.to_string()))?;
     push("bytes", "bytes=", &f.bytes.map(|p| p.to_string()))?;
     push("duration", "duration=", &f.duration)?;
-    let triggers = ["status", "grpcStatus", "dns", "reset", "noResponse", "latency"];
+    let triggers = ["status", "grpcStatus", "dns", "reset", "noResponse", "latency", "drop"];
     if !tokens.iter().any(|(field, _)| triggers.contains(field)) {
         return Err("no trigger: set one of spec.status, spec.grpcStatus, spec.dns, spec.reset, \
-                    spec.noResponse, spec.latency"
+                    spec.noResponse, spec.latency, spec.drop"
             .into());
     }
     let text = tokens.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>().join(" ");
@@ -113,6 +119,19 @@ mod tests {
         assert!(r.to_string().starts_with("grpc-status=INTERNAL,UNAVAILABLE latency>1s"), "{r}");
         assert_eq!(rule_of(&fields("reset: true\n")).unwrap().to_string().split(' ').next(), Some("reset"));
         assert!(rule_of(&fields("noResponse: 2s\n")).unwrap().to_string().starts_with("noresponse>2s"));
+    }
+
+    #[test]
+    fn drop_fields_become_the_rule_syntax() {
+        let r = rule_of(&fields("drop: [netfilter_drop]\nport: 8080\n")).unwrap();
+        assert_eq!(r.to_string(), "port=8080 drop=netfilter_drop packets=10000 bytes=0 duration=60s");
+        assert!(rule_of(&fields("drop: [any]\n")).unwrap().to_string().starts_with("drop packets="));
+        assert!(rule_of(&fields("drop: []\n")).unwrap_err().starts_with("spec.drop: empty"));
+        let e = rule_of(&fields("drop: [nosuch]\n")).unwrap_err();
+        assert!(
+            e.starts_with("spec.drop: 'drop=nosuch': 'nosuch' is not a drop reason of this kernel"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -62,6 +62,8 @@ struct Known {
     pods: Vec<PodView>,
     flows: Vec<FlowView>,
     rules: BTreeMap<u32, String>,
+    /// The latest drops' events: the dropped packets' (client, server, reason, location).
+    drops: Vec<(String, String, String, String)>,
     at: Option<Instant>,
 }
 
@@ -71,6 +73,14 @@ impl Known {
         self.flows = c.call(Method::GET, "/v1/flows", None).await?;
         let rules: Vec<RuleView> = c.call(Method::GET, "/v1/rules", None).await?;
         self.rules = rules.into_iter().map(|r| (r.id, r.rule)).collect();
+        let events: Vec<crate::views::EventView> = c.call(Method::GET, "/v1/events?limit=1000", None).await?;
+        self.drops = events
+            .into_iter()
+            .filter_map(|e| {
+                let d = e.drop?;
+                Some((e.client_side.client, e.client_side.server, d.reason, d.location))
+            })
+            .collect();
         self.at = Some(Instant::now());
         Ok(())
     }
@@ -78,6 +88,16 @@ impl Known {
     fn pod_of(&self, ip: std::net::IpAddr) -> Option<&PodView> {
         let ip = ip.to_string();
         self.pods.iter().find(|p| p.addresses.contains(&ip))
+    }
+
+    /// The reason and location of the drop of a packet of `t`, the latest such event's.
+    fn drop_of(&self, t: &Tuple) -> Option<(&str, &str)> {
+        let (a, b) = (t.src.to_string(), t.dst.to_string());
+        self.drops
+            .iter()
+            .rev()
+            .find(|(c, s, _, _)| (*c == a && *s == b) || (*c == b && *s == a))
+            .map(|(_, _, r, l)| (r.as_str(), l.as_str()))
     }
 
     fn flow_of(&self, t: &Tuple) -> Option<&FlowView> {
@@ -112,7 +132,8 @@ pub async fn run(c: &Client<'_>, args: CaptureArgs) -> anyhow::Result<()> {
     };
     // Copies are received by the sink's peer (or an ifb), or sent out of a dummy.
     let want_outgoing = delivery != "ingress";
-    let mut known = Known { pods: Vec::new(), flows: Vec::new(), rules: BTreeMap::new(), at: None };
+    let mut known =
+        Known { pods: Vec::new(), flows: Vec::new(), rules: BTreeMap::new(), drops: Vec::new(), at: None };
     known.refresh(c).await?;
     check(&args, &known)?;
     let sock = PacketSocket::open(&iface).with_context(|| format!("capturing on {iface}"))?;
@@ -180,7 +201,15 @@ pub async fn run(c: &Client<'_>, args: CaptureArgs) -> anyhow::Result<()> {
             if is_replay {
                 replayed += 1;
             }
-            let comment = packet_comment(&known, place.rule, is_replay);
+            let mut comment = packet_comment(&known, place.rule, is_replay);
+            if frame.data.get(6..12) == Some(&mirror_bpf::event::DROP_MAC[..]) {
+                // Its event was read before the copy was written: known, or known now.
+                let t = tuple.as_ref();
+                if t.and_then(|t| known.drop_of(t)).is_none() {
+                    known.refresh(c).await?;
+                }
+                comment = drop_comment(t.and_then(|t| known.drop_of(t)), &comment);
+            }
             let cut = frame.data.len().min(snaplen as usize);
             out.packet(id, frame.time, &frame.data[..cut], frame.orig_len, direction, &comment)?;
             written += 1;
@@ -265,6 +294,14 @@ fn packet_comment(known: &Known, rule: Option<(u32, Option<String>)>, replayed: 
     comment
 }
 
+/// A dropped packet's comment: `dropped by the kernel: REASON at LOCATION; ` before the rule's.
+fn drop_comment(drop: Option<(&str, &str)>, rule: &str) -> String {
+    match drop {
+        Some((reason, location)) => format!("dropped by the kernel: {reason} at {location}; {rule}"),
+        None => format!("dropped by the kernel (its event is gone); {rule}"),
+    }
+}
+
 fn place(known: &Known, tuple: Option<&Tuple>) -> Place {
     let Some(t) = tuple else { return Place { pod: None, rule: None } };
     let side = |a: SocketAddr| known.pod_of(a.ip()).cloned();
@@ -309,8 +346,13 @@ mod tests {
             pods: Vec::new(),
             flows: Vec::new(),
             rules: BTreeMap::from([(1, "status=500".to_string())]),
+            drops: Vec::new(),
             at: None,
         };
+        assert_eq!(
+            drop_comment(Some(("netfilter_drop", "nft_do_chain+0x3e8")), "mirrored by rule 1 (drop=netfilter_drop)"),
+            "dropped by the kernel: netfilter_drop at nft_do_chain+0x3e8; mirrored by rule 1 (drop=netfilter_drop)"
+        );
         assert_eq!(
             packet_comment(&known, Some((1, Some("a 500".into()))), false),
             "mirrored by rule 1 (status=500), on a 500"

@@ -31,6 +31,10 @@ pub async fn run(c: &Client<'_>, json: bool) -> anyhow::Result<()> {
     if let Some(line) = dns_rcodes_line(&s) {
         println!("{line}");
     }
+    if !s.drops.is_empty() {
+        let parts: Vec<String> = s.drops.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        println!("kernel drops of the pods' packets, by reason: {}", parts.join(", "));
+    }
     if !s.net_cpu.is_empty() {
         let pct = |v: f64| format!("{:.1}%", v * 100.0);
         let rows: Vec<Vec<String>> = s

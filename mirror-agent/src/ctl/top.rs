@@ -1,7 +1,7 @@
 //! `mirrorctl top`: a live view of the agent, refreshed each second over the API: the mirror's
-//! rate and drops, triggers per rule, DNS responses by rcode and failed lookups by pod (where
-//! DNS is followed: [`super::top_dns`]), the mirrored flows and the busiest ones, by pod. `q`
-//! (or Esc, or Ctrl-C) quits.
+//! rate and drops, the kernel's drops of the pods' packets by reason, triggers per rule, DNS
+//! responses by rcode and failed lookups by pod (where DNS is followed: [`super::top_dns`]), the
+//! mirrored flows and the busiest ones, by pod. `q` (or Esc, or Ctrl-C) quits.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -35,6 +35,11 @@ pub struct View {
     pub drops_ps: [f64; 3],
     /// The same, since the agent started.
     pub drops_total: [u64; 3],
+    /// The kernel's drops of the pods' packets per second, and since the start by reason (most
+    /// first).
+    pub kernel_drops_ps: f64,
+    /// The same by reason, since the agent started, most first.
+    pub kernel_drops: Vec<(String, u64)>,
     /// Attached interfaces, pods known.
     pub interfaces: usize,
     /// Pods known.
@@ -115,10 +120,13 @@ impl Before {
             mirror_bps: rate(c("mirrored_bytes"), self.counters.get("mirrored_bytes")),
             drops_ps: drop_keys.map(|k| rate(c(k), self.counters.get(k))),
             drops_total: drop_keys.map(c),
+            kernel_drops_ps: rate(c("drops"), self.counters.get("drops")),
             interfaces: st.interfaces.len(),
             pods: st.pods.len(),
             ..View::default()
         };
+        v.kernel_drops = st.drops.iter().map(|(r, n)| (r.clone(), *n)).collect();
+        v.kernel_drops.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         v.rules = rules
             .iter()
             .map(|r| (r.id, r.rule.clone(), r.hits, rate(r.hits, self.hits.get(&r.id))))
@@ -161,7 +169,7 @@ pub(super) fn si(v: f64) -> String {
 /// Draws `v` on the whole frame.
 pub fn draw(f: &mut Frame, v: &View) {
     let areas = Layout::vertical([
-        Constraint::Length(3),
+        Constraint::Length(4),
         Constraint::Length(v.rules.len().clamp(1, 8) as u16 + 3),
         Constraint::Length(v.dns.as_ref().map_or(0, top_dns::height)),
         Constraint::Percentage(40),
@@ -180,6 +188,13 @@ pub fn draw(f: &mut Frame, v: &View) {
         v.interfaces,
         v.pods
     ))];
+    let mut head = head;
+    let by_reason: Vec<String> = v.kernel_drops.iter().take(4).map(|(r, n)| format!("{r} {n}")).collect();
+    head.push(Line::from(format!(
+        "kernel drops of the pods' packets {}/s{}",
+        si(v.kernel_drops_ps),
+        if by_reason.is_empty() { String::new() } else { format!(" (total: {})", by_reason.join(", ")) }
+    )));
     f.render_widget(
         Paragraph::new(head).block(Block::default().borders(Borders::ALL).title("mirrorctl top")),
         areas[0],
@@ -307,13 +322,21 @@ mod tests {
                 bps: 1000.0,
                 bytes: 5000,
             }],
+            kernel_drops_ps: 12.0,
+            kernel_drops: vec![("netfilter_drop".into(), 40), ("no_socket".into(), 2)],
             ..View::default()
         };
         let mut term = Terminal::new(TestBackend::new(160, 30)).unwrap();
         term.draw(|f| draw(f, &v)).unwrap();
         let text: String = term.backend().buffer().content().iter().map(|c| c.symbol()).collect();
-        for want in ["mirror 1.5k pkt/s 2.5MB/s", "status=500", "shop/web-0", "rule 3 (500)", "198.18.1.2:80"]
-        {
+        for want in [
+            "mirror 1.5k pkt/s 2.5MB/s",
+            "status=500",
+            "shop/web-0",
+            "rule 3 (500)",
+            "198.18.1.2:80",
+            "kernel drops of the pods' packets 12/s (total: netfilter_drop 40, no_socket 2)",
+        ] {
             assert!(text.contains(want), "{want} not shown");
         }
     }

@@ -103,6 +103,11 @@ impl Driver {
             );
         }
         let events = Events::open(&dp, log, cfg.budget != mirror_bpf::Budget::default())?;
+        // The kernel's drops: counted always (the program runs only when a packet is dropped),
+        // triggers while a drop rule exists.
+        if let Err(e) = dp.attach_drops() {
+            tracing::warn!(error = %e, "kernel drops are not followed: drop rules never trigger, mirror_drops_total stays empty");
+        }
         let tracing_unavailable = match dp.load_tracing() {
             Ok(t) => {
                 t.set_stack_sample(cfg.stack_sample);

@@ -17,7 +17,7 @@ use super::attached::AttachedLinks;
 use super::replay::{ReplayCounts, Replayer};
 use crate::community_id;
 use crate::event_log::EventLog;
-use crate::views::{EventView, RequestView, TupleView};
+use crate::views::{DropView, EventView, RequestView, TupleView};
 
 /// The ring buffer of trigger events and what its callback has read.
 pub(super) struct Events {
@@ -72,9 +72,25 @@ impl Events {
             tracing::warn!(error = %e, "reading trigger events");
         }
         while let Ok(e) = self.rx.try_recv() {
-            // First: the replay is due now.
-            self.replayer.on_event(&e);
-            let ev = complete(&e, dp, attached);
+            // First: the replay (or a drop's copy) is due now.
+            let copied = self.replayer.on_event(&e);
+            let mut ev = complete(&e, dp, attached);
+            if let (Some(d), Some(view)) = (&e.dropped, &mut ev.drop) {
+                view.copied_ms = copied.map(ms);
+                tracing::info!(
+                    rule = e.rule_id,
+                    reason = %d.reason_name(),
+                    location = %view.location,
+                    server = %ev.server_side.server,
+                    client = %ev.client_side.client,
+                    interface = %ev.interface,
+                    copied_ms = view.copied_ms,
+                    community_id = %ev.client_side.community_id,
+                    "drop: the kernel dropped a pod's packet; flow mirrored"
+                );
+                self.log.push(ev);
+                continue;
+            }
             tracing::info!(
                 rule = e.rule_id,
                 kind = %e.kind,
@@ -145,7 +161,8 @@ fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &AttachedLinks) -> Ev
     // (sender, receiver) of the packet that triggered (of the request, for noresponse), then
     // (client, server) of the tuple it was seen under: the server sends a response.
     let sent = if e.reverse { (e.key.hi, e.key.lo) } else { (e.key.lo, e.key.hi) };
-    let by_client = e.kind == TriggerKind::NoResponse || e.by == Some(Side::Client);
+    let by_client =
+        matches!(e.kind, TriggerKind::NoResponse | TriggerKind::Drop) || e.by == Some(Side::Client);
     let seen = if by_client { sent } else { (sent.1, sent.0) };
     let nat = match e.nat {
         Some(_) => dp.nat_tuples(&e.key).unwrap_or_else(|err| {
@@ -210,6 +227,13 @@ fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &AttachedLinks) -> Ev
         ..EventView::default()
     };
     dns_fields(e, &mut view);
+    view.drop = e.dropped.as_ref().map(|d| DropView {
+        reason: d.reason_name(),
+        location: crate::kallsyms::name(d.location),
+        bytes: d.frame.len(),
+        wire_bytes: d.wire_len,
+        copied_ms: None,
+    });
     view
 }
 
@@ -243,6 +267,7 @@ mod tests {
             request_to_response: Some(Duration::from_micros(1200)),
             request_state: RequestState::Named,
             request: None,
+            dropped: None,
         }
     }
 

@@ -82,6 +82,8 @@ pub struct EngineStatus {
     pub programs: Vec<crate::views::ProgramView>,
     /// DNS responses seen by rcode (entry `r`: rcode `r`).
     pub dns_rcodes: mirror_bpf::stats::DnsRcodeCounts,
+    /// The pods' packets the kernel dropped, by reason (its name on this kernel), those seen.
+    pub drops: BTreeMap<String, u64>,
     /// The entries of the maps the settings size, as loaded (adopted maps keep theirs).
     pub map_sizes: crate::memory::Sizes,
 }

@@ -6,8 +6,15 @@
 //! packet socket with the replay mark ([`AGENT_MARK`]); the replay program on the sink's egress
 //! hands it on the way copies go (transmitted by the sink, or received by it or by its veth
 //! peer), within the node-wide budget.
+//!
+//! A packet the kernel dropped reaches the mirror the same way: the drop program cannot copy
+//! it (a tracepoint has no packet to redirect), so its event carries its first bytes, written
+//! here with the Ethernet source [`mirror_bpf::event::DROP_MAC`] as the agent reads the event.
 
-use mirror_bpf::replay::{ReplayedRequest, AGENT_MARK};
+use std::time::Duration;
+
+use mirror_bpf::flow::monotonic_ns;
+use mirror_bpf::replay::AGENT_MARK;
 use mirror_bpf::{TriggerEvent, TriggerKind};
 
 use crate::capture::socket::PacketSocket;
@@ -19,6 +26,8 @@ pub(super) struct ReplayCounts {
     pub replayed: u64,
     /// Replays that could not be made or written.
     pub failed: u64,
+    /// Dropped packets written to the sink.
+    pub drops: u64,
 }
 
 /// The agent's replays.
@@ -53,37 +62,56 @@ impl Replayer {
         self.counts
     }
 
-    /// Replays the request of `ev` when it is a noresponse mark's and its segment was kept.
-    pub(super) fn on_event(&mut self, ev: &TriggerEvent) {
-        match &ev.request {
-            Some(r) if ev.kind == TriggerKind::NoResponse && self.sink != 0 => self.replay(r),
-            _ => {}
+    /// Replays the request of `ev` when it is a noresponse mark's and its segment was kept;
+    /// writes the packet of a drop. Returns how long after the event's time a drop's copy was
+    /// written (`None`: none written).
+    pub(super) fn on_event(&mut self, ev: &TriggerEvent) -> Option<Duration> {
+        if self.sink == 0 {
+            return None;
+        }
+        match (&ev.request, &ev.dropped) {
+            (Some(r), _) if ev.kind == TriggerKind::NoResponse => {
+                if self.send(r.reshaped(), "the kept segment is not one the replay program replays") {
+                    self.counts.replayed += 1;
+                }
+                None
+            }
+            (_, Some(d)) => {
+                if !self.send(d.reshaped(), "the dropped packet's bytes are not an IP packet") {
+                    return None;
+                }
+                self.counts.drops += 1;
+                Some(Duration::from_nanos(monotonic_ns().saturating_sub(ev.ts_ns)))
+            }
+            _ => None,
         }
     }
 
-    fn replay(&mut self, r: &ReplayedRequest) {
-        let Some(frame) = r.reshaped() else {
-            self.failed("the kept segment is not one the replay program replays", None);
-            return;
+    /// Writes `frame` to the sink; `bad`: why a `None` could not be made. Whether it was written.
+    fn send(&mut self, frame: Option<Vec<u8>>, bad: &str) -> bool {
+        let Some(frame) = frame else {
+            self.failed(bad, None);
+            return false;
         };
         if self.sock.is_none() {
             match PacketSocket::sender(self.sink, AGENT_MARK) {
                 Ok(s) => self.sock = Some(s),
                 Err(e) => {
                     self.failed("opening a packet socket on the sink", Some(e));
-                    return;
+                    return false;
                 }
             }
         }
-        let Some(sock) = &self.sock else { return };
+        let Some(sock) = &self.sock else { return false };
         match sock.send(&frame) {
-            Ok(()) => self.counts.replayed += 1,
+            Ok(()) => true,
             // The replay program refused it: the budget was spent (counted as a refusal there).
-            Err(e) if self.budget && e.raw_os_error() == Some(libc::ENOBUFS) => {}
+            Err(e) if self.budget && e.raw_os_error() == Some(libc::ENOBUFS) => false,
             Err(e) => {
                 // Reopened at the next replay: the sink may have been recreated.
                 self.sock = None;
                 self.failed("writing to the sink", Some(e));
+                false
             }
         }
     }
@@ -95,11 +123,15 @@ impl Replayer {
             tracing::warn!(
                 sink = self.sink,
                 error,
-                "the request behind a noresponse mark could not be replayed: {what} (counted in \
-                 replay_failed; further failures are not logged)"
+                "a noresponse mark's request or a dropped packet could not be written to the sink: \
+                 {what} (counted in replay_failed; further failures are not logged)"
             );
         } else {
-            tracing::debug!(sink = self.sink, error, "replay of a noresponse mark's request: {what}");
+            tracing::debug!(
+                sink = self.sink,
+                error,
+                "replay of a noresponse mark's request or a drop: {what}"
+            );
         }
     }
 }

@@ -146,6 +146,15 @@ pub(super) fn status(dp: &Datapath<'_>, p: StatusParts<'_>) -> anyhow::Result<En
         tracing: tracing(p.tracing),
         protocols: dp.protocols().to_string(),
         dns_rcodes: dp.dns_rcodes()?,
+        drops: dp
+            .drop_counts()?
+            .into_iter()
+            .map(|(r, n)| {
+                let name =
+                    if r == 0 { "subsystem".to_string() } else { mirror_bpf::rule::drop::reason_text(r) };
+                (name, n)
+            })
+            .collect(),
         programs: dp
             .programs()
             .iter()

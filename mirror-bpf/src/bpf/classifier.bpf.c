@@ -8,7 +8,8 @@
  * trigger.h), or, on HTTP/2 connections, every frame (h2.h) and header block (hpack.h, decided in
  * h2_decide.h), a reset too; DNS over UDP (dns.h, decided in dns_decide.h); then, when the flow
  * is marked (mark.h), copy the packet to the mirror interface (mirror.h), within its budget. A
- * request left unanswered is decided by a timer, not a packet (noresponse.h).
+ * request left unanswered is decided by a timer, not a packet (noresponse.h), a packet the
+ * kernel dropped by the kfree_skb tracepoint (drop.h), off the packets' path.
  *
  * Fail-open: every entry point returns "continue" (TC_ACT_UNSPEC / TCX_NEXT, both -1), so
  * the production packet and any filter after ours always go on, whatever happens here.
@@ -18,6 +19,7 @@
 #include "include/vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_tracing.h>
 
 #include "include/compat.h"
 #include "include/types.h"
@@ -40,6 +42,7 @@
 #include "include/decide.h"
 #include "include/dns_decide.h"
 #include "include/tick.h"
+#include "include/drop.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -320,4 +323,16 @@ SEC("tcx/egress")
 int tcx_replay(struct __sk_buff *skb)
 {
     return replay_reshape(skb);
+}
+
+/*
+ * The kernel dropped a packet (kfree_skb with its reason, 5.17+): a pod's is counted, and marks
+ * its flow when a drop rule asks (drop.h). Attached by user space beside the classifier; it
+ * shares the classifier's maps, so it lives in its object.
+ */
+SEC("tp_btf/kfree_skb")
+int BPF_PROG(drop_trace, struct sk_buff *skb, void *location, enum skb_drop_reason reason)
+{
+    drop_seen(skb, (__u64)location, (__u32)reason);
+    return 0;
 }

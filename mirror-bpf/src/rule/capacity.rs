@@ -71,8 +71,9 @@ pub enum CapacityError {
 /// [`Capacity::classifier`]).
 pub fn fits<'a>(rules: impl IntoIterator<Item = &'a Rule>, cap: Capacity) -> Result<(), CapacityError> {
     let mut count = 0;
-    // Statuses (0..640) covered per scoped port, one bit each.
-    let mut ports: HashMap<u16, [u64; 10]> = HashMap::new();
+    // Statuses (0..RULE_STATUS_SLOTS: the drop reasons' too) covered per scoped port, one bit each.
+    const WORDS: usize = (types::mirror_limits::RULE_STATUS_SLOTS.0 as usize).div_ceil(64);
+    let mut ports: HashMap<u16, [u64; WORDS]> = HashMap::new();
     for rule in rules {
         count += 1;
         if let Some(port) = rule.port {

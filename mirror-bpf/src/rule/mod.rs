@@ -20,6 +20,7 @@
 
 pub mod capacity;
 pub mod dns;
+pub mod drop;
 pub mod filter;
 pub mod grpc;
 pub(crate) mod maps;
@@ -29,6 +30,7 @@ pub(crate) mod set;
 pub mod syntax;
 
 pub use dns::DnsRcodes;
+pub use drop::DropReasons;
 pub use filter::RequestFilter;
 pub use grpc::GrpcCodes;
 pub use maps::RuleInfo;

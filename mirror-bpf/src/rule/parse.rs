@@ -6,6 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::dns::{parse_qname, parse_qtype, parse_rcodes, DnsRcodes};
+use super::drop::{parse_reasons, DropReasons};
 use super::filter::{parse_host, parse_methods, parse_path, RequestFilter};
 use super::grpc::{parse_grpc_codes, GrpcCodes};
 use super::syntax::{
@@ -21,6 +22,7 @@ struct Parts {
     noresponse: Option<(Duration, usize, String)>,
     grpc: Option<(GrpcCodes, usize, String)>,
     dns: Option<(DnsRcodes, usize, String)>,
+    drop: Option<(DropReasons, usize, String)>,
     port: Option<u16>,
     filter: RequestFilter,
     /// The first token of an HTTP request filter (`method=`, `path=`, `host=`), and of a DNS
@@ -37,6 +39,16 @@ impl FromStr for Rule {
         let mut p = Parts { limits: Limits::default(), ..Parts::default() };
         for (offset, token) in tokens(text) {
             let err = |reason: String| RuleError { token: token.to_string(), offset, reason };
+            if token == "drop" {
+                let all = DropReasons::all();
+                if all.is_empty() {
+                    return Err(err(parse_reasons("any").unwrap_err()));
+                }
+                if p.drop.replace((all, offset, token.to_string())).is_some() {
+                    return Err(err("drop given twice".into()));
+                }
+                continue;
+            }
             if token == "reset" {
                 if p.reset.replace((offset, token.to_string())).is_some() {
                     return Err(err("reset given twice".into()));
@@ -85,6 +97,12 @@ impl FromStr for Rule {
                 "dns" => {
                     let rcodes = parse_rcodes(value).map_err(err)?;
                     if p.dns.replace((rcodes, offset, token.to_string())).is_some() {
+                        return Err(dup());
+                    }
+                }
+                "drop" => {
+                    let reasons = parse_reasons(value).map_err(err)?;
+                    if p.drop.replace((reasons, offset, token.to_string())).is_some() {
                         return Err(dup());
                     }
                 }
@@ -168,6 +186,7 @@ impl Parts {
             self.noresponse.as_ref().map(|(_, o, t)| (*o, t.as_str(), "noresponse>")),
             self.grpc.as_ref().map(|(_, o, t)| (*o, t.as_str(), "grpc-status=")),
             self.dns.as_ref().map(|(_, o, t)| (*o, t.as_str(), "dns=")),
+            self.drop.as_ref().map(|(_, o, t)| (*o, t.as_str(), "drop")),
         ]
         .into_iter()
         .flatten()
@@ -185,6 +204,9 @@ impl Parts {
                 reason: format!("a rule has one trigger: {what} cannot go with it"),
             });
         }
+        if let Some((reasons, _, _)) = &self.drop {
+            return Ok(Trigger::Drop(*reasons));
+        }
         Ok(match (&self.grpc, &self.dns, self.noresponse.as_ref()) {
             (Some((codes, _, _)), _, _) => Trigger::Grpc { codes: *codes, latency: self.latency },
             (None, Some((rcodes, _, _)), _) => Trigger::Dns { rcodes: *rcodes, latency: self.latency },
@@ -197,6 +219,13 @@ impl Parts {
     /// question's with any other trigger. The error is at the filter's first token.
     fn check_filters(&self, trigger: &Trigger) -> Result<(), RuleError> {
         let wrong = match (trigger, &self.http_filter, &self.dns_filter) {
+            // A dropped packet has no request nor question behind it.
+            (Trigger::Drop(_), Some((offset, token, key)), _)
+            | (Trigger::Drop(_), None, Some((offset, token, key))) => Some((
+                offset,
+                token,
+                format!("{key}= filters requests or questions: a drop rule takes port= and limits"),
+            )),
             (Trigger::Dns { .. }, Some((offset, token, key)), _) => Some((
                 offset,
                 token,
@@ -237,7 +266,7 @@ impl Parts {
                     // Where the rule's text starts, after leading blanks.
                     offset: text.len() - text.trim_start().len(),
                     reason: "a rule needs status=N, status=Nxx, status=A-B, latency>DURATION, reset, \
-                             noresponse>DURATION, grpc-status=CODE or dns=RCODE"
+                             noresponse>DURATION, grpc-status=CODE, dns=RCODE or drop"
                         .into(),
                 });
             }

@@ -21,6 +21,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::dns::{qtype_text, DnsRcodes, DNS_RCODES, DNS_RCODE_BASE};
+use super::drop::{DropReasons, DROP_REASON_BASE};
 use super::filter::RequestFilter;
 use super::grpc::{GrpcCodes, GRPC_STATUS_BASE, GRPC_STATUS_CODES};
 use crate::shared::types;
@@ -86,6 +87,8 @@ pub enum Trigger {
         /// Only responses that came at least this long after their query, when set.
         latency: Option<Duration>,
     },
+    /// The kernel dropped a packet of a pod's flow for one of these reasons.
+    Drop(DropReasons),
 }
 
 /// The kinds of trigger, as events, metrics and `rules list` name them.
@@ -101,6 +104,8 @@ pub enum TriggerKind {
     Grpc,
     /// `dns=`.
     Dns,
+    /// `drop`, `drop=`.
+    Drop,
 }
 
 impl TriggerKind {
@@ -112,6 +117,7 @@ impl TriggerKind {
             TriggerKind::NoResponse => "noresponse",
             TriggerKind::Grpc => "grpc-status",
             TriggerKind::Dns => "dns",
+            TriggerKind::Drop => "drop",
         }
     }
 
@@ -124,6 +130,7 @@ impl TriggerKind {
             x if x == k::TRIGGER_NORESPONSE.0 => Some(TriggerKind::NoResponse),
             x if x == k::TRIGGER_GRPC.0 => Some(TriggerKind::Grpc),
             x if x == k::TRIGGER_DNS.0 => Some(TriggerKind::Dns),
+            x if x == k::TRIGGER_DROP.0 => Some(TriggerKind::Drop),
             _ => None,
         }
     }
@@ -139,6 +146,7 @@ impl TriggerKind {
             TriggerKind::NoResponse => k::TRIGGER_NORESPONSE.0,
             TriggerKind::Grpc => k::TRIGGER_GRPC.0,
             TriggerKind::Dns => k::TRIGGER_DNS.0,
+            TriggerKind::Drop => k::TRIGGER_DROP.0,
         }) as u16
     }
 }
@@ -188,12 +196,17 @@ impl Rule {
             Trigger::NoResponse(_) => TriggerKind::NoResponse,
             Trigger::Grpc { .. } => TriggerKind::Grpc,
             Trigger::Dns { .. } => TriggerKind::Dns,
+            Trigger::Drop(_) => TriggerKind::Drop,
         }
     }
 
     /// Every status this rule covers; `grpc-status=`, `GRPC_STATUS_BASE` + each code;
-    /// `dns=`, `DNS_RCODE_BASE` + each rcode; the other kinds, their pseudo-status.
-    pub fn statuses(&self) -> impl Iterator<Item = u16> {
+    /// `dns=`, `DNS_RCODE_BASE` + each rcode; `drop`, `DROP_REASON_BASE` + each reason; the
+    /// other kinds, their pseudo-status.
+    pub fn statuses(&self) -> Box<dyn Iterator<Item = u16>> {
+        if let Trigger::Drop(reasons) = self.trigger {
+            return Box::new(reasons.iter().map(|r| DROP_REASON_BASE + r));
+        }
         // The range of pseudo-statuses, and the codes of it covered (from its start).
         let (range, codes): (_, Option<u64>) = match self.trigger {
             Trigger::Status { status, .. } => (status.lo..=status.hi, None),
@@ -206,7 +219,7 @@ impl Rule {
             _ => (self.kind().raw()..=self.kind().raw(), None),
         };
         let base = *range.start();
-        range.filter(move |s| codes.is_none_or(|c| c & 1 << (s - base) != 0))
+        Box::new(range.filter(move |s| codes.is_none_or(|c| c & 1 << (s - base) != 0)))
     }
 
     /// The time a trigger must come after its request: `latency>`, `noresponse>`.
@@ -215,7 +228,7 @@ impl Rule {
             Trigger::Status { latency, .. }
             | Trigger::Grpc { latency, .. }
             | Trigger::Dns { latency, .. } => latency,
-            Trigger::Reset => None,
+            Trigger::Reset | Trigger::Drop(_) => None,
             Trigger::NoResponse(d) => Some(d),
         }
     }
@@ -223,7 +236,8 @@ impl Rule {
 
 /// Every token of the rule syntax, as errors and `mirrorctl rules add --help` list them.
 pub const SYNTAX: &str = "triggers: status=CODES (500, 5xx, 500-504, a list), grpc-status=CODES, \
-dns=RCODES (nxdomain, servfail, 0-15, a list, any), reset, noresponse>DURATION, latency>DURATION; \
+dns=RCODES (nxdomain, servfail, 0-15, a list, any), reset, noresponse>DURATION, latency>DURATION, \
+drop or drop=REASONS (the kernel's: netfilter_drop, no_socket, a list); \
 filters: port=P, method=M[,M], path=PREFIX, host=NAME; for dns= and noresponse>: qname=[!]SUFFIX, \
 qtype=TYPE; limits per flow: packets=N, bytes=N, duration=DURATION (0: unlimited)";
 
@@ -288,6 +302,7 @@ impl fmt::Display for Rule {
                     write!(f, " latency>{}", format_duration(d))?;
                 }
             }
+            Trigger::Drop(reasons) => write!(f, "{reasons}")?,
             Trigger::Dns { rcodes, latency } => {
                 write!(f, "dns={rcodes}")?;
                 if let Some(d) = latency {

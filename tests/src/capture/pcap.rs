@@ -6,6 +6,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 
+use mirror_bpf::event::DROP_MAC;
 use mirror_bpf::replay::REPLAY_MAC;
 use mirror_bpf::FlowKey;
 
@@ -123,6 +124,9 @@ pub struct Trace {
     pub replayed: Vec<Replayed>,
     /// Datagrams replayed ahead of their trigger (a DNS query): not in `datagrams`.
     pub replayed_datagrams: Vec<ReplayedDatagram>,
+    /// TCP segments the kernel dropped, written by the agent (Ethernet source [`DROP_MAC`]):
+    /// not in `packets`.
+    pub dropped: Vec<Replayed>,
 }
 
 /// A replayed request on the mirror.
@@ -190,7 +194,11 @@ pub fn read(path: &Path) -> Trace {
         let ts_ns = u64::from(u32_at(off)) * 1_000_000_000 + if nano { frac } else { frac * 1_000 };
         let frame = &data[start..start + caplen];
         let replayed = frame.get(6..12) == Some(&REPLAY_MAC[..]);
+        let dropped = frame.get(6..12) == Some(&DROP_MAC[..]);
         match parse_frame(frame, ts_ns) {
+            Some(Frame::Tcp(packet)) if dropped => {
+                trace.dropped.push(Replayed { after_copies: trace.packets.len(), packet })
+            }
             Some(Frame::Tcp(packet)) if replayed => {
                 trace.replayed.push(Replayed { after_copies: trace.packets.len(), packet })
             }

@@ -31,6 +31,44 @@ pub fn syn_flood(ns: &Netns, src: Ipv4Addr, dst: Ipv4Addr, flows: u32) -> Durati
     })
 }
 
+/// Sends one TCP segment without payload from `src:sport` (an address of `ns`) to `dst:dport`,
+/// with the TCP flags `flags` (a SYN/ACK no SYN came before, say), through a raw socket.
+pub fn segment(ns: &Netns, (src, sport): (Ipv4Addr, u16), (dst, dport): (Ipv4Addr, u16), flags: u8) {
+    let path = ns.path();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            join(&path);
+            send_one(dst, &syn_with(src, dst, sport, dport, 1, flags));
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
+}
+
+fn send_one(dst: Ipv4Addr, pkt: &[u8]) {
+    // SAFETY: a raw socket we own, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_RAW) };
+    assert!(fd >= 0, "a raw socket: {}", std::io::Error::last_os_error());
+    // SAFETY: a zeroed sockaddr_in with family and address set.
+    let mut to: libc::sockaddr_in = unsafe { zeroed() };
+    to.sin_family = libc::AF_INET as u16;
+    to.sin_addr.s_addr = u32::from(dst).to_be();
+    // SAFETY: sending a buffer we own to an address we own, with their lengths.
+    let n = unsafe {
+        libc::sendto(
+            fd,
+            pkt.as_ptr().cast(),
+            pkt.len(),
+            0,
+            (&to as *const libc::sockaddr_in).cast(),
+            size_of::<libc::sockaddr_in>() as u32,
+        )
+    };
+    // SAFETY: our descriptor, closed once.
+    unsafe { libc::close(fd) };
+    assert_eq!(n, pkt.len() as isize, "sending a segment: {}", std::io::Error::last_os_error());
+}
+
 fn send(src: Ipv4Addr, dst: Ipv4Addr, flows: u32) -> Duration {
     // SAFETY: a raw socket we own (IPPROTO_RAW: we write the IP header, the kernel fills its
     // checksum and id); closed below.
@@ -66,6 +104,11 @@ fn send(src: Ipv4Addr, dst: Ipv4Addr, flows: u32) -> Duration {
 
 /// An IPv4 TCP SYN without options, its TCP checksum computed.
 fn syn(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, seq: u32) -> [u8; 40] {
+    syn_with(src, dst, sport, dport, seq, 0x02)
+}
+
+/// An IPv4 TCP segment without options nor payload, with `flags`, its TCP checksum computed.
+fn syn_with(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, seq: u32, flags: u8) -> [u8; 40] {
     let mut p = [0u8; 40];
     p[0] = 0x45;
     p[2..4].copy_from_slice(&40u16.to_be_bytes());
@@ -79,7 +122,7 @@ fn syn(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, seq: u32) -> [u8; 4
     t[2..4].copy_from_slice(&dport.to_be_bytes());
     t[4..8].copy_from_slice(&seq.to_be_bytes());
     t[12] = 5 << 4;
-    t[13] = 0x02; // SYN
+    t[13] = flags;
     t[14..16].copy_from_slice(&64240u16.to_be_bytes());
     let mut sum: u32 = 0;
     let words = |b: &[u8]| b.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum::<u32>();

@@ -51,6 +51,11 @@ volatile __u32 stack_stamps SEC(".data") = 0;
  * would run): bit (1 << enum proto_prog) of each protocol program loaded. */
 const volatile __u32 protocols_enabled = 0;
 
+/* A fact of this host, set before load: the node's network namespace (inode), where the
+ * classifier's interfaces are. The drop program (drop.h) sees every namespace's drops, and an
+ * ifindex means an attached interface only in this one. */
+const volatile __u32 node_netns = 0;
+
 /* Key: 0. Value: struct settings (types.h): mirror_ifindex (the sink of mirror.interface),
  * timing (latency.http, latency.handshake), replay_keep (from the rules, when
  * mirror.replay_requests keeps any), replay_ifindex (where replays run), kinds and scoped (from

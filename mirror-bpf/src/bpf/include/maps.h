@@ -135,12 +135,13 @@ struct {
 } http_scratch SEC(".maps");
 
 /*
- * Key: HTTP status (0..599). Value: struct rule_entry of the rules covering it.
+ * Key: HTTP status (0..599), or a pseudo-status (the other kinds below 100, the kernel's drop
+ * reasons from DROP_REASON_BASE). Value: struct rule_entry of the rules covering it.
  * Indexed by status so that a lookup costs the same with 1 or 10,000 rules.
  */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
-    __uint(max_entries, HTTP_STATUS_SLOTS);
+    __uint(max_entries, RULE_STATUS_SLOTS);
     __type(key, __u32);
     __type(value, struct rule_entry);
 } status_rules SEC(".maps");

@@ -126,6 +126,8 @@ static __always_inline int mark_flow(const struct flow_key *key, const struct fl
         cnt->v[STAT_GRPC_TRIGGERS]++;
     else if (ti->kind == TRIGGER_DNS)
         cnt->v[STAT_DNS_TRIGGERS]++;
+    else if (ti->kind == TRIGGER_DROP)
+        cnt->v[STAT_DROP_TRIGGERS]++;
     return 1;
 }
 

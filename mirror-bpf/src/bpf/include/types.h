@@ -29,8 +29,18 @@ enum mirror_limits {
     /* Messages (or chunk-size lines) looked at in one segment: twice HTTP_PIPELINE, so that a
      * segment of pipelined requests the queue can hold, or of their answers, is read whole. */
     HTTP_SEGMENT_MSGS = 32,
-    /* status_rules is indexed by the status code itself: 0..599 (below 100: enum trigger_kind). */
+    /* HTTP statuses are below this (100..599). */
     HTTP_STATUS_SLOTS = 600,
+    /* A kernel drop reason r (enum skb_drop_reason of the core, r < DROP_REASONS) is the
+     * pseudo-status DROP_REASON_BASE + r in the rule maps, above the HTTP statuses. */
+    DROP_REASON_BASE = 600,
+    DROP_REASONS = 256,
+    /* status_rules is indexed by the status code itself: 0..599 (below 100: enum trigger_kind),
+     * then the drop reasons. */
+    RULE_STATUS_SLOTS = 856,
+    /* Drop triggers one rule may make per second (the kernel's drops of a flood would otherwise
+     * each mark a flow and send an event): the excess is counted (drop_limited). */
+    DROP_TRIGGERS_PER_SEC = 100,
     /* Rules with request filters (method=, path=, host=) one (port, status) key may have. */
     RULE_FILTERED_MAX = 8,
     /* Rules with request filters the classifier holds at once (rule_filters entries). */
@@ -133,6 +143,8 @@ enum trigger_kind {
     TRIGGER_NORESPONSE = 2, /* a request without the start of a response within a time */
     TRIGGER_GRPC = 3, /* a gRPC call's grpc-status (pseudo-statuses GRPC_STATUS_BASE + code) */
     TRIGGER_DNS = 4,  /* a DNS response's rcode (pseudo-statuses DNS_RCODE_BASE + rcode) */
+    TRIGGER_DROP = 5, /* the kernel dropped a pod's packet (pseudo-statuses DROP_REASON_BASE +
+                       * reason): drop.h */
 };
 
 /* The HTTP version of the request behind a trigger. */
@@ -228,6 +240,9 @@ enum stat_idx {
     STAT_DNS_MALFORMED,     /* DNS messages on a DNS port that could not be read (not DNS, a
                              * question cut or compressed, more than one question) */
     STAT_DNS_TRIGGERS,      /* DNS responses that matched a rule and marked their flow */
+    STAT_DROPS,             /* packets of the pods' flows the kernel dropped, for a real reason */
+    STAT_DROP_TRIGGERS,     /* such drops that matched a rule and marked their flow */
+    STAT_DROP_LIMITED,      /* drop triggers refused by their rule's rate (DROP_TRIGGERS_PER_SEC) */
     STAT_MAX,
 };
 
@@ -547,7 +562,9 @@ struct trigger_event {
     __u64 replay_ts_ns;            /* when the replayed request passed (0: none kept) */
     __u32 replay_wire_len;         /* its segment's length */
     __u32 replay_len;              /* bytes of it in replay (0: none kept) */
-    __u8 replay[REPLAY_FRAME_MAX]; /* the request's segment, from the Ethernet header on */
+    __u8 replay[REPLAY_FRAME_MAX]; /* the request's segment, from the Ethernet header on; a drop:
+                                    * the packet dropped (replay_len bytes of replay_wire_len) */
+    __u64 location;                /* a drop: where in the kernel (kfree_skb's caller) */
 };
 
 /* Timing groups, switched at run time (bits of settings.timing). */
@@ -578,6 +595,12 @@ enum replay_keep {
 /* DNS responses seen, by response code (one entry in the dns_rcodes map, per CPU). */
 struct dns_rcode_counts {
     __u64 v[DNS_RCODES];
+};
+
+/* The pods' packets the kernel dropped, by reason (one entry in the drop_counts map, per CPU):
+ * entry r for a core reason r < DROP_REASONS, entry 0 for any other (a subsystem's). */
+struct drop_counts {
+    __u64 v[DROP_REASONS];
 };
 
 /* Per-CPU counters (one entry in the stats map). */
