@@ -122,3 +122,33 @@ impl Recorder {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::assert_refused;
+    use super::super::Config;
+
+    #[test]
+    fn snap_lengths_per_rule_and_bad_values() {
+        let cfg = Config::parse(
+            "recorder:\n  snaplen: 0\n  rule_snaplen: [{rule: \"port=8080 status=500\", snaplen: 128}]\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.recorder.snaplen_of("port=8080 status=500", None), 128);
+        assert_eq!(cfg.recorder.snaplen_of("status=404", None), 0);
+        let dir = cfg.recorder.dir(std::path::Path::new("/var/lib/mirror-agent/state.yaml"));
+        assert_eq!(dir, std::path::Path::new("/var/lib/mirror-agent/captures"));
+        assert_refused(&[
+            ("recorder:\n  max_bytes: 1000\n", "recorder.max_bytes", "at least 1048576"),
+            ("recorder:\n  max_open: 0\n", "recorder.max_open", "at least 1"),
+            ("recorder:\n  snaplen: 20\n", "recorder.snaplen", "at least 64"),
+            (
+                "recorder:\n  rule_snaplen: [{rule: x, snaplen: 10}]\n",
+                "recorder.rule_snaplen[0].snaplen",
+                "at least 64",
+            ),
+            ("recorder:\n  max_age: soon\n", "recorder.max_age", "not a duration"),
+            ("recorder:\n  bucket: x\n", "recorder.bucket", "unknown field"),
+        ]);
+    }
+}
