@@ -225,6 +225,18 @@ async fn serve(
     let pods = Pods::new(cfg.pods.clone());
     pods.start(engine.attached());
     events.name_pods(pods.clone());
+    // Before the cluster's follower: each event names its capture from the first.
+    let recorder = cfg.recorder.enabled.then(|| {
+        crate::recorder::Recorder::start(
+            cfg.recorder.clone(),
+            cfg.recorder.dir(&cfg.state.path),
+            cfg.cluster.node_name(),
+            engine.clone(),
+            info.clone(),
+            pods.clone(),
+            events,
+        )
+    });
     let mut up = Some(Start { cluster: start_cluster(cfg, engine, &pods, events).await?, ..start });
     let listener = api::bind(&cfg.api.socket).await?;
     let handover = Arc::new(tokio::sync::Notify::new());
@@ -234,6 +246,7 @@ async fn serve(
         events: events.clone(),
         pods: pods.clone(),
         handover: handover.clone(),
+        recorder: recorder.clone(),
     });
     let limits = server::Limits {
         max_connections: cfg.api.max_connections,
@@ -258,8 +271,10 @@ async fn serve(
             .with_context(|| format!("binding metrics.listen {}", cfg.metrics.listen))?;
         let metrics_stats = Arc::new(server::Stats::default());
         let servers_stats = vec![("api", api_stats), ("metrics", metrics_stats.clone())];
-        let app = metrics::router(engine.clone(), pods.clone(), cfg.metrics.rule_text, servers_stats)
-            .merge(crate::health::router(engine.clone(), ready.clone()));
+        let recorded = recorder.as_ref().map(|r| r.stats());
+        let app =
+            metrics::router(engine.clone(), pods.clone(), cfg.metrics.rule_text, servers_stats, recorded)
+                .merge(crate::health::router(engine.clone(), ready.clone()));
         // A scrape is one quick request: the API's timeouts, fewer connections.
         let limits = server::Limits { max_connections: crate::config::METRICS_CONNECTIONS, ..limits };
         servers.push(tokio::spawn(server::serve(tcp, app, limits, "metrics", metrics_stats)));
@@ -298,6 +313,9 @@ async fn serve(
     for s in servers {
         s.abort();
         let _ = s.await;
+    }
+    if let Some(r) = recorder {
+        r.stop().await;
     }
     Ok(stop)
 }

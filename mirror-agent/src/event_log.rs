@@ -106,7 +106,12 @@ pub struct EventLog {
     arrived: Notify,
     /// Names the pod of each event, once the pods are known.
     pods: Mutex<Option<Pods>>,
+    /// Sees each event before it is numbered (the recorder, which names its capture).
+    tap: Mutex<Option<Tap>>,
 }
+
+/// What sees each event before it is kept: it may add to it.
+pub type Tap = Box<dyn Fn(&mut EventView) + Send>;
 
 /// The most a follower waits for new events in one request (below the API's request timeout).
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -120,7 +125,13 @@ impl EventLog {
             output: Mutex::new(output),
             arrived: Notify::new(),
             pods: Mutex::new(None),
+            tap: Mutex::new(None),
         }
+    }
+
+    /// From now on `tap` sees each event first (after its pod is named).
+    pub fn tap(&self, tap: Tap) {
+        *self.tap.lock().expect("event tap lock") = Some(tap);
     }
 
     /// From now on each event names the pod behind its interface.
@@ -145,6 +156,9 @@ impl EventLog {
                     ev.labels = p.labels;
                 }
             }
+        }
+        if let Some(tap) = self.tap.lock().expect("event tap lock").as_ref() {
+            tap(&mut ev);
         }
         let seq = {
             let mut ring = self.ring.lock().expect("event ring lock");

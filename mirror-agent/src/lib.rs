@@ -21,6 +21,7 @@ pub mod links;
 pub mod memory;
 pub mod metrics;
 pub mod pods;
+pub mod recorder;
 pub mod requirements;
 pub mod rules;
 pub mod server;

@@ -49,6 +49,8 @@ struct Scrape {
     rule_text: bool,
     /// The agent's HTTP servers (`api`, `metrics`) and their connections.
     servers: Arc<[ServerStats]>,
+    /// The recorder's counts, when it is on.
+    recorder: Option<Arc<crate::recorder::Stats>>,
 }
 
 /// A server's name (label `server`) and its counts.
@@ -56,7 +58,10 @@ pub type ServerStats = (&'static str, Arc<server::Stats>);
 
 async fn scrape(State(s): State<Scrape>) -> impl IntoResponse {
     match render(&s.engine, &s.pods, s.rule_text, &s.servers).await {
-        Ok(body) => {
+        Ok(mut body) => {
+            if let Some(r) = &s.recorder {
+                body = crate::recorder::metrics::append(body, r);
+            }
             // prometheus-client writes the OpenMetrics text format (counter families named
             // without `_total`, `# EOF`): said so, or a scraper reads it as the older format.
             (
@@ -324,12 +329,20 @@ fn register_servers(reg: &mut Registry, servers: &[ServerStats]) {
 
 /// The metrics routes; `rule_text`: rule hits carry each rule's text (label `rule`);
 /// `servers`: the agent's HTTP servers, whose connections are exported.
-pub fn router(engine: Engine, pods: Pods, rule_text: bool, servers: Vec<ServerStats>) -> Router {
+/// `recorder`: the recorder's counts, exported when it is on.
+pub fn router(
+    engine: Engine,
+    pods: Pods,
+    rule_text: bool,
+    servers: Vec<ServerStats>,
+    recorder: Option<Arc<crate::recorder::Stats>>,
+) -> Router {
     Router::new().route("/metrics", get(scrape)).with_state(Scrape {
         engine,
         pods,
         rule_text,
         servers: servers.into(),
+        recorder,
     })
 }
 

@@ -500,6 +500,10 @@ pub struct EventView {
     /// `drop`: the packet the kernel dropped, why and where.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drop: Option<DropView>,
+    /// The capture of this trigger's flow kept on the node (`mirrorctl captures get ID`), when
+    /// the recorder is on and could open one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<CaptureRef>,
 }
 
 /// A packet the kernel dropped, behind a `drop` trigger.
@@ -518,6 +522,60 @@ pub struct DropView {
     /// milliseconds after the drop; absent when not written (no sink, or it failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copied_ms: Option<f64>,
+}
+
+/// Where a trigger's capture is: its id on the node, and its object storage key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct CaptureRef {
+    /// Its id on the node (`mirrorctl captures get ID`).
+    pub id: u64,
+    /// The node whose agent keeps it.
+    pub node: String,
+    /// The key it is (or is to be) stored under in object storage, when uploads are on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// A capture kept by the recorder (GET /v1/captures).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CaptureView {
+    /// Its id on the node.
+    pub id: u64,
+    /// When its trigger happened (RFC 3339, UTC, milliseconds).
+    pub time: String,
+    /// The pod (`namespace/name`) or interface of the trigger.
+    pub pod: String,
+    /// The rule's id and text.
+    pub rule_id: u32,
+    /// The rule's text.
+    pub rule: String,
+    /// What triggered: `500`, `grpc 13 INTERNAL`, `reset`...
+    pub trigger: String,
+    /// The request behind it, when seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    /// The flow, `client -> server`.
+    pub flow: String,
+    /// Packets written.
+    pub packets: u64,
+    /// The file's size.
+    pub bytes: u64,
+    /// `open` (its flow is still mirrored), `complete` (closed when its flow's mirror ended),
+    /// or `cut` (see `cut`).
+    pub state: String,
+    /// Why it was cut: the budget, a write error, the agent stopping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<String>,
+    /// How its flow's mirror ended, once closed: `limit` (the rule's packets, bytes or
+    /// duration), `connection closed`, `flow gone`, `idle`...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
+    /// The object storage key, when uploads are on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Whether it is stored there.
+    #[serde(default)]
+    pub uploaded: bool,
 }
 
 /// The request behind a trigger: the start of the segment that carried it.

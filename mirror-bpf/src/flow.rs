@@ -149,6 +149,23 @@ pub struct MirrorMark {
     pub ended: bool,
     /// The mark of a translated connection's other tuple: its budget is the first mark's.
     pub linked: bool,
+    /// When mirroring stops, monotonic ns (0: no time limit).
+    pub deadline_ns: u64,
+    /// The most packets mirrored (0: no limit).
+    pub max_packets: u64,
+    /// The most bytes mirrored (0: no limit).
+    pub max_bytes: u64,
+}
+
+impl MirrorMark {
+    /// Whether nothing more is mirrored at monotonic time `now_ns`: ended, or a limit reached
+    /// (the data path says `ended` only at the next packet after the limit).
+    pub fn over(&self, now_ns: u64) -> bool {
+        self.ended
+            || (self.deadline_ns != 0 && now_ns > self.deadline_ns)
+            || (self.max_packets != 0 && self.packets >= self.max_packets)
+            || (self.max_bytes != 0 && self.bytes >= self.max_bytes)
+    }
 }
 
 impl From<&types::mirror_mark> for MirrorMark {
@@ -163,6 +180,9 @@ impl From<&types::mirror_mark> for MirrorMark {
             bytes: m.bytes,
             ended: m.ended != 0,
             linked: m.linked != 0,
+            deadline_ns: m.deadline_ns,
+            max_packets: m.max_packets,
+            max_bytes: m.max_bytes,
         }
     }
 }

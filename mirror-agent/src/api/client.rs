@@ -70,6 +70,44 @@ impl<'a> Client<'a> {
     }
 }
 
+impl Client<'_> {
+    /// Sends a GET and writes the reply's body to `out` as it comes (a capture's pcapng);
+    /// returns the bytes written. A non-2xx reply is an error carrying the agent's message.
+    pub async fn download(&self, path: &str, out: &mut dyn std::io::Write) -> anyhow::Result<u64> {
+        let stream = self.connect().await.with_context(|| {
+            format!(
+                "cannot reach the agent at {} (is mirror-agent running? see --socket)",
+                self.socket.display()
+            )
+        })?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(path)
+            .header("host", "mirror-agent")
+            .body(Full::new(Bytes::new()))?;
+        let resp = sender.send_request(req).await?;
+        let status = resp.status();
+        let mut body = resp.into_body();
+        if !status.is_success() {
+            let bytes = body.collect().await?.to_bytes();
+            let msg = serde_json::from_slice::<ErrorBody>(&bytes)
+                .map(|e| e.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+            return Err(ApiFailure { status, message: msg }.into());
+        }
+        let mut n = 0u64;
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                out.write_all(&data)?;
+                n += data.len() as u64;
+            }
+        }
+        Ok(n)
+    }
+}
+
 /// How long a command waits for an agent that is starting (it loads and verifies its programs
 /// before it listens: about a second).
 pub const STARTING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);

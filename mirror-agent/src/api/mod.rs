@@ -4,6 +4,7 @@
 //! use this module: [`client`] is the client (mirrorctl's, and an agent's asking another to hand
 //! over), [`text`] the views as both show them.
 
+mod captures;
 pub mod client;
 pub mod text;
 
@@ -53,6 +54,8 @@ pub struct ApiState {
     pub pods: Pods,
     /// Woken by `POST /v1/handover`: the agent leaves everything to a newer one.
     pub handover: Arc<tokio::sync::Notify>,
+    /// The captures of the triggers (none: `recorder.enabled: false`).
+    pub recorder: Option<crate::recorder::Recorder>,
 }
 
 /// An error reply.
@@ -100,10 +103,11 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/latency/groups", get(groups))
         .route("/v1/latency/groups/{group}", axum::routing::put(set_group))
         .route("/v1/handover", axum::routing::post(handover))
+        .merge(captures::routes())
         .fallback(|| async {
             ApiError(
                 StatusCode::NOT_FOUND,
-                "no such resource (see /v1/rules, /v1/flows, /v1/pods, /v1/events, /v1/status, /v1/counters, /v1/latency)".into(),
+                "no such resource (see /v1/rules, /v1/flows, /v1/pods, /v1/events, /v1/captures, /v1/status, /v1/counters, /v1/latency)".into(),
             )
         })
         .with_state(state)

@@ -41,6 +41,23 @@ impl<W: Write> PcapNgOut<W> {
         Ok(PcapNgOut { w: PcapNgWriter::new(out)?, ids: HashMap::new(), snaplen })
     }
 
+    /// Starts the stream with a section header carrying `comment` (what the capture is).
+    pub fn with_comment(out: W, snaplen: u32, comment: &str) -> anyhow::Result<Self> {
+        use pcap_file::pcapng::blocks::section_header::{SectionHeaderBlock, SectionHeaderOption};
+        let shb = SectionHeaderBlock {
+            endianness: pcap_file::Endianness::native(),
+            options: vec![
+                SectionHeaderOption::Comment(Cow::Owned(comment.to_string())),
+                SectionHeaderOption::UserApplication(Cow::Borrowed(concat!(
+                    "mirror-agent ",
+                    env!("CARGO_PKG_VERSION")
+                ))),
+            ],
+            ..SectionHeaderBlock::default()
+        };
+        Ok(PcapNgOut { w: PcapNgWriter::with_section_header(out, shb)?, ids: HashMap::new(), snaplen })
+    }
+
     /// The id of the interface named `name`, described the first time (`description` says
     /// more: the veth, the pod's addresses).
     pub fn interface(&mut self, name: &str, description: &str) -> anyhow::Result<u32> {
@@ -91,5 +108,63 @@ impl<W: Write> PcapNgOut<W> {
     /// Flushes what was written.
     pub fn flush(&mut self) -> std::io::Result<()> {
         self.w.get_mut().flush()
+    }
+
+    /// What it writes to (the recorder takes each block from a buffer to weigh it).
+    pub fn get_mut(&mut self) -> &mut W {
+        self.w.get_mut()
+    }
+
+    /// Writes an interface statistics block on interface `id` at `time` carrying `comment`:
+    /// the note at a capture's end (why it was cut), which Wireshark shows with the
+    /// capture's properties.
+    pub fn note(&mut self, id: u32, time: Duration, comment: &str) -> anyhow::Result<()> {
+        use pcap_file::pcapng::blocks::interface_statistics::{
+            InterfaceStatisticsBlock, InterfaceStatisticsOption,
+        };
+        let ts = time.as_nanos() as u64;
+        let isb = InterfaceStatisticsBlock {
+            interface_id: id,
+            timestamp: ts,
+            options: vec![InterfaceStatisticsOption::Comment(Cow::Borrowed(comment))],
+        };
+        self.w.write_pcapng_block(isb)?;
+        Ok(())
+    }
+}
+
+/// The pcapng interface of a pod's veth: its name, `<pod> (<veth>)`, and its description
+/// (the veth, the pod's addresses and labels).
+pub fn pod_interface(p: &crate::views::PodView) -> (String, String) {
+    let mut desc = format!("pod {} behind {} ({})", p.label(), p.interface, p.addresses.join(", "));
+    if !p.labels.is_empty() {
+        desc += &format!(", labels {}", crate::ctl::pods::labels_text(&p.labels));
+    }
+    (format!("{} ({})", p.label(), p.interface), desc)
+}
+
+/// A copy's comment: the rule that mirrored it (id, text: `None` when deleted since) and what
+/// triggered (`a 500`); `replayed: ...` first for the request the classifier kept and sent
+/// ahead of the trigger.
+pub fn comment(rule: Option<(u32, Option<&str>, Option<&str>)>, replayed: bool) -> String {
+    let comment = match rule {
+        Some((r, text, on)) => {
+            let text = text.unwrap_or("deleted since");
+            let st = on.map_or(String::new(), |s| format!(", on {s}"));
+            format!("mirrored by rule {r} ({text}){st}")
+        }
+        None => "rule unknown: the agent has no flow with this tuple".to_string(),
+    };
+    if replayed {
+        return format!("replayed: the request before the trigger, kept by the classifier; {comment}");
+    }
+    comment
+}
+
+/// What triggered, as a copy's comment says it: `a 500`, `grpc 13 INTERNAL`, `reset`.
+pub fn trigger_on(kind: Option<&str>, status: u16) -> String {
+    match kind {
+        None | Some("status") => format!("a {status}"),
+        kind => crate::api::text::trigger_text(kind, status, None),
     }
 }

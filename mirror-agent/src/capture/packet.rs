@@ -101,6 +101,15 @@ pub fn tuple(frame: &[u8]) -> Option<Tuple> {
     Some(Tuple { src: SocketAddr::new(l.src, sport), dst: SocketAddr::new(l.dst, dport), proto: l.proto })
 }
 
+/// The TCP flags of an Ethernet frame (`None`: not TCP, or truncated).
+pub fn tcp_flags(frame: &[u8]) -> Option<u8> {
+    let l = layers(frame)?;
+    if l.proto != 6 {
+        return None;
+    }
+    frame.get(l.l4 + 13).copied()
+}
+
 fn sum(data: &[u8], mut acc: u32) -> u32 {
     let mut chunks = data.chunks_exact(2);
     for c in &mut chunks {

@@ -242,6 +242,10 @@ pub struct LastTrigger {
     pub request: Option<String>,
     /// Both tuples of the flow (`client -> server`).
     pub flow: String,
+    /// Its capture: the id on `node` (`kubectl exec` into that node's agent: `mirrorctl
+    /// captures get ID -w FILE`), and its object storage key when uploads are on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<crate::views::CaptureRef>,
 }
 
 /// Both CustomResourceDefinitions as YAML documents (`deploy/crds.yaml`, `mirror-agent --crds`).

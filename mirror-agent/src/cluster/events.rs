@@ -105,6 +105,7 @@ fn record(triggers: &Triggers, ev: &EventView) {
         trigger: crate::api::text::trigger_text(Some(&ev.kind), ev.status, ev.by.as_deref()),
         request: crate::api::text::request_text(ev),
         flow: format!("{} -> {}", ev.client_side.client, ev.server_side.server),
+        capture: ev.capture.clone(),
     };
     triggers.lock().expect("triggers").insert(ev.rule_id, t);
 }

@@ -21,11 +21,13 @@ mod cluster;
 mod dns;
 mod host;
 mod pods;
+mod recorder;
 mod tunnel;
 mod validate;
 pub use cluster::{Cluster, ClusterMode};
 pub use dns::Dns;
 pub use pods::{metric_label, CriSockets, Pods};
+pub use recorder::{Recorder, RuleSnaplen};
 pub use tunnel::{Budget, Tunnel};
 
 /// A configuration that cannot be used: where, and why.
@@ -507,6 +509,8 @@ pub struct Config {
     pub protocols: Vec<String>,
     /// Where DNS is followed.
     pub dns: Dns,
+    /// The capture of each trigger's flow, kept on the node.
+    pub recorder: Recorder,
 }
 
 impl Config {

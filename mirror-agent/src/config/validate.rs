@@ -31,6 +31,7 @@ fn valid_link_name(name: &str) -> bool {
 impl Config {
     /// Every check of the configuration that does not depend on the host.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        self.recorder.check()?;
         for (key, globs) in [
             ("interfaces.include", &self.interfaces.include),
             ("interfaces.exclude", &self.interfaces.exclude),

@@ -17,7 +17,6 @@ use hyper::Method;
 use tokio::io::unix::AsyncFd;
 
 use crate::api::client::Client;
-use crate::api::text::trigger_text;
 use crate::capture::packet::{self, Tuple};
 use crate::capture::socket::{PacketSocket, SNAPLEN};
 use crate::capture::{Direction, PcapNgOut};
@@ -113,10 +112,6 @@ struct Place {
     pod: Option<(PodView, Direction)>,
     /// The rule that mirrored its flow, and what triggered (`a 500`, `grpc 13 INTERNAL`).
     rule: Option<(u32, Option<String>)>,
-}
-
-fn interface_name(p: &PodView) -> String {
-    format!("{} ({})", p.label(), p.interface)
 }
 
 fn matches_pod(p: &PodView, want: &str) -> bool {
@@ -267,11 +262,8 @@ fn interface_of<W: Write>(
 ) -> anyhow::Result<(u32, Direction)> {
     Ok(match &place.pod {
         Some((p, d)) => {
-            let mut desc = format!("pod {} behind {} ({})", p.label(), p.interface, p.addresses.join(", "));
-            if !p.labels.is_empty() {
-                desc += &format!(", labels {}", super::pods::labels_text(&p.labels));
-            }
-            (out.interface(&interface_name(p), &desc)?, *d)
+            let (name, desc) = crate::capture::pod_interface(p);
+            (out.interface(&name, &desc)?, *d)
         }
         None => (out.interface(iface, "copies not sent or received by a known pod")?, Direction::Unknown),
     })
@@ -280,18 +272,8 @@ fn interface_of<W: Write>(
 /// A copy's comment: the rule that mirrored it, its text and what triggered; `replayed: ...`
 /// first for the request the classifier kept and sent ahead of the trigger.
 fn packet_comment(known: &Known, rule: Option<(u32, Option<String>)>, replayed: bool) -> String {
-    let comment = match rule {
-        Some((r, on)) => {
-            let text = known.rules.get(&r).map_or("deleted since", String::as_str);
-            let st = on.map_or(String::new(), |s| format!(", on {s}"));
-            format!("mirrored by rule {r} ({text}){st}")
-        }
-        None => "rule unknown: the agent has no flow with this tuple".to_string(),
-    };
-    if replayed {
-        return format!("replayed: the request before the trigger, kept by the classifier; {comment}");
-    }
-    comment
+    let rule = rule.as_ref().map(|(r, on)| (*r, known.rules.get(r).map(String::as_str), on.as_deref()));
+    crate::capture::comment(rule, replayed)
 }
 
 /// A dropped packet's comment: `dropped by the kernel: REASON at LOCATION; ` before the rule's.
@@ -314,10 +296,7 @@ fn place(known: &Known, tuple: Option<&Tuple>) -> Place {
 
 /// What triggered flow `f` with `status`: `a 500`, `grpc 13 INTERNAL`, `reset`.
 fn on(f: &FlowView, status: u16) -> String {
-    match f.trigger.as_deref() {
-        None | Some("status") => format!("a {status}"),
-        kind => trigger_text(kind, status, None),
-    }
+    crate::capture::trigger_on(f.trigger.as_deref(), status)
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! the command line and the dispatch. It talks to the agent with [`crate::api::client`].
 
 pub mod capture;
+pub mod captures;
 pub mod events;
 pub mod flows;
 pub mod hist;
@@ -76,6 +77,12 @@ enum Command {
     /// Write the mirrored packets as pcapng: one interface per pod veth, direction and rule per
     /// packet (run in the agent's network namespace, as root).
     Capture(capture::CaptureArgs),
+    /// The captures kept on this node, one per trigger: id, time, pod, rule, trigger, request,
+    /// packets, bytes, complete or cut; `captures get ID -w FILE`, `captures rm ID`.
+    Captures {
+        #[command(subcommand)]
+        command: Option<captures::CapturesCommand>,
+    },
     /// A live view, refreshed each second: mirror rate and drops, triggers per rule, the
     /// mirrored and the busiest flows by pod (`q` quits).
     Top,
@@ -100,6 +107,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Command::Flows { limit } => flows::run(&c, json, limit).await,
         Command::Events { follow, limit } => events::run(&c, json, follow, limit).await,
         Command::Capture(a) => capture::run(&c, a).await,
+        Command::Captures { command } => captures::run(&c, json, command).await,
         Command::Top => top::run(&c).await,
         Command::Latency { command, by_interface } => latency::run(&c, json, command, by_interface).await,
     }

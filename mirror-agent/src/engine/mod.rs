@@ -117,6 +117,7 @@ enum Cmd {
     SetClusterRules { want: Vec<WantedRule>, reply: Reply<Vec<(String, Installed)>> },
     Rules { reply: Reply<Vec<RuleView>> },
     Flows { reply: Reply<Vec<FlowView>> },
+    Marks { keys: Vec<mirror_bpf::FlowKey>, reply: Reply<Vec<Option<mirror_bpf::flow::MirrorMark>>> },
     Latency { reply: Reply<Vec<HistogramView>> },
     Groups { set: Option<(Group, bool)>, reply: Reply<Vec<GroupView>> },
     Status { reply: Reply<EngineStatus> },
@@ -254,6 +255,14 @@ impl Engine {
         self.call(|reply| Cmd::Flows { reply }).await
     }
 
+    /// The marks of these flows (`None`: not marked, or gone), one lookup each.
+    pub async fn marks(
+        &self,
+        keys: Vec<mirror_bpf::FlowKey>,
+    ) -> anyhow::Result<Vec<Option<mirror_bpf::flow::MirrorMark>>> {
+        self.call(|reply| Cmd::Marks { keys, reply }).await
+    }
+
     /// The latency histograms.
     pub async fn latency(&self) -> anyhow::Result<Vec<HistogramView>> {
         self.call(|reply| Cmd::Latency { reply }).await
@@ -335,6 +344,9 @@ fn handle(d: &mut Driver, cmd: Cmd) {
         }
         Cmd::Flows { reply } => {
             let _ = reply.send(view::flows(d.datapath()));
+        }
+        Cmd::Marks { keys, reply } => {
+            let _ = reply.send(keys.iter().map(|k| Ok(d.datapath().mark(k)?)).collect());
         }
         Cmd::Latency { reply } => {
             let _ = reply.send(view::latency(d.datapath(), d.attached()));
