@@ -52,7 +52,7 @@ const SERVICE_RANGE: &str = "198.19.250.128/25";
 const ETCD: &str = "http://127.0.0.1:2379";
 /// How long the API server may take to answer /readyz (about 3.5 s on an idle machine).
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
-/// A cold build (kube-apiserver's packages and etcd) takes about 9 minutes on 2 CPUs.
+/// A cold build (Kubernetes' packages, etcd, CoreDNS) takes about 15 minutes on 2 CPUs.
 const BUILD_TIMEOUT: Duration = Duration::from_secs(3600);
 /// TokenRequest refuses shorter tokens.
 const MIN_TOKEN: Duration = Duration::from_secs(600);
@@ -107,7 +107,19 @@ impl FileLock {
     }
 }
 
-/// The directory holding `kube-apiserver` and `etcd`: built by `tests/kube/build.sh` once per
+/// What `tests/kube/build.sh` builds, all in one directory.
+pub const CLUSTER_BINARIES: [&str; 8] = [
+    "kube-apiserver",
+    "kubectl",
+    "kubelet",
+    "kube-proxy",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "etcd",
+    "coredns",
+];
+
+/// The directory holding [`CLUSTER_BINARIES`]: built by `tests/kube/build.sh` once per
 /// machine (one builder at a time across processes: a lock in the cache), once per process
 /// asked.
 pub fn binaries() -> &'static Path {
@@ -123,7 +135,7 @@ pub fn binaries() -> &'static Path {
         let building = !wait_until(Duration::from_secs(3), || !proc.running());
         if building {
             eprintln!(
-                "building kube-apiserver and etcd (tests/kube/build.sh) into {}: once per machine, about 9 minutes",
+                "building Kubernetes, etcd and CoreDNS (tests/kube/build.sh) into {}: once per machine, about 15 minutes",
                 cache.display()
             );
         }
@@ -132,11 +144,11 @@ pub fn binaries() -> &'static Path {
         assert!(status.is_some_and(|s| s.success()), "tests/kube/build.sh: {status:?}: {output}");
         // Its last line (stdout) names the directory; the build's messages go to stderr before it.
         let dir = PathBuf::from(output.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().trim());
-        for b in ["kube-apiserver", "etcd"] {
+        for b in CLUSTER_BINARIES {
             assert!(dir.join(b).is_file(), "tests/kube/build.sh: no {b} in {}: {output}", dir.display());
         }
         if building {
-            eprintln!("kube-apiserver and etcd built in {:.0} s: {}", t.elapsed().as_secs_f64(), dir.display());
+            eprintln!("Kubernetes, etcd and CoreDNS built in {:.0} s: {}", t.elapsed().as_secs_f64(), dir.display());
         }
         dir
     })
