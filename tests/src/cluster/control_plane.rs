@@ -47,7 +47,7 @@ pub const NODE_LINK: &str = "k8sapi";
 /// The user of the admin kubeconfig (group `system:masters`).
 pub const ADMIN: &str = "admin";
 /// The Service range: 198.19.250.128/25 (the `kubernetes` Service takes .129).
-const SERVICE_RANGE: &str = "198.19.250.128/25";
+pub const SERVICE_RANGE: &str = "198.19.250.128/25";
 /// etcd's client URL, on the control plane namespace's loopback.
 const ETCD: &str = "http://127.0.0.1:2379";
 /// How long the API server may take to answer /readyz (about 3.5 s on an idle machine).
@@ -207,6 +207,19 @@ impl ControlPlane {
     /// - `--profiling=false`; the watch cache stays on, as in a cluster (agents' watches are
     ///   served from it).
     pub fn start() -> ControlPlane {
+        Self::start_with(false)
+    }
+
+    /// A control plane for a cluster with nodes ([`crate::cluster::single_node`]): as
+    /// [`ControlPlane::start`], but with the ServiceAccount admission plugin (pods get their
+    /// tokens: a controller-manager makes each namespace's `default` account), the endpoint
+    /// reconciler (the `kubernetes` Service's endpoint is [`ADDRESS`], for in-cluster clients
+    /// through kube-proxy) and the kubelets reached at their InternalIP (logs, exec).
+    pub fn start_for_nodes() -> ControlPlane {
+        Self::start_with(true)
+    }
+
+    fn start_with(nodes: bool) -> ControlPlane {
         let bin = binaries().to_path_buf();
         let ns = Netns::new("kcp");
         ns.sh(&format!("ip addr add {ADDRESS}/32 dev lo"));
@@ -273,6 +286,15 @@ impl ControlPlane {
             "--profiling=false".into(),
         ]
         .into();
+        let apiserver_args: Vec<String> = if nodes {
+            let none = ["--endpoint-reconciler-type=none", "--disable-admission-plugins=ServiceAccount"];
+            let mut a: Vec<String> =
+                apiserver_args.into_iter().filter(|a| !none.contains(&a.as_str())).collect();
+            a.push("--kubelet-preferred-address-types=InternalIP".into());
+            a
+        } else {
+            apiserver_args
+        };
 
         let mut plane = ControlPlane {
             apiserver: None,
@@ -687,7 +709,7 @@ fn parse_labels(text: &str) -> BTreeMap<String, String> {
 }
 
 /// Resident memory of process `pid` in bytes (0 if it is gone).
-fn rss(pid: u32) -> u64 {
+pub fn rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().strip_suffix(" kB"));
     kb.and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0) * 1024
