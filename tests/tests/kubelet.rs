@@ -127,7 +127,7 @@ spec:
 /// RCU (a sysctl of the whole machine), and no local rule (the ConfigMap's `status=500` would
 /// mirror every pod's 500s: here only the cluster's rules count); `deploy/` named by a relative
 /// path, as kustomize requires.
-fn write_overlay(dir: &Path, c: &Cluster) {
+fn write_overlay(dir: &Path, c: &Cluster, bpffs: &Path) {
     let deploy = repo_root().join("deploy").canonicalize().expect("deploy/");
     let depth = dir.components().filter(|c| matches!(c, Component::Normal(_))).count();
     let relative = format!("{}{}", "../".repeat(depth), deploy.strip_prefix("/").unwrap().display());
@@ -153,7 +153,7 @@ fn write_overlay(dir: &Path, c: &Cluster) {
              template:\n    spec:\n      volumes:\n        - name: bpffs\n          hostPath: {{path: {bpf}}}\n        \
              - name: state\n          hostPath: {{path: {state}}}\n        - name: run\n          hostPath: {{path: {run}}}\n        \
              - name: host-run\n          hostPath: {{path: {host_run}}}\n",
-            bpf = c.bpffs_dir().display(),
+            bpf = bpffs.display(),
             state = host("state"),
             run = host("run"),
             host_run = c.run_dir().display(),
@@ -239,7 +239,7 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
 
     // Installed as a user installs it.
     let overlay = tempfile::Builder::new().prefix("mirror-overlay").tempdir().expect("a temp dir");
-    write_overlay(overlay.path(), &c);
+    write_overlay(overlay.path(), &c, &c.bpffs_dir());
     let t = Instant::now();
     let applied = c.kubectl_ok(&["apply", "-k", &overlay.path().display().to_string()]);
     assert!(applied.contains("daemonset.apps/mirror-agent created"), "{applied}");
@@ -413,6 +413,32 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
         .filter(|p| !p.ends_with("maps.debug") && !p.ends_with("progs.debug"))
         .collect();
     assert!(pins.is_empty(), "pins left: {pins:?}");
+
+    // A node whose /sys/fs/bpf is a private mount: the runtime refuses the init container
+    // (Bidirectional), in the words docs/deployment.md quotes; the agent never starts.
+    let private = c.host_dir("private-bpf");
+    let p = private.display();
+    mirror_bpf::testing::sh(&format!("mount --bind {p} {p} && mount --make-private {p}"));
+    write_overlay(overlay.path(), &c, &private);
+    c.kubectl_ok(&["apply", "-k", &overlay.path().display().to_string()]);
+    let (mut said, mut status) = (String::new(), String::new());
+    let refused = wait_until(Duration::from_secs(60), || {
+        let out = |args: &[&str]| String::from_utf8_lossy(&c.plane.kubectl(args).stdout).trim().to_string();
+        said = out(&["-n", "mirror", "get", "events", "-o", "jsonpath={.items[*].message}"]);
+        status = out(&[
+            "-n",
+            "mirror",
+            "get",
+            "pods",
+            "-o",
+            "jsonpath={.items[*].status.initContainerStatuses[0].state.waiting.reason}",
+        ]);
+        said.contains(&format!("path \"{p}\" is mounted on \"{p}\" but it is not a shared mount"))
+            && status == "CreateContainerError"
+    });
+    c.kubectl_ok(&["delete", "-k", &overlay.path().display().to_string(), "--wait=true", "--timeout=120s"]);
+    mirror_bpf::testing::sh(&format!("umount {p}"));
+    assert!(refused, "the private mount not refused as expected: pod {status}, events: {said}");
 
     eprintln!(
         "images {:.1} s; cluster {:.1} s (control plane {:.1} s, containerd {:.1} s, node Ready {:.1} s); CoreDNS {:.1} s; \
