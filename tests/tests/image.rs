@@ -98,7 +98,7 @@ fn the_image_installs_upgrades_and_uninstalls_as_the_daemonset_runs_it() {
     for d in [&state, &run, &config, &host_run] {
         std::fs::create_dir_all(d).expect("creating a host directory");
     }
-    std::fs::write(config.join("agent.yaml"), m.agent_config()).expect("writing the ConfigMap's file");
+    m.write_config_files(&config);
     let node_ip = topo.pod("client").gw4.to_string();
     let node = Node {
         host_paths: BTreeMap::from([

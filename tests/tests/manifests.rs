@@ -121,14 +121,20 @@ fn the_pod_spec_keeps_the_rules_the_schemas_do_not_carry() {
 fn the_configmap_configuration_passes_the_agents_check() {
     let m = Manifests::load();
     let dir = tempfile::tempdir().expect("a temp dir");
-    let f = dir.path().join("agent.yaml");
-    std::fs::write(&f, m.agent_config()).expect("writing");
+    let files = m.write_config_files(dir.path());
+    // As the DaemonSet gives them: the ConfigMap's files, agent.yaml first.
+    let names: Vec<_> = files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, ["agent.yaml", "overrides.yaml"]);
+    let args = m.container("agent")["args"].as_sequence().expect("the agent's args").clone();
+    let configs: Vec<&str> = args.iter().filter_map(|a| a.as_str()?.strip_prefix("--config=")).collect();
+    assert_eq!(configs, ["/etc/mirror-agent/agent.yaml", "/etc/mirror-agent/overrides.yaml"]);
     let bins = mirror_e2e::agent::Binaries::locate().expect("the binaries");
-    let out = Command::new(&bins.agent)
-        .arg("--config")
-        .arg(&f)
-        .arg("--check")
-        .output()
-        .expect("mirror-agent --check");
+    let mut cmd = Command::new(&bins.agent);
+    for f in &files {
+        cmd.arg("--config").arg(f);
+    }
+    let out = cmd.arg("--check").output().expect("mirror-agent --check");
     assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("configuration is valid: ") && said.contains("overrides.yaml over "), "{said}");
 }

@@ -566,7 +566,7 @@ fn the_daemonset_agent_names_containerd_pods_through_the_nodes_run() {
     for d in [&state, &run, &config] {
         std::fs::create_dir_all(d).expect("creating a host directory");
     }
-    std::fs::write(config.join("agent.yaml"), m.agent_config()).expect("writing the ConfigMap's file");
+    m.write_config_files(&config);
     let kube_node = Node {
         host_paths: BTreeMap::from([
             ("/sys/fs/bpf", bpffs.path().to_path_buf()),

@@ -13,11 +13,13 @@ use mirror_agent::config::{Config, LogFormat};
 #[derive(Parser)]
 #[command(version)]
 struct Args {
-    /// Configuration file (YAML); see config/agent.yaml for every key. Without it,
+    /// Configuration file (YAML); see config/agent.yaml for every key. Given more than once,
+    /// each later file is laid over the earlier ones key by key (the DaemonSet: an overlay's
+    /// overrides.yaml over the ConfigMap's agent.yaml). Without it,
     /// /etc/mirror-agent/agent.yaml when it exists (`make install` puts it there), else the
     /// built-in defaults.
     #[arg(long, short)]
-    config: Option<PathBuf>,
+    config: Vec<PathBuf>,
     /// On SIGTERM, leave the data path attached and pinned for the next agent.
     #[arg(long)]
     keep_attached: bool,
@@ -48,13 +50,14 @@ fn main() -> ExitCode {
         print!("{}", mirror_agent::cluster::crd::crds_yaml());
         return ExitCode::SUCCESS;
     }
-    let path = args.config.clone().or_else(|| {
-        let installed = PathBuf::from(DEFAULT_CONFIG);
-        installed.exists().then_some(installed)
-    });
-    let cfg = match &path {
-        Some(p) => Config::load(p).map_err(|e| format!("config {}: {e}", p.display())),
-        None => Ok(Config::default()),
+    let mut paths = args.config.clone();
+    if paths.is_empty() && std::path::Path::new(DEFAULT_CONFIG).exists() {
+        paths.push(PathBuf::from(DEFAULT_CONFIG));
+    }
+    let cfg = match paths.as_slice() {
+        [] => Ok(Config::default()),
+        [p] => Config::load(p).map_err(|e| format!("config {}: {e}", p.display())),
+        layers => Config::load_layers(layers).map_err(|e| format!("config: {e}")),
     };
     let cfg = cfg.and_then(|mut c| {
         if let Some(listen) = &args.metrics_listen {
@@ -74,10 +77,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let source =
-        path.as_ref().map_or("built-in defaults (no /etc/mirror-agent/agent.yaml)".to_string(), |p| {
-            p.display().to_string()
-        });
+    let source = if paths.is_empty() {
+        "built-in defaults (no /etc/mirror-agent/agent.yaml)".to_string()
+    } else {
+        paths.iter().rev().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" over ")
+    };
     if args.check {
         println!("configuration is valid: {source}");
         match mirror_agent::capacity::Host::this() {

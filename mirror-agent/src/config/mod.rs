@@ -540,6 +540,42 @@ impl Config {
         Ok(cfg)
     }
 
+    /// Reads configuration files in order, each later one over the earlier ones (`--config`
+    /// given more than once: a kustomize overlay's `overrides.yaml` over the ConfigMap's
+    /// `agent.yaml`), and checks the result against this host too. A later file's mapping is
+    /// merged key by key into the earlier one's; anything else (a list, a value) replaces it.
+    /// Each file must be a configuration of its own; an error names the file it is in.
+    pub fn load_layers(paths: &[PathBuf]) -> Result<Self, ConfigError> {
+        let mut texts = Vec::with_capacity(paths.len());
+        for p in paths {
+            let at = |e: ConfigError| err(format!("{}: {}", p.display(), e.path), e.reason);
+            let text = std::fs::read_to_string(p).map_err(|e| err(p.display().to_string(), e.to_string()))?;
+            Self::parse(&text).map_err(at)?;
+            texts.push(text);
+        }
+        let cfg = Self::parse(&Self::layered(&texts)?)?;
+        let host =
+            Host::this().map_err(|e| err("config", format!("reading this host's CPUs and memory: {e:#}")))?;
+        cfg.check_host(&host)?;
+        Ok(cfg)
+    }
+
+    /// The YAML of configuration texts laid over each other, the later ones winning
+    /// ([`Config::load_layers`]).
+    pub fn layered(texts: &[String]) -> Result<String, ConfigError> {
+        let mut merged = serde_yaml_ng::Value::Null;
+        for text in texts {
+            let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+            let layer: serde_yaml_ng::Value =
+                serde_yaml_ng::from_str(text).map_err(|e| err("config", e.to_string()))?;
+            merge_yaml(&mut merged, layer);
+        }
+        if merged.is_null() {
+            return Ok(String::new());
+        }
+        serde_yaml_ng::to_string(&merged).map_err(|e| err("config", e.to_string()))
+    }
+
     /// Parses and checks configuration text (everything that does not depend on the host:
     /// `validate.rs`).
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
@@ -571,6 +607,26 @@ impl Config {
     }
 }
 
+/// Lays `over` onto `base`: mappings key by key, anything else (and a null `over`: an empty
+/// file) as it is.
+fn merge_yaml(base: &mut serde_yaml_ng::Value, over: serde_yaml_ng::Value) {
+    use serde_yaml_ng::Value;
+    match (base, over) {
+        (_, Value::Null) => {}
+        (Value::Mapping(b), Value::Mapping(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(slot) if slot.is_mapping() && v.is_mapping() => merge_yaml(slot, v),
+                    _ => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -596,6 +652,38 @@ pub(super) mod tests {
         assert_eq!(FlowsMax::Auto.resolve(16, 112), 32_768);
         assert_eq!(FlowsMax::Auto.resolve(64, 112), 8192);
         assert_eq!(FlowsMax::Auto.resolve(1024, 112), 4096);
+    }
+
+    #[test]
+    fn later_layers_override_earlier_ones_key_by_key() {
+        let base =
+            "interfaces:\n  include: [\"veth*\", \"cali*\"]\nattach:\n  expedite_rcu: true\n  mode: tc\n\
+                    bpf:\n  pin_path: /sys/fs/bpf/mirror-agent\nrules: [\"status=500\"]\n";
+        let over =
+            "# an overlay's settings\ninterfaces:\n  include: [\"kf*\"]\nattach:\n  expedite_rcu: false\n\
+                    bpf:\n  pin_path: /sys/fs/bpf/other\n";
+        let cfg = Config::parse(&Config::layered(&[base.into(), over.into()]).unwrap()).unwrap();
+        assert_eq!(cfg.interfaces.include, ["kf*"]);
+        assert!(!cfg.attach.expedite_rcu);
+        // Keys the overlay leaves alone stay as the base has them.
+        assert_eq!(cfg.attach.mode, AttachModeCfg::Tc);
+        assert_eq!(cfg.rules, ["status=500"]);
+        assert_eq!(cfg.bpf.pin_path, Path::new("/sys/fs/bpf/other"));
+        // An empty (or all-comment) layer changes nothing; none at all is the defaults.
+        let same = Config::parse(&Config::layered(&[base.into(), "# nothing\n".into()]).unwrap()).unwrap();
+        assert_eq!(same, Config::parse(base).unwrap());
+        assert_eq!(Config::layered(&[]).unwrap(), "");
+    }
+
+    #[test]
+    fn a_bad_layer_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("agent.yaml");
+        let bad = dir.path().join("overrides.yaml");
+        std::fs::write(&good, "rules: [\"status=500\"]\n").unwrap();
+        std::fs::write(&bad, "attach:\n  expedite_rcu: maybe\n").unwrap();
+        let e = Config::load_layers(&[good, bad.clone()]).unwrap_err();
+        assert_eq!(e.path, format!("{}: attach.expedite_rcu", bad.display()), "{e}");
     }
 
     #[test]

@@ -31,6 +31,9 @@ pub struct Facts {
     pub mountinfo: String,
     /// `bpf.pin_path`, with the symlinks of its existing part resolved.
     pub pin_path: PathBuf,
+    /// The container runtime sockets of `pods.cri`, with the symlinks of their existing part
+    /// resolved.
+    pub cri_sockets: Vec<PathBuf>,
     /// Whether this process runs in another mount namespace than PID 1 (with the host's PID
     /// namespace, as the DaemonSet runs: a container); none when that cannot be read.
     pub in_container: Option<bool>,
@@ -60,6 +63,7 @@ impl Facts {
                 .and_then(|s| super::parse::effective_caps(&s)),
             mountinfo: std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
             pin_path: resolved(&cfg.bpf.pin_path),
+            cri_sockets: cfg.pods.cri.paths().iter().map(|p| resolved(p)).collect(),
             in_container,
             attach_mode: cfg.attach.mode,
         }

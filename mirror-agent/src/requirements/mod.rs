@@ -115,6 +115,7 @@ pub fn evaluate(f: &Facts) -> Vec<Finding> {
     out.push(jit(f));
     out.extend(capabilities(f));
     out.extend(bpffs(f));
+    out.extend(runtime_socket(f));
     out
 }
 
@@ -284,6 +285,49 @@ fn bpffs(f: &Facts) -> Vec<Finding> {
         ),
     };
     vec![on, propagation]
+}
+
+/// In a container, the propagation of the mount that holds the container runtime's socket
+/// (`pods.cri`: the DaemonSet mounts the node's `/run` at `/host/run`). Sockets on the
+/// container's own root file system (no mount of the node's there) are not the node's: nothing
+/// to say of them.
+fn runtime_socket(f: &Facts) -> Vec<Finding> {
+    if f.in_container != Some(true) {
+        return Vec::new();
+    }
+    let all = mounts(&f.mountinfo);
+    let mut out = Vec::new();
+    let mut seen = Vec::new();
+    for sock in &f.cri_sockets {
+        let Some(mount) = mount_of(&all, sock).filter(|m| m.point != std::path::Path::new("/")) else {
+            continue;
+        };
+        if seen.contains(&mount.point) {
+            continue;
+        }
+        seen.push(mount.point.clone());
+        let point = mount.point.display();
+        out.push(match mount.propagation {
+            Propagation::Shared | Propagation::Slave => finding(
+                "mount propagation",
+                Level::Ok,
+                format!("the runtime's socket directory {point}: with propagation from the node"),
+            ),
+            Propagation::Private => finding(
+                "mount propagation",
+                Level::Warning,
+                format!(
+                    "the container runtime's socket {} is on a private mount of the agent's container ({point}): \
+                     a socket directory the node mounts there after the agent started (a runtime restarted with \
+                     its own mount) does not reach the agent, whose pods are then named from /proc only: mount \
+                     the node's directory with mountPropagation: HostToContainer (which needs the node's mount \
+                     shared: mount --make-rshared /)",
+                    sock.display()
+                ),
+            ),
+        });
+    }
+    out
 }
 
 #[cfg(test)]

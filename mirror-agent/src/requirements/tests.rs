@@ -22,6 +22,7 @@ fn node() -> Facts {
         caps: Some(ROOT),
         mountinfo: HOST.into(),
         pin_path: PathBuf::from("/sys/fs/bpf/mirror-agent"),
+        cri_sockets: vec![PathBuf::from("/host/run/containerd/containerd.sock")],
         in_container: Some(false),
         attach_mode: AttachModeCfg::Auto,
     }
@@ -57,6 +58,9 @@ fn unmet_samples() -> Vec<Finding> {
     add(Facts { pin_path: "/var/lib/mirror-pins".into(), ..node() });
     let private = "1200 1100 0:39 / /sys/fs/bpf rw,relatime - bpf bpf rw\n";
     add(Facts { mountinfo: private.into(), in_container: Some(true), caps: Some(DAEMONSET), ..node() });
+    let run = "1200 1100 0:39 / /sys/fs/bpf rw,relatime master:13 - bpf bpf rw\n\
+               1201 1100 0:26 / /host/run ro,nosuid,nodev - tmpfs tmpfs rw\n";
+    add(Facts { mountinfo: run.into(), in_container: Some(true), caps: Some(DAEMONSET), ..node() });
     samples
 }
 
@@ -161,6 +165,43 @@ fn a_bpffs_at_the_pin_path_and_its_propagation() {
     // On the host, the same private mount is no concern; unknown, not checked.
     assert_eq!(one(&Facts { in_container: Some(false), ..pod.clone() }, "mount propagation").0, Level::Ok);
     assert_eq!(one(&Facts { in_container: None, ..pod }, "mount propagation").0, Level::Note);
+}
+
+#[test]
+fn the_runtime_socket_directory_and_its_propagation() {
+    // The DaemonSet's mounts: the node's bpffs and /run as slaves (HostToContainer).
+    let slave = "1200 1100 0:39 / /sys/fs/bpf rw,relatime master:13 - bpf bpf rw\n\
+                 1201 1100 0:26 / /host/run ro,nosuid,nodev master:12 - tmpfs tmpfs rw\n";
+    let pod = Facts { mountinfo: slave.into(), in_container: Some(true), caps: Some(DAEMONSET), ..node() };
+    let all = of(&pod, "mount propagation");
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert!(all.iter().all(|(l, _)| *l == Level::Ok), "{all:?}");
+    assert!(all[1].1.contains("/host/run"), "{all:?}");
+    // The same directory mounted without propagation: a warning naming the socket and the mount.
+    let private = slave.replace(" master:12 ", " ");
+    let f = Facts { mountinfo: private, ..pod.clone() };
+    let (level, said) = of(&f, "mount propagation").pop().unwrap();
+    assert_eq!(level, Level::Warning);
+    assert!(
+        said.starts_with(
+            "the container runtime's socket /host/run/containerd/containerd.sock is on a private mount of the \
+             agent's container (/host/run):"
+        ),
+        "{said}"
+    );
+    assert!(verdict(&evaluate(&f)).is_ok(), "a warning does not stop the start");
+    // Two sockets on one mount: one finding. A socket on the container's own root: none.
+    let two = vec!["/host/run/containerd/containerd.sock".into(), "/host/run/crio/crio.sock".into()];
+    assert_eq!(of(&Facts { cri_sockets: two, ..pod.clone() }, "mount propagation").len(), 2);
+    let rootfs = "1100 1000 0:80 / / rw - overlay overlay rw\n1200 1100 0:39 / /sys/fs/bpf rw master:13 - bpf bpf rw\n";
+    let f = Facts {
+        mountinfo: rootfs.into(),
+        cri_sockets: vec!["/run/containerd/containerd.sock".into()],
+        ..pod
+    };
+    assert_eq!(of(&f, "mount propagation").len(), 1);
+    // On the node itself, not checked.
+    assert_eq!(of(&Facts { mountinfo: slave.into(), ..node() }, "mount propagation").len(), 1);
 }
 
 #[test]

@@ -356,6 +356,26 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Imports an image archive (`podman save`, OCI or docker format) into the namespace the
+    /// kubelet's pods use (`k8s.io`).
+    #[track_caller]
+    pub fn import_image(&self, archive: &Path) {
+        self.ctr(&["-n", "k8s.io", "images", "import", "--all-platforms"], archive);
+    }
+
+    /// Deletes every pod sandbox of the node, the kubelet's too (`StopPodSandbox`,
+    /// `RemovePodSandbox`): what a node's drain leaves, before containerd stops.
+    pub fn delete_all_pods(&self) {
+        let out = self.crictl(&["pods", "-q", "--no-trunc"]);
+        for id in String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()) {
+            let ok = [["stopp", id], ["rmp", id]].iter().all(|a| self.crictl(a).status.success());
+            if !ok {
+                eprintln!("deleting sandbox {id}: failed");
+            }
+        }
+        self.live.borrow_mut().clear();
+    }
+
     #[track_caller]
     fn ctr(&self, args: &[&str], file: &Path) {
         run_ok(Command::new("ctr").arg("--address").arg(self.socket()).args(args).arg(file));

@@ -48,12 +48,12 @@ pub const NODE_LINK: &str = "k8sapi";
 /// The user of the admin kubeconfig (group `system:masters`).
 pub const ADMIN: &str = "admin";
 /// The Service range: 198.19.250.128/25 (the `kubernetes` Service takes .129).
-const SERVICE_RANGE: &str = "198.19.250.128/25";
+pub const SERVICE_RANGE: &str = "198.19.250.128/25";
 /// etcd's client URL, on the control plane namespace's loopback.
 const ETCD: &str = "http://127.0.0.1:2379";
 /// How long the API server may take to answer /readyz (about 3.5 s on an idle machine).
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
-/// A cold build (kube-apiserver's packages and etcd) takes about 9 minutes on 2 CPUs.
+/// A cold build (Kubernetes' packages, etcd, CoreDNS) takes about 15 minutes on 2 CPUs.
 const BUILD_TIMEOUT: Duration = Duration::from_secs(3600);
 /// TokenRequest refuses shorter tokens.
 const MIN_TOKEN: Duration = Duration::from_secs(600);
@@ -108,7 +108,19 @@ impl FileLock {
     }
 }
 
-/// The directory holding `kube-apiserver` and `etcd`: built by `tests/kube/build.sh` once per
+/// What `tests/kube/build.sh` builds, all in one directory.
+pub const CLUSTER_BINARIES: [&str; 8] = [
+    "kube-apiserver",
+    "kubectl",
+    "kubelet",
+    "kube-proxy",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "etcd",
+    "coredns",
+];
+
+/// The directory holding [`CLUSTER_BINARIES`]: built by `tests/kube/build.sh` once per
 /// machine (one builder at a time across processes: a lock in the cache), once per process
 /// asked.
 pub fn binaries() -> &'static Path {
@@ -124,7 +136,7 @@ pub fn binaries() -> &'static Path {
         let building = !wait_until(Duration::from_secs(3), || !proc.running());
         if building {
             eprintln!(
-                "building kube-apiserver and etcd (tests/kube/build.sh) into {}: once per machine, about 9 minutes",
+                "building Kubernetes, etcd and CoreDNS (tests/kube/build.sh) into {}: once per machine, about 15 minutes",
                 cache.display()
             );
         }
@@ -133,11 +145,11 @@ pub fn binaries() -> &'static Path {
         assert!(status.is_some_and(|s| s.success()), "tests/kube/build.sh: {status:?}: {output}");
         // Its last line (stdout) names the directory; the build's messages go to stderr before it.
         let dir = PathBuf::from(output.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().trim());
-        for b in ["kube-apiserver", "etcd"] {
+        for b in CLUSTER_BINARIES {
             assert!(dir.join(b).is_file(), "tests/kube/build.sh: no {b} in {}: {output}", dir.display());
         }
         if building {
-            eprintln!("kube-apiserver and etcd built in {:.0} s: {}", t.elapsed().as_secs_f64(), dir.display());
+            eprintln!("Kubernetes, etcd and CoreDNS built in {:.0} s: {}", t.elapsed().as_secs_f64(), dir.display());
         }
         dir
     })
@@ -196,6 +208,19 @@ impl ControlPlane {
     /// - `--profiling=false`; the watch cache stays on, as in a cluster (agents' watches are
     ///   served from it).
     pub fn start() -> ControlPlane {
+        Self::start_with(false)
+    }
+
+    /// A control plane for a cluster with nodes ([`crate::cluster::single_node`]): as
+    /// [`ControlPlane::start`], but with the ServiceAccount admission plugin (pods get their
+    /// tokens: a controller-manager makes each namespace's `default` account), the endpoint
+    /// reconciler (the `kubernetes` Service's endpoint is [`ADDRESS`], for in-cluster clients
+    /// through kube-proxy) and the kubelets reached at their InternalIP (logs, exec).
+    pub fn start_for_nodes() -> ControlPlane {
+        Self::start_with(true)
+    }
+
+    fn start_with(nodes: bool) -> ControlPlane {
         let bin = binaries().to_path_buf();
         let ns = Netns::new("kcp");
         ns.sh(&format!("ip addr add {ADDRESS}/32 dev lo"));
@@ -262,6 +287,15 @@ impl ControlPlane {
             "--profiling=false".into(),
         ]
         .into();
+        let apiserver_args: Vec<String> = if nodes {
+            let none = ["--endpoint-reconciler-type=none", "--disable-admission-plugins=ServiceAccount"];
+            let mut a: Vec<String> =
+                apiserver_args.into_iter().filter(|a| !none.contains(&a.as_str())).collect();
+            a.push("--kubelet-preferred-address-types=InternalIP".into());
+            a
+        } else {
+            apiserver_args
+        };
 
         let mut plane = ControlPlane {
             apiserver: None,
@@ -676,7 +710,7 @@ fn parse_labels(text: &str) -> BTreeMap<String, String> {
 }
 
 /// Resident memory of process `pid` in bytes (0 if it is gone).
-fn rss(pid: u32) -> u64 {
+pub fn rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().strip_suffix(" kB"));
     kb.and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0) * 1024

@@ -73,6 +73,21 @@ impl Manifests {
         str_at(&self.configmap["data"], "agent.yaml")
     }
 
+    /// Writes every file of the ConfigMap (`agent.yaml`, `overrides.yaml`) into `dir`, as the
+    /// kubelet mounts it at /etc/mirror-agent; the paths written, in the ConfigMap's order.
+    #[track_caller]
+    pub fn write_config_files(&self, dir: &Path) -> Vec<PathBuf> {
+        let data = self.configmap["data"].as_mapping().expect("the ConfigMap's data");
+        data.iter()
+            .map(|(k, v)| {
+                let path = dir.join(k.as_str().expect("a file name"));
+                std::fs::write(&path, v.as_str().expect("a file's text"))
+                    .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+                path
+            })
+            .collect()
+    }
+
     /// The image `name` stands for after the kustomization's `images:` (name:tag).
     pub fn image(&self, name: &str) -> String {
         for i in seq(&self.kustomization["images"]) {

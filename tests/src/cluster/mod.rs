@@ -7,3 +7,4 @@ pub mod control_plane;
 pub mod kube;
 pub mod kubelet;
 pub mod podman;
+pub mod single_node;
