@@ -36,8 +36,8 @@ PACKAGES=(
 # when CI=true). A go or node already installed another way (/usr/local/go, nodesource) is kept.
 # The HTTP/2 test builds grpc-go (a Go module, from the Go module proxy) and installs
 # @grpc/grpc-js with npm (from the npm registry), each once into its cache (/var/cache/mirror-e2e);
-# the DNS test builds CoreDNS (its Go module, tests/dns/coredns) and a client on Go's resolver
-# (tests/dns/resolver) the same way.
+# the DNS test builds a client on Go's resolver (tests/dns/resolver) the same way, and runs the
+# cluster tests' CoreDNS (tests/kube/build.sh, below).
 command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || PACKAGES+=(golang-go)
 command -v node >/dev/null 2>&1 || PACKAGES+=(nodejs)
 command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)

@@ -1,6 +1,5 @@
-//! CoreDNS, the resolver Kubernetes runs, as a resolver of the DNS tests: built from its Go
-//! module once per machine (`tests/dns/coredns`: the server with the plugins `bind`, `errors`,
-//! `file` and `forward`), configured with a Corefile that answers as the resolver's table says
+//! CoreDNS, the resolver Kubernetes runs, as a resolver of the DNS tests: the build the cluster
+//! tests run as the cluster's DNS (its Go module, `tests/kube/build.sh`), configured with a Corefile that answers as the resolver's table says
 //! ([`crate::workload::dns`]): zone files for `test` (the names of [`GOOD_ZONE`], a wildcard
 //! under it), `cluster.local` ([`CLUSTER_GOOD`]) and `example`, authoritative, so any other
 //! name in them is NXDOMAIN; [`FAIL_ZONE`] and [`REFUSED_ZONE`] forwarded to the upstream on the
@@ -11,14 +10,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::topology::netns::Pod;
-use crate::workload::cache;
 use crate::workload::dns::{CLUSTER_GOOD, FAIL_ZONE, GOOD_A, GOOD_AAAA, GOOD_ZONE, REFUSED_ZONE};
 use crate::workload::servers;
 
-/// CoreDNS's binary, built into the tests' cache once; `None` without a Go toolchain.
+/// CoreDNS's binary: the one the cluster tests run as the cluster's DNS, built from its Go
+/// module with Kubernetes (`tests/kube/build.sh`) once per machine; `None` without a Go
+/// toolchain.
 pub fn binary() -> Option<PathBuf> {
-    let go = servers::go_toolchain()?;
-    Some(cache::build_go(&go, "coredns", &Path::new(env!("CARGO_MANIFEST_DIR")).join("dns/coredns")))
+    servers::go_toolchain()?;
+    Some(crate::cluster::control_plane::binaries().join("coredns"))
 }
 
 /// The zones CoreDNS is authoritative for, each with its records (relative names, `@` the
