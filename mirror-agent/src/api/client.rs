@@ -41,6 +41,35 @@ impl<'a> Client<'a> {
         path: &str,
         body: Option<String>,
     ) -> anyhow::Result<(StatusCode, T)> {
+        let (status, body) = self.send(method, path, body).await?;
+        let bytes = body.collect().await?.to_bytes();
+        let value =
+            serde_json::from_slice(&bytes).with_context(|| format!("reading the agent's reply to {path}"))?;
+        Ok((status, value))
+    }
+
+    /// Sends a GET and writes the reply's body to `out` as it comes (a capture's pcapng);
+    /// returns the bytes written. A non-2xx reply is an error carrying the agent's message.
+    pub async fn download(&self, path: &str, out: &mut dyn std::io::Write) -> anyhow::Result<u64> {
+        let (_, mut body) = self.send(Method::GET, path, None).await?;
+        let mut n = 0u64;
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                out.write_all(&data)?;
+                n += data.len() as u64;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Sends one request (its body JSON) and returns the reply's status and body; a
+    /// non-2xx reply is an error carrying the agent's message.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+    ) -> anyhow::Result<(StatusCode, hyper::body::Incoming)> {
         let stream = self.connect().await.with_context(|| {
             format!(
                 "cannot reach the agent at {} (is mirror-agent running? see --socket)",
@@ -57,54 +86,14 @@ impl<'a> Client<'a> {
             .body(Full::new(Bytes::from(body.unwrap_or_default())))?;
         let resp = sender.send_request(req).await?;
         let status = resp.status();
-        let bytes = resp.into_body().collect().await?.to_bytes();
         if !status.is_success() {
+            let bytes = resp.into_body().collect().await?.to_bytes();
             let msg = serde_json::from_slice::<ErrorBody>(&bytes)
                 .map(|e| e.error)
                 .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
             return Err(ApiFailure { status, message: msg }.into());
         }
-        let value =
-            serde_json::from_slice(&bytes).with_context(|| format!("reading the agent's reply to {path}"))?;
-        Ok((status, value))
-    }
-}
-
-impl Client<'_> {
-    /// Sends a GET and writes the reply's body to `out` as it comes (a capture's pcapng);
-    /// returns the bytes written. A non-2xx reply is an error carrying the agent's message.
-    pub async fn download(&self, path: &str, out: &mut dyn std::io::Write) -> anyhow::Result<u64> {
-        let stream = self.connect().await.with_context(|| {
-            format!(
-                "cannot reach the agent at {} (is mirror-agent running? see --socket)",
-                self.socket.display()
-            )
-        })?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(conn);
-        let req = Request::builder()
-            .method(Method::GET)
-            .uri(path)
-            .header("host", "mirror-agent")
-            .body(Full::new(Bytes::new()))?;
-        let resp = sender.send_request(req).await?;
-        let status = resp.status();
-        let mut body = resp.into_body();
-        if !status.is_success() {
-            let bytes = body.collect().await?.to_bytes();
-            let msg = serde_json::from_slice::<ErrorBody>(&bytes)
-                .map(|e| e.error)
-                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-            return Err(ApiFailure { status, message: msg }.into());
-        }
-        let mut n = 0u64;
-        while let Some(frame) = body.frame().await {
-            if let Ok(data) = frame?.into_data() {
-                out.write_all(&data)?;
-                n += data.len() as u64;
-            }
-        }
-        Ok(n)
+        Ok((status, resp.into_body()))
     }
 }
 

@@ -46,60 +46,64 @@ pub fn segment(ns: &Netns, (src, sport): (Ipv4Addr, u16), (dst, dport): (Ipv4Add
 }
 
 fn send_one(dst: Ipv4Addr, pkt: &[u8]) {
-    // SAFETY: a raw socket we own, closed below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_RAW) };
-    assert!(fd >= 0, "a raw socket: {}", std::io::Error::last_os_error());
-    // SAFETY: a zeroed sockaddr_in with family and address set.
-    let mut to: libc::sockaddr_in = unsafe { zeroed() };
-    to.sin_family = libc::AF_INET as u16;
-    to.sin_addr.s_addr = u32::from(dst).to_be();
-    // SAFETY: sending a buffer we own to an address we own, with their lengths.
-    let n = unsafe {
-        libc::sendto(
-            fd,
-            pkt.as_ptr().cast(),
-            pkt.len(),
-            0,
-            (&to as *const libc::sockaddr_in).cast(),
-            size_of::<libc::sockaddr_in>() as u32,
-        )
-    };
-    // SAFETY: our descriptor, closed once.
-    unsafe { libc::close(fd) };
+    let n = RawSocket::new(dst).send(pkt);
     assert_eq!(n, pkt.len() as isize, "sending a segment: {}", std::io::Error::last_os_error());
 }
 
 fn send(src: Ipv4Addr, dst: Ipv4Addr, flows: u32) -> Duration {
-    // SAFETY: a raw socket we own (IPPROTO_RAW: we write the IP header, the kernel fills its
-    // checksum and id); closed below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_RAW) };
-    assert!(fd >= 0, "a raw socket: {}", std::io::Error::last_os_error());
-    // SAFETY: a zeroed sockaddr_in with family and address set.
-    let mut to: libc::sockaddr_in = unsafe { zeroed() };
-    to.sin_family = libc::AF_INET as u16;
-    to.sin_addr.s_addr = u32::from(dst).to_be();
+    let sock = RawSocket::new(dst);
     let start = Instant::now();
     for i in 0..flows {
         let sport = 1024 + (i % SOURCE_PORTS) as u16;
         let dport = 1 + (i / SOURCE_PORTS) as u16;
         let pkt = syn(src, dst, sport, dport, i);
+        let n = sock.send(&pkt);
+        assert_eq!(n, pkt.len() as isize, "SYN {i}: {}", std::io::Error::last_os_error());
+    }
+    start.elapsed()
+}
+
+/// A raw IPv4 socket (IPPROTO_RAW: we write the IP header, the kernel fills its checksum and
+/// id) sending to one address; closed on drop.
+struct RawSocket {
+    fd: i32,
+    to: libc::sockaddr_in,
+}
+
+impl RawSocket {
+    fn new(dst: Ipv4Addr) -> Self {
+        // SAFETY: a raw socket we own, closed on drop.
+        let fd =
+            unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_RAW) };
+        assert!(fd >= 0, "a raw socket: {}", std::io::Error::last_os_error());
+        // SAFETY: a zeroed sockaddr_in with family and address set.
+        let mut to: libc::sockaddr_in = unsafe { zeroed() };
+        to.sin_family = libc::AF_INET as u16;
+        to.sin_addr.s_addr = u32::from(dst).to_be();
+        Self { fd, to }
+    }
+
+    /// Sends `pkt` (an IPv4 packet); returns what sendto returned.
+    fn send(&self, pkt: &[u8]) -> isize {
         // SAFETY: sending a buffer we own to an address we own, with their lengths.
-        let n = unsafe {
+        unsafe {
             libc::sendto(
-                fd,
+                self.fd,
                 pkt.as_ptr().cast(),
                 pkt.len(),
                 0,
-                (&to as *const libc::sockaddr_in).cast(),
+                (&self.to as *const libc::sockaddr_in).cast(),
                 size_of::<libc::sockaddr_in>() as u32,
             )
-        };
-        assert_eq!(n, pkt.len() as isize, "SYN {i}: {}", std::io::Error::last_os_error());
+        }
     }
-    let took = start.elapsed();
-    // SAFETY: our descriptor, closed once.
-    unsafe { libc::close(fd) };
-    took
+}
+
+impl Drop for RawSocket {
+    fn drop(&mut self) {
+        // SAFETY: our descriptor, closed once.
+        unsafe { libc::close(self.fd) };
+    }
 }
 
 /// An IPv4 TCP SYN without options, its TCP checksum computed.
