@@ -7,6 +7,7 @@ use libbpf_rs::{MapCore, MapFlags, MapMut, ProgramMut, RingBuffer};
 use super::fixtures::{Fixture, Parsed, Repeat};
 use super::{run_repeat, SkbContext, VERDICT_CONTINUE};
 use crate::datapath::{Datapath, DatapathOptions};
+use crate::rule::RuleId;
 use crate::shared::{bytes_of, types};
 use crate::stats::{counter, Counters};
 use types::stat_idx as S;
@@ -54,6 +55,8 @@ pub struct Rig {
     events: RingBuffer<'static>,
     /// skb->ifindex of every test_run: loopback of the caller's namespace.
     pub ctx: SkbContext,
+    /// [`DNS_RULE`]'s id.
+    dns_rule: RuleId,
 }
 
 impl Rig {
@@ -64,7 +67,8 @@ impl Rig {
         let mut dp = super::load(&DatapathOptions::default());
         dp.set_mirror_ifindex(mirror_ifindex).expect("setting the mirror interface");
         dp.add_rule(RULE.parse().expect("the fixtures' rule")).expect("adding the fixtures' rule");
-        dp.add_rule(DNS_RULE.parse().expect("the DNS fixtures' rule")).expect("adding the DNS rule");
+        let dns_rule =
+            dp.add_rule(DNS_RULE.parse().expect("the DNS fixtures' rule")).expect("adding the DNS rule");
         for i in 0..rules - 1 {
             let port = u16::try_from(i)
                 .ok()
@@ -74,7 +78,14 @@ impl Rig {
                 .expect("adding a rule");
         }
         let events = dp.events(|_| {}).expect("opening the event ring");
-        Rig { dp, rules, events, ctx: SkbContext::default() }
+        Rig { dp, rules, events, ctx: SkbContext::default(), dns_rule }
+    }
+
+    /// Stops following DNS: [`DNS_RULE`] removed and DNS times off, so that UDP, to a DNS port
+    /// too, is "other" (as the reference of the differential test states it).
+    pub fn follow_no_dns(&mut self) {
+        self.dp.remove_rule(self.dns_rule).expect("removing the DNS rule");
+        self.dp.set_timing(crate::TimingGroup::Dns, false).expect("switching DNS times off");
     }
 
     /// The program the fixtures run through.
