@@ -54,6 +54,9 @@ pub(super) struct Task {
     pending: VecDeque<(Instant, FlowKey, Frame)>,
     pending_bytes: usize,
     tap: Option<Tap>,
+    /// The interface (and direction) whose socket could not be opened: said once, tried again
+    /// quietly.
+    tap_failed: Option<(String, bool)>,
     /// When the directory was last found unusable (said once a minute at most).
     dir_warned: Option<Instant>,
 }
@@ -99,6 +102,7 @@ impl Task {
             pending: VecDeque::new(),
             pending_bytes: 0,
             tap: None,
+            tap_failed: None,
             dir_warned: None,
         };
         t.store();
@@ -441,7 +445,7 @@ impl Task {
             return;
         }
         self.tap = None;
-        let Some((iface, outgoing)) = want else { return };
+        let Some((iface, outgoing)) = want.clone() else { return };
         // SAFETY: the socket owns its descriptor and keeps it open, unchanged, while registered.
         match PacketSocket::open(&iface)
             .and_then(|s| unsafe { AsyncFd::register(s) }.map_err(|e| std::io::Error::other(e.to_string())))
@@ -449,8 +453,15 @@ impl Task {
             Ok(sock) => {
                 tracing::debug!(%iface, outgoing, "recorder: reading copies");
                 self.tap = Some(Tap { iface, outgoing, sock });
+                self.tap_failed = None;
             }
-            Err(e) => tracing::warn!(%iface, error = %e, "recorder: cannot read the mirror interface"),
+            Err(e) if self.tap_failed == want => {
+                tracing::debug!(%iface, error = %e, "recorder: cannot read the mirror interface")
+            }
+            Err(e) => {
+                tracing::warn!(%iface, error = %e, "recorder: cannot read the mirror interface, no captures kept until it can");
+                self.tap_failed = want;
+            }
         }
     }
 }
