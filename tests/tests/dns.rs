@@ -1012,7 +1012,8 @@ fn dns_search_path_lookups_through_a_kubelet_resolv_conf() {
                 let lookup = SearchLookup::new(&run.exchanges, &candidates);
                 let (tried, sockets, queries) = (&lookup.tried, lookup.sockets.len(), lookup.exchanges.len());
                 // glibc's order: the candidates up to the one found (all when none is), each asked A
-                // and AAAA on a socket of its own.
+                // and AAAA on one socket (a socket of its own, or, at times, the previous
+                // candidate's, which glibc then kept open).
                 let found = |c: &String| {
                     lookup.exchanges.iter().any(|e| &e.qname == c && e.rcode == Some(Rcode::NOERROR))
                 };
@@ -1020,7 +1021,7 @@ fn dns_search_path_lookups_through_a_kubelet_resolv_conf() {
                 check(f, tried[..] == candidates[..until], || {
                     format!("{rule}: {name}: tried {tried:?}, {:?} expected", &candidates[..until])
                 });
-                check(f, queries == 2 * tried.len() && sockets == tried.len(), || {
+                check(f, queries == 2 * tried.len() && (1..=tried.len()).contains(&sockets), || {
                     format!(
                         "{rule}: {name}: {queries} queries on {sockets} sockets for {} candidates",
                         tried.len()
@@ -1049,7 +1050,23 @@ fn dns_search_path_lookups_through_a_kubelet_resolv_conf() {
                 // candidate that failed; the name as given when the lookup of an external name failed.
                 let bare = name.to_ascii_lowercase();
                 let want: Vec<String> = if !mode {
-                    tried.iter().filter(|c| Resolver::rcode_of(c) == Rcode::NXDOMAIN).cloned().collect()
+                    // A flow is marked once: a later failure on a socket already marked (one glibc
+                    // kept for the next candidate) is mirrored, not named again.
+                    let mut marked = Vec::new();
+                    let socket_of =
+                        |c: &String| lookup.exchanges.iter().find(|e| &e.qname == c).map(|e| e.client);
+                    tried
+                        .iter()
+                        .filter(|c| Resolver::rcode_of(c) == Rcode::NXDOMAIN)
+                        .filter(|c| match socket_of(c) {
+                            Some(sock) if !marked.contains(&sock) => {
+                                marked.push(sock);
+                                true
+                            }
+                            _ => false,
+                        })
+                        .cloned()
+                        .collect()
                 } else if r.result.is_err() && !in_zone(name) {
                     vec![bare]
                 } else {
