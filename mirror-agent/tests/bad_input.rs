@@ -140,16 +140,12 @@ impl Drop for MemoryCgroup {
     }
 }
 
-#[test]
-fn maps_beyond_the_cgroups_memory_are_refused_before_loading() {
-    if !require_root() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().display();
-    let pins = format!("/sys/fs/bpf/mirror-e2e-cg-{}", std::process::id());
-    let config = dir.path().join("agent.yaml");
-    // Nothing to attach to and no sink to create: only the maps and the socket.
+/// An agent config in `dir` with nothing to attach to and no sink to create (only the maps and
+/// the API socket), its pins under a path named after `tag`; returns the config and pin paths.
+fn bare_config(dir: &Path, tag: &str) -> (std::path::PathBuf, String) {
+    let d = dir.display();
+    let pins = format!("/sys/fs/bpf/mirror-e2e-{tag}-{}", std::process::id());
+    let config = dir.join("agent.yaml");
     std::fs::write(
         &config,
         format!(
@@ -158,6 +154,16 @@ fn maps_beyond_the_cgroups_memory_are_refused_before_loading() {
         ),
     )
     .unwrap();
+    (config, pins)
+}
+
+#[test]
+fn maps_beyond_the_cgroups_memory_are_refused_before_loading() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (config, pins) = bare_config(dir.path(), "cg");
     // 64 MiB: the default maps take more than that less the agent's own 16 MiB; the kernel
     // would have refused them (or left the agent nothing) once loading.
     let small = MemoryCgroup::new(64 << 20);
@@ -200,17 +206,7 @@ fn a_node_without_the_capabilities_stops_before_loading() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().display();
-    let pins = format!("/sys/fs/bpf/mirror-e2e-caps-{}", std::process::id());
-    let config = dir.path().join("agent.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "interfaces:\n  include: [\"none-such*\"]\nmirror:\n  create: none\nmetrics:\n  listen: \"\"\n\
-             api:\n  socket: {d}/api.sock\nbpf:\n  pin_path: {pins}\nstate:\n  path: {d}/state.yaml\n"
-        ),
-    )
-    .unwrap();
+    let (config, pins) = bare_config(dir.path(), "caps");
     // Root without CAP_BPF and CAP_PERFMON (nor CAP_SYS_ADMIN, which stands for both): the
     // bounding set caps what the agent's exec gets.
     let without = |check: bool| {
