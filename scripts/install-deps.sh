@@ -29,7 +29,7 @@ PACKAGES=(
     python3-venv                                                   # kubernetes-validate (tests/tests/manifests.rs)
     containerd containernetworking-plugins                         # the real node (tests/tests/real_node.rs)
     systemd                                                        # systemd-analyze verify of the unit (mirror-agent/tests/service_unit.rs)
-    dnsmasq-base bind9-dnsutils                                    # the DNS test: a resolver, dig (tests/tests/dns.rs)
+    dnsmasq-base bind9-dnsutils                                    # the DNS test: a resolver, dig (tests/tests/dns/)
 )
 
 # The accuracy test builds a Go net/http server and runs a Node http one (it fails without them
