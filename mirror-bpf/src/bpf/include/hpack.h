@@ -380,11 +380,12 @@ static __always_inline void hpack_insert(struct h2_dir *d, const struct h2_scrat
 /*
  * hpack_field - the header field at h2.at of the block in s->buf (up to h2.end): what it says
  * of a field of interest into s->h2, its insertion into @d's table; h2.at moved past it.
- * A global function: verified once, run for each field of a header block.
+ * Inlined into the field loop's bpf_loop callback (h2.h), verified once with it: a call of its
+ * own per field cost more than its body here.
  * @return 0 for a field read, 1 at the block's end, -1 when it is malformed or runs past the
  * bytes read (the table's state is lost then: the caller says so).
  */
-__noinline int hpack_field(struct http_scratch *s, struct h2_dir *d)
+static __always_inline int hpack_field(struct http_scratch *s, struct h2_dir *d)
 {
     if (!s || !d)
         return -1;
