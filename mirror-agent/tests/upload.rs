@@ -163,9 +163,12 @@ fn captures_are_uploaded_once_each_and_an_outage_loses_none() {
         k
     });
     assert!(sent.values().all(|n| *n == 1), "a capture sent twice: {sent:?}");
-    // Every request signed with the Secret's key.
+    // Every request of the agent (HEADs and PUTs; the GETs are the test's) signed with the
+    // Secret's key.
     let requests = s3.requests();
-    assert!(requests.iter().all(|r| r.access_key == KEY_ID), "{requests:?}");
+    let agents: Vec<_> = requests.iter().filter(|r| r.method != "GET").collect();
+    assert_eq!(agents.iter().filter(|r| r.method == "PUT").count(), 7, "{agents:?}");
+    assert!(agents.iter().all(|r| r.access_key == KEY_ID), "{agents:?}");
     let text = scrape();
     assert_eq!(metric(&text, "mirror_recorder_uploads_total"), 7, "{text}");
     assert_eq!(metric(&text, "mirror_recorder_upload_pending"), 0, "{text}");
