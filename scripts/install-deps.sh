@@ -37,7 +37,9 @@ PACKAGES=(
 # The HTTP/2 test builds grpc-go (a Go module, from the Go module proxy) and installs
 # @grpc/grpc-js with npm (from the npm registry), each once into its cache (/var/cache/mirror-e2e);
 # the DNS test builds a client on Go's resolver (tests/dns/resolver) the same way, and runs the
-# cluster tests' CoreDNS (tests/kube/build.sh, below).
+# cluster tests' CoreDNS (tests/kube/build.sh, below); the recorder's upload test builds its
+# S3-compatible server the same way (tests/s3: gofakes3, MIT, with its bbolt backend; about 30 s
+# of CPU cold, its four modules from the Go module proxy).
 command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || PACKAGES+=(golang-go)
 command -v node >/dev/null 2>&1 || PACKAGES+=(nodejs)
 command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)

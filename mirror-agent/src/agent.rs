@@ -226,17 +226,22 @@ async fn serve(
     pods.start(engine.attached());
     events.name_pods(pods.clone());
     // Before the cluster's follower: each event names its capture from the first.
-    let recorder = cfg.recorder.enabled.then(|| {
-        crate::recorder::Recorder::start(
-            cfg.recorder.clone(),
-            cfg.recorder.dir(&cfg.state.path),
-            cfg.cluster.node_name(),
-            engine.clone(),
-            info.clone(),
-            pods.clone(),
-            events,
-        )
-    });
+    let recorder = cfg
+        .recorder
+        .enabled
+        .then(|| {
+            crate::recorder::Recorder::start(
+                cfg.recorder.clone(),
+                cfg.recorder.dir(&cfg.state.path),
+                cfg.cluster.node_name(),
+                engine.clone(),
+                info.clone(),
+                pods.clone(),
+                events,
+            )
+        })
+        .transpose()
+        .context("recorder.upload: the object storage client")?;
     let mut up = Some(Start { cluster: start_cluster(cfg, engine, &pods, events).await?, ..start });
     let listener = api::bind(&cfg.api.socket).await?;
     let handover = Arc::new(tokio::sync::Notify::new());

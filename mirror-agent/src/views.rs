@@ -573,9 +573,18 @@ pub struct CaptureView {
     /// The object storage key, when uploads are on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
-    /// Whether it is stored there.
+    /// Whether it is stored there (its pcapng then deleted from the node).
     #[serde(default)]
     pub uploaded: bool,
+    /// Attempts to upload it that failed so far, and the last one's error.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub upload_failures: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_error: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The request behind a trigger: the start of the segment that carried it.

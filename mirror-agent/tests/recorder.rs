@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use mirror_agent::views::{CaptureView, EventView};
+use mirror_agent::views::EventView;
 use mirror_bpf::replay::REPLAY_MAC;
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv};
@@ -25,23 +25,7 @@ use mirror_e2e::topology::netns::Topology;
 use mirror_e2e::workload::load::{HttpLoad, HttpSpec};
 use mirror_e2e::workload::servers::Server;
 
-use common::{bins, json, status, ATTACH, VETHS};
-
-const METRICS: &str = "127.0.0.1:9464";
-/// python's port.
-const ALT: u16 = 8080;
-
-fn captures(env: &AgentEnv) -> Vec<CaptureView> {
-    json(&env.ctl_ok(&["-o", "json", "captures"]))
-}
-
-/// The value of an unlabelled sample `name` in a scrape.
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no {name} in the scrape: {text}")) as u64
-}
+use common::{bins, captures, failing_connections, json, metric, status, ALT, ATTACH, METRICS, VETHS};
 
 /// A packet of a pcapng file as tshark reads it: its identity and whether it is a replay.
 fn tshark_packets(file: &Path) -> Vec<(PacketId, bool, String)> {
@@ -214,20 +198,6 @@ fn each_trigger_gets_its_flows_copies_in_a_capture_of_its_own() {
 /// Sum of the sizes of the files in `dir`.
 fn bytes_in(dir: &Path) -> u64 {
     std::fs::read_dir(dir).map_or(0, |d| d.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
-}
-
-/// Runs `n` connections from the client pod to python on ALT, one after the other `pause_ms`
-/// apart, each a GET of a 500 with `bytes` of body, closed after its answer; returns how many
-/// got their 500.
-fn failing_connections(topo: &Topology, n: u32, bytes: u32, pause_ms: u32) -> u32 {
-    let server = topo.pod("server").v4;
-    let script = format!(
-        "import http.client, time\nok=0\nfor i in range({n}):\n    c=http.client.HTTPConnection('{server}',{ALT},timeout=5)\n    \
-         c.request('GET','/fail?bytes={bytes}')\n    r=c.getresponse(); r.read(); c.close()\n    ok+=r.status==500\n    time.sleep({pause_ms}/1000)\nprint(ok)\n"
-    );
-    let out = topo.pod("client").ns.command("python3").args(["-c", &script]).output().expect("python3");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().parse().expect("a count")
 }
 
 /// 500 triggers against a budget of 5 MB: never more on disk (sampled all along), the oldest

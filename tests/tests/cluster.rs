@@ -10,7 +10,8 @@
 //!   namespaced rule does not reach the pods of another namespace (same labels); a
 //!   ClusterMirrorRule does, by namespace selector;
 //! - each rule's status has an entry per node that has something to say (state, pods, hits,
-//!   latest trigger), and a trigger is an Event on its pod;
+//!   latest trigger), and a trigger is an Event on its pod; the latest trigger's capture is
+//!   named there (id, node) and fetched by that id from the node's agent;
 //! - an invalid rule gets a `Valid: False` condition in words; an expired one ends everywhere;
 //! - the API server stopped for 30 s: the rules keep working, the status resumes after, and
 //!   nothing is doubled (rules, ids, status entries);
@@ -111,6 +112,11 @@ impl Node {
     /// The agent's events.
     fn events(&self) -> Vec<Value> {
         json(&self.env.ctl_ok(&["-o", "json", "events"])).as_array().cloned().unwrap_or_default()
+    }
+
+    /// The agent's captures (`mirrorctl -o json captures`).
+    fn captures(&self) -> Vec<Value> {
+        json(&self.env.ctl_ok(&["-o", "json", "captures"])).as_array().cloned().unwrap_or_default()
     }
 
     /// GETs `/fail` (a 500) of the pod with `role`, from the client pod, on a new connection.
@@ -281,6 +287,66 @@ fn rules_follow_the_cluster() {
         let described = cp.kubectl_ok(&["describe", "pod", &pod, "-n", "shop"]);
         assert!(found, "no Mirrored event on {pod}:\n{described}");
         assert!(described.contains(source), "{described}");
+    }
+
+    // A second trigger: the status names its capture (id, node), the latest, and that capture
+    // is fetched by its id from the node's agent, as `kubectl exec ... mirrorctl captures get`
+    // would.
+    for n in &nodes {
+        n.fail("checkout");
+    }
+    let latest = |n: &Node| -> Option<Value> {
+        let id = n.rule(source)?["id"].as_u64()?;
+        let pod = format!("shop/checkout-{}", n.name);
+        n.events()
+            .into_iter()
+            .filter(|e| e["rule_id"] == id && e["pod"] == pod.as_str())
+            .max_by_key(|e| e["seq"].as_u64())
+    };
+    let named = wait_until(Duration::from_secs(15), || {
+        let s = status(&cp, "mirrorrule/checkout-500s", Some("shop"));
+        nodes.iter().all(|n| {
+            let ev = latest(n);
+            entry(&s, &n.name).is_some_and(|e| {
+                e["hits"] == 2 && ev.as_ref().is_some_and(|ev| e["lastTrigger"]["capture"] == ev["capture"])
+            })
+        })
+    });
+    let s = status(&cp, "mirrorrule/checkout-500s", Some("shop"));
+    assert!(
+        named,
+        "the status does not name the latest captures: {s:#}\n{:?}",
+        nodes.iter().map(latest).collect::<Vec<_>>()
+    );
+    for n in &nodes {
+        let last = &entry(&s, &n.name).unwrap()["lastTrigger"];
+        let (id, node) = (last["capture"]["id"].as_u64().unwrap(), last["capture"]["node"].as_str().unwrap());
+        assert_eq!(node, n.name, "{last:#}");
+        let first = n.events().iter().filter_map(|e| e["capture"]["id"].as_u64()).min().unwrap();
+        assert!(id > first, "{}: capture {id} is not the latest trigger's (the first was {first})", n.name);
+        let closed = wait_until(Duration::from_secs(10), || {
+            n.captures().iter().any(|c| c["id"] == id && c["state"] == "complete")
+        });
+        let listed = n.captures().into_iter().find(|c| c["id"] == id);
+        assert!(closed, "{}: capture {id}: {listed:?}", n.name);
+        let listed = listed.unwrap();
+        assert_eq!((&listed["flow"], &listed["pod"]), (&last["flow"], &last["pod"]), "{listed:#} {last:#}");
+        let file = n._dir.path().join(format!("capture-{id}.pcapng"));
+        n.env.ctl_ok(&["captures", "get", &id.to_string(), "-w", file.to_str().unwrap()]);
+        let read =
+            std::process::Command::new("tshark").arg("-r").arg(&file).output().expect("running tshark");
+        assert!(
+            read.status.success(),
+            "tshark -r {}: {}",
+            file.display(),
+            String::from_utf8_lossy(&read.stderr)
+        );
+        let packets = String::from_utf8_lossy(&read.stdout).lines().count() as u64;
+        assert!(
+            packets >= 4 && Some(packets) == listed["packets"].as_u64(),
+            "{}: {packets} packets read: {listed:#}",
+            n.name
+        );
     }
 
     // Changed: both agents hold the new form within a second.

@@ -41,6 +41,15 @@ async fn list(State(s): State<ApiState>) -> ApiResult<Vec<CaptureView>> {
 async fn fetch(State(s): State<ApiState>, id: Id) -> Result<Response, ApiError> {
     let id = id_of(id)?;
     let (path, view) = recorder(&s)?.get(id).await?.ok_or_else(|| no_such(id))?;
+    if view.uploaded {
+        return Err(ApiError(
+            StatusCode::GONE,
+            format!(
+                "capture {id} was uploaded to object storage ({}) and deleted from this node",
+                view.key.as_deref().unwrap_or("?")
+            ),
+        ));
+    }
     let file = tokio::fs::File::open(&path).await.map_err(|_| no_such(id))?;
     let body = Body::from_stream(tokio_util::io::ReaderStream::new(file));
     Ok((

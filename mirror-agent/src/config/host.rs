@@ -1,6 +1,7 @@
 //! What a configuration must be on this host: the memory the classifier's sized maps take
 //! on its CPUs, the descriptors the API's connections take, a BPF filesystem for the pins,
-//! and the kernel features the chosen attach mode needs. [`Config::load`] runs it (so do
+//! the kernel features the chosen attach mode needs, and the credentials of the recorder's
+//! uploads. [`Config::load`] runs it (so do
 //! `--check` and the start), after [`Config::parse`].
 
 use super::{err, AttachModeCfg, Config, ConfigError, METRICS_CONNECTIONS};
@@ -62,6 +63,9 @@ impl Config {
             ));
         }
         crate::bpffs::check(&self.bpf.pin_path).map_err(|e| err("bpf.pin_path", e))?;
+        if self.recorder.enabled {
+            self.recorder.upload.check_credentials(&|k| std::env::var(k).ok())?;
+        }
         // Programs for TCX do not load on a kernel without it. (The query needs root: without
         // it, the agent could not start anyway.)
         // SAFETY: geteuid has no preconditions.

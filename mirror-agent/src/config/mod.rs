@@ -23,12 +23,14 @@ mod host;
 mod pods;
 mod recorder;
 mod tunnel;
+mod upload;
 mod validate;
 pub use cluster::{Cluster, ClusterMode};
 pub use dns::Dns;
 pub use pods::{metric_label, CriSockets, Pods};
 pub use recorder::{Recorder, RuleSnaplen};
 pub use tunnel::{Budget, Tunnel};
+pub use upload::{Upload, KEY_ID_FILE, SECRET_FILE, TOKEN_FILE};
 
 /// A configuration that cannot be used: where, and why.
 #[derive(Debug, thiserror::Error)]

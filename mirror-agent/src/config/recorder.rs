@@ -35,6 +35,8 @@ pub struct Recorder {
     /// Per rule, the bytes of each packet kept: the rule's text (as `mirrorctl rules list`
     /// shows it) or, for a cluster rule, `namespace/name` (or the name of a cluster-wide one).
     pub rule_snaplen: Vec<RuleSnaplen>,
+    /// Closed captures shipped to object storage.
+    pub upload: super::Upload,
 }
 
 /// A rule's snap length.
@@ -60,6 +62,7 @@ impl Default for Recorder {
             snaplen: 0,
             idle_close: Duration::from_secs(60),
             rule_snaplen: Vec::new(),
+            upload: super::Upload::default(),
         }
     }
 }
@@ -119,7 +122,7 @@ impl Recorder {
         if self.idle_close.is_zero() {
             return Err(err("recorder.idle_close", "must be more than 0"));
         }
-        Ok(())
+        self.upload.check()
     }
 }
 

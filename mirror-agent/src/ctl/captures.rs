@@ -37,7 +37,16 @@ pub const HEADER: [&str; 10] =
 fn row(c: &CaptureView) -> Vec<String> {
     let state = match (&c.state[..], &c.key, c.uploaded) {
         (s, Some(_), true) => format!("{s}, uploaded"),
-        (s, _, _) => s.to_string(),
+        ("open", _, _) => "open".to_string(),
+        (s, Some(_), false) if c.upload_failures > 0 => {
+            format!(
+                "{s}, upload pending ({} failed: {})",
+                c.upload_failures,
+                c.upload_error.as_deref().unwrap_or("?")
+            )
+        }
+        (s, Some(_), false) => format!("{s}, upload pending"),
+        (s, None, _) => s.to_string(),
     };
     vec![
         c.id.to_string(),

@@ -39,6 +39,18 @@ pub fn append(body: String, s: &Stats) -> String {
             "Copies the kernel dropped from the recorder's socket (it fell behind)",
             &s.socket_drops,
         ),
+        ("uploads", "Captures stored in object storage (then deleted from the node)", &s.uploaded),
+        ("uploaded_bytes", "Bytes of captures sent to object storage", &s.uploaded_bytes),
+        (
+            "upload_failures",
+            "Attempts to upload a capture that failed (each tried again)",
+            &s.upload_failures,
+        ),
+        (
+            "uploads_abandoned",
+            "Captures deleted for the budget or their age before they could be uploaded",
+            &s.upload_abandoned,
+        ),
     ] {
         reg.register(name, help, ConstCounter::new(v(c)));
     }
@@ -46,6 +58,7 @@ pub fn append(body: String, s: &Stats) -> String {
         ("stored_bytes", "Bytes the captures take on disk", &s.stored_bytes),
         ("stored_captures", "Captures kept on disk", &s.stored),
         ("open_captures", "Captures being written (their flow mirrored)", &s.open),
+        ("upload_pending", "Closed captures waiting to be uploaded", &s.upload_pending),
     ] {
         reg.register(name, help, ConstGauge::new(v(c) as i64));
     }

@@ -11,12 +11,14 @@
 //! `recorder.idle_close`.
 //!
 //! One task owns the store and the open captures ([`task`]); the API and the event log talk
-//! to it through [`Recorder`].
+//! to it through [`Recorder`]. With `recorder.upload`, each closed capture is queued to the
+//! [`upload`]er, and deleted from the node once stored.
 
 pub mod capture;
 pub mod metrics;
 pub mod store;
 mod task;
+pub mod upload;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,6 +60,15 @@ pub struct Stats {
     pub stored: AtomicU64,
     /// Captures open.
     pub open: AtomicU64,
+    /// Captures stored in object storage, and their bytes.
+    pub uploaded: AtomicU64,
+    pub uploaded_bytes: AtomicU64,
+    /// Attempts to upload that failed.
+    pub upload_failures: AtomicU64,
+    /// Captures waiting to be uploaded (gauge).
+    pub upload_pending: AtomicU64,
+    /// Captures deleted for the budget or their age before they were uploaded.
+    pub upload_abandoned: AtomicU64,
 }
 
 impl Stats {
@@ -73,6 +84,8 @@ enum Msg {
     /// The file of a capture (flushed first when open), and its view.
     Get(u64, oneshot::Sender<Option<(PathBuf, CaptureView)>>),
     Remove(u64, oneshot::Sender<Result<bool, String>>),
+    /// What an upload attempt did.
+    Uploaded(upload::Done),
     Stop(oneshot::Sender<()>),
 }
 
@@ -85,8 +98,9 @@ pub struct Recorder {
 
 impl Recorder {
     /// Starts the recorder: captures go to `dir`; each event of `events` gets the id of its
-    /// capture, `node` names this node in it. A directory that cannot be used is said and
-    /// counted; triggers then get no capture until it can (asked again at each).
+    /// capture (and its object storage key, with uploads), `node` names this node in it. A
+    /// directory that cannot be used is said and counted; triggers then get no capture until
+    /// it can (asked again at each). Fails only when the uploads' client cannot be made.
     pub fn start(
         cfg: RecorderCfg,
         dir: PathBuf,
@@ -95,19 +109,27 @@ impl Recorder {
         info: Arc<Mutex<AgentInfo>>,
         pods: Pods,
         events: &EventLog,
-    ) -> Recorder {
+    ) -> anyhow::Result<Recorder> {
         let (tx, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(Stats::default());
-        let mut task = task::Task::new(cfg, dir, node.clone(), engine, info, pods, stats.clone());
+        let upload = if cfg.upload.enabled {
+            let keys = upload::KeyLayout::new(&cfg.upload, &node);
+            Some((upload::Uploader::start(&cfg.upload, tx.clone())?, keys))
+        } else {
+            None
+        };
+        let layout = upload.as_ref().map(|(_, k)| k.clone());
+        let mut task = task::Task::new(cfg, dir, engine, info, pods, stats.clone(), upload.map(|(u, _)| u));
         let next = Arc::new(AtomicU64::new(task.last_id() + 1));
         let tap_tx = tx.clone();
         events.tap(Box::new(move |ev| {
             let id = next.fetch_add(1, Ordering::Relaxed);
-            ev.capture = Some(CaptureRef { id, node: node.clone(), key: None });
+            let key = layout.as_ref().map(|l| l.key(id, &ev.time, ev.pod.as_deref(), &ev.interface));
+            ev.capture = Some(CaptureRef { id, node: node.clone(), key });
             let _ = tap_tx.send(Msg::Trigger(Box::new(ev.clone())));
         }));
         tokio::spawn(async move { task.run(rx).await });
-        Recorder { tx, stats }
+        Ok(Recorder { tx, stats })
     }
 
     /// Its counts.

@@ -2,7 +2,8 @@
 //! shows) each, in a directory of mode 0700, files of mode 0600. It keeps them within the
 //! budget (bytes, number, age): the oldest closed capture goes first; an open one that would
 //! go beyond is refused more room (its writer cuts it). It never leaves less than
-//! `min_free_bytes` free on the filesystem.
+//! `min_free_bytes` free on the filesystem. A capture uploaded to object storage loses its
+//! pcapng and keeps its metadata (listed, with its key) until the budget or its age takes it.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -65,6 +66,8 @@ pub struct Store {
     used: u64,
     /// Captures deleted for the budget or their age.
     deleted: u64,
+    /// Of which, captures waiting for their upload.
+    abandoned: u64,
     /// Free bytes on the filesystem when last asked, and when.
     free: (u64, Option<std::time::Instant>),
 }
@@ -77,6 +80,11 @@ fn json_of(v: &CaptureView) -> Vec<u8> {
     let mut b = serde_json::to_vec_pretty(v).expect("captures serialize");
     b.push(b'\n');
     b
+}
+
+/// Whether `e` is closed and waits for its upload.
+fn waits_upload(e: &Entry) -> bool {
+    e.closed.is_some() && e.view.key.is_some() && !e.view.uploaded
 }
 
 /// Creates (or truncates) `path`, mode 0600, and writes `data`.
@@ -97,6 +105,7 @@ impl Store {
             entries: BTreeMap::new(),
             used: 0,
             deleted: 0,
+            abandoned: 0,
             free: (0, None),
         };
         for e in std::fs::read_dir(dir)? {
@@ -300,9 +309,48 @@ impl Store {
         self.used = self.used.saturating_sub(e.bytes);
         if why != Why::Asked {
             self.deleted += 1;
+            if waits_upload(&e) {
+                self.abandoned += 1;
+                tracing::warn!(
+                    id,
+                    ?why,
+                    key = e.view.key.as_deref().unwrap_or(""),
+                    "recorder: a capture deleted before it could be uploaded"
+                );
+            }
         }
         tracing::debug!(id, ?why, bytes = e.bytes, "capture deleted");
         true
+    }
+
+    /// Captures deleted for the budget or their age while they waited for their upload.
+    pub fn abandoned(&self) -> u64 {
+        self.abandoned
+    }
+
+    /// The closed captures that wait for their upload, oldest first: id and key.
+    pub fn to_upload(&self) -> Vec<(u64, String)> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| waits_upload(e))
+            .map(|(id, e)| (*id, e.view.key.clone().unwrap_or_default()))
+            .collect()
+    }
+
+    /// Notes capture `id` stored in object storage: its pcapng is deleted, its metadata kept.
+    pub fn uploaded(&mut self, id: u64) -> io::Result<()> {
+        let Some(e) = self.entries.get_mut(&id) else { return Ok(()) };
+        if e.view.uploaded {
+            return Ok(());
+        }
+        let pcap = e.bytes.saturating_sub(e.meta);
+        e.bytes -= pcap;
+        let _ = std::fs::remove_file(self.pcap(id));
+        self.used = self.used.saturating_sub(pcap);
+        self.update(id, |v| {
+            v.uploaded = true;
+            v.upload_error = None;
+        })
     }
 
     /// Deletes the closed captures older than `max_age`; returns how many.
@@ -375,6 +423,36 @@ mod tests {
             std::fs::read_dir(s.dir()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
         assert_eq!(s.used(), on_disk);
         assert!(used > on_disk);
+    }
+
+    #[test]
+    fn an_uploaded_capture_keeps_its_listing_and_frees_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Store::open(dir.path(), budget(1 << 20, 10)).unwrap();
+        let keyed = |id| CaptureView { key: Some(format!("k/{id}")), ..view(id) };
+        for id in 1..=2 {
+            let mut f = s.create(id, keyed(id)).unwrap();
+            assert!(s.reserve(id, 5000));
+            f.write_all(&[0; 5000]).unwrap();
+            s.grow(id, 5000);
+        }
+        // Only closed ones wait.
+        assert!(s.to_upload().is_empty());
+        s.close(1, CaptureView { state: "complete".into(), ..keyed(1) }).unwrap();
+        assert_eq!(s.to_upload(), [(1, "k/1".to_string())]);
+        let before = s.used();
+        s.uploaded(1).unwrap();
+        assert!(!s.pcap(1).exists() && s.get(1).unwrap().uploaded);
+        assert!(s.used() <= before - 5000 + 64, "{} of {before}", s.used());
+        assert!(s.to_upload().is_empty());
+        // Read back: still uploaded; the other, closed by the restart, waits.
+        drop(s);
+        let s = Store::open(dir.path(), budget(1 << 20, 10)).unwrap();
+        assert!(s.get(1).unwrap().uploaded);
+        assert_eq!(s.to_upload(), [(2, "k/2".to_string())]);
+        let on_disk: u64 =
+            std::fs::read_dir(s.dir()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+        assert_eq!(s.used(), on_disk);
     }
 
     #[test]

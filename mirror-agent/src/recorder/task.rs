@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
 use mirror_bpf::flow::monotonic_ns;
@@ -17,11 +16,11 @@ use mirror_bpf::FlowKey;
 
 use super::capture::{Open, Wrote, GRACE, STOPPED};
 use super::store::{Budget, Store, Why};
+use super::upload::{Done, Uploader};
 use super::{Msg, Stats};
 use crate::api::text::{request_text, trigger_text};
 use crate::api::AgentInfo;
-use crate::capture::packet;
-use crate::capture::socket::{Frame, PacketSocket};
+use crate::capture::socket::Frame;
 use crate::config::Recorder as RecorderCfg;
 use crate::engine::Engine;
 use crate::pods::Pods;
@@ -33,13 +32,8 @@ const TICK: Duration = Duration::from_millis(100);
 const PENDING_FOR: Duration = Duration::from_secs(2);
 const PENDING_BYTES: usize = 8 << 20;
 
-/// The socket and what it reads.
-struct Tap {
-    /// The interface, and whether copies are sent out of it (else received).
-    iface: String,
-    outgoing: bool,
-    sock: AsyncFd<PacketSocket>,
-}
+mod tap;
+use tap::{readable, Tap};
 
 pub(super) struct Task {
     cfg: RecorderCfg,
@@ -59,6 +53,8 @@ pub(super) struct Task {
     tap_failed: Option<(String, bool)>,
     /// When the directory was last found unusable (said once a minute at most).
     dir_warned: Option<Instant>,
+    /// Where closed captures are queued for object storage, with uploads.
+    uploader: Option<Uploader>,
 }
 
 /// The flow keys of an event: each side's tuple, TCP (and UDP for DNS, which may be either).
@@ -83,11 +79,11 @@ impl Task {
     pub(super) fn new(
         cfg: RecorderCfg,
         dir: PathBuf,
-        _node: String,
         engine: Engine,
         info: Arc<Mutex<AgentInfo>>,
         pods: Pods,
         stats: Arc<Stats>,
+        uploader: Option<Uploader>,
     ) -> Task {
         let mut t = Task {
             cfg,
@@ -104,6 +100,7 @@ impl Task {
             tap: None,
             tap_failed: None,
             dir_warned: None,
+            uploader,
         };
         t.store();
         t
@@ -126,6 +123,13 @@ impl Task {
             match Store::open(&self.dir, budget) {
                 Ok(s) => {
                     tracing::debug!(dir = %self.dir.display(), captures = s.list().len(), "recorder: captures kept in");
+                    // What an earlier run left to upload (an upload of one stored already
+                    // finds it there, and is not sent again).
+                    if let Some(u) = &self.uploader {
+                        for (id, key) in s.to_upload() {
+                            u.queue(id, &s.pcap(id), &key);
+                        }
+                    }
                     self.store = Some(s);
                 }
                 Err(e) => {
@@ -157,6 +161,7 @@ impl Task {
                     Some(Msg::Remove(id, reply)) => {
                         let _ = reply.send(self.remove(id));
                     }
+                    Some(Msg::Uploaded(done)) => self.uploaded(done),
                     Some(Msg::Stop(reply)) => {
                         self.close_all();
                         let _ = reply.send(());
@@ -310,51 +315,6 @@ impl Task {
         }
     }
 
-    /// Reads what the socket holds, each frame to its capture.
-    fn read(&mut self) {
-        let Some(tap) = self.tap.as_mut() else { return };
-        let outgoing = tap.outgoing;
-        let mut frames = Vec::new();
-        // Readiness was cleared before: everything there now is read.
-        loop {
-            match tap.sock.get_mut().recv() {
-                Ok(Some(f)) => frames.push(f),
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "recorder: reading the mirror interface");
-                    self.tap = None;
-                    break;
-                }
-            }
-        }
-        for f in frames {
-            if f.outgoing != outgoing {
-                continue;
-            }
-            let Some(t) = packet::tuple(&f.data) else { continue };
-            let key = FlowKey::new(t.src, t.dst, t.proto);
-            match self.by_key.get(&key) {
-                Some(id) => self.write(*id, f),
-                None => {
-                    self.pending_bytes += f.data.len();
-                    self.pending.push_back((Instant::now(), key, f));
-                }
-            }
-        }
-        self.expire_pending();
-    }
-
-    fn expire_pending(&mut self) {
-        while let Some((at, _, f)) = self.pending.front() {
-            if at.elapsed() < PENDING_FOR && self.pending_bytes <= PENDING_BYTES {
-                break;
-            }
-            self.pending_bytes -= f.data.len();
-            self.pending.pop_front();
-            Stats::add(&self.stats.unclaimed, 1);
-        }
-    }
-
     /// The periodic work: the socket follows the sink; open captures whose mirror ended are
     /// closed; what was written is flushed; old captures go.
     async fn tick(&mut self) {
@@ -413,7 +373,41 @@ impl Task {
             self.stats.deleted.store(store.deleted(), Ordering::Relaxed);
             self.stats.stored_bytes.store(store.used(), Ordering::Relaxed);
             self.stats.stored.store(store.list().len() as u64, Ordering::Relaxed);
+            self.stats.upload_pending.store(store.to_upload().len() as u64, Ordering::Relaxed);
+            self.stats.upload_abandoned.store(store.abandoned(), Ordering::Relaxed);
         }
+    }
+
+    /// What an upload attempt did: a capture stored is deleted from the node (its listing
+    /// kept, with its key); a failure is noted in it.
+    fn uploaded(&mut self, done: Done) {
+        let Some(store) = self.store.as_mut() else { return };
+        match done {
+            Done::Stored { id, bytes, sent } => {
+                Stats::add(&self.stats.uploaded, 1);
+                if sent {
+                    Stats::add(&self.stats.uploaded_bytes, bytes);
+                }
+                if let Err(e) = store.uploaded(id) {
+                    Stats::add(&self.stats.write_errors, 1);
+                    tracing::warn!(id, error = %e, "recorder: noting a capture uploaded");
+                }
+                tracing::debug!(id, bytes, sent, "capture uploaded");
+            }
+            Done::Failed { id, error } => {
+                Stats::add(&self.stats.upload_failures, 1);
+                let first = store.get(id).is_some_and(|v| v.upload_failures == 0);
+                if first {
+                    tracing::warn!(id, %error, "recorder: uploading a capture failed: tried again, with a growing wait");
+                }
+                let _ = store.update(id, |v| {
+                    v.upload_failures += 1;
+                    v.upload_error = Some(error);
+                });
+            }
+            Done::Gone { id } => tracing::debug!(id, "recorder: a capture deleted before it was uploaded"),
+        }
+        self.stats.upload_pending.store(store.to_upload().len() as u64, Ordering::Relaxed);
     }
 
     fn close(&mut self, id: u64, why: &str) {
@@ -422,6 +416,9 @@ impl Task {
             self.by_key.remove(k);
         }
         let (view, wrote) = o.close(store, why);
+        if let (Some(u), Some(key)) = (&self.uploader, &view.key) {
+            u.queue(id, &store.pcap(id), key);
+        }
         self.count(wrote);
         let c = if view.state == "complete" { &self.stats.complete } else { &self.stats.cut };
         Stats::add(c, 1);
@@ -434,45 +431,5 @@ impl Task {
         for id in ids {
             self.close(id, STOPPED);
         }
-    }
-
-    /// Opens the socket on the interface copies are handed to, again when it changed.
-    fn follow_sink(&mut self) {
-        let m = self.info.lock().expect("info lock").mirror.clone();
-        let want = m.copies_to.clone().zip(m.delivery.clone()).map(|(i, d)| (i, d != "ingress"));
-        let have = self.tap.as_ref().map(|t| (t.iface.clone(), t.outgoing));
-        if want == have {
-            return;
-        }
-        self.tap = None;
-        let Some((iface, outgoing)) = want.clone() else { return };
-        // SAFETY: the socket owns its descriptor and keeps it open, unchanged, while registered.
-        match PacketSocket::open(&iface)
-            .and_then(|s| unsafe { AsyncFd::register(s) }.map_err(|e| std::io::Error::other(e.to_string())))
-        {
-            Ok(sock) => {
-                tracing::debug!(%iface, outgoing, "recorder: reading copies");
-                self.tap = Some(Tap { iface, outgoing, sock });
-                self.tap_failed = None;
-            }
-            Err(e) if self.tap_failed == want => {
-                tracing::debug!(%iface, error = %e, "recorder: cannot read the mirror interface")
-            }
-            Err(e) => {
-                tracing::warn!(%iface, error = %e, "recorder: cannot read the mirror interface, no captures kept until it can");
-                self.tap_failed = want;
-            }
-        }
-    }
-}
-
-/// Waits until the socket has frames (forever without one).
-async fn readable(tap: Option<&Tap>) {
-    match tap {
-        Some(t) => match t.sock.readable().await {
-            Ok(mut g) => g.clear_ready(),
-            Err(_) => std::future::pending().await,
-        },
-        None => std::future::pending().await,
     }
 }

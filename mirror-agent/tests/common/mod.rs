@@ -88,3 +88,38 @@ pub fn find<'a>(pods: &'a [PodView], interface: &str) -> &'a PodView {
         .find(|p| p.interface == interface)
         .unwrap_or_else(|| panic!("no pod on {interface}: {pods:?}"))
 }
+
+/// python's port in the recorder's tests.
+pub const ALT: u16 = 8080;
+
+/// `mirrorctl -o json captures`.
+pub fn captures(env: &AgentEnv) -> Vec<mirror_agent::views::CaptureView> {
+    json(&env.ctl_ok(&["-o", "json", "captures"]))
+}
+
+/// The value of an unlabelled sample `name` in a scrape.
+pub fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {name} in the scrape: {text}")) as u64
+}
+
+/// Runs `n` connections from the client pod to python on ALT, one after the other `pause_ms`
+/// apart, each a GET of a 500 with `bytes` of body, closed after its answer; returns how many
+/// got their 500.
+pub fn failing_connections(
+    topo: &mirror_e2e::topology::netns::Topology,
+    n: u32,
+    bytes: u32,
+    pause_ms: u32,
+) -> u32 {
+    let server = topo.pod("server").v4;
+    let script = format!(
+        "import http.client, time\nok=0\nfor i in range({n}):\n    c=http.client.HTTPConnection('{server}',{ALT},timeout=5)\n    \
+         c.request('GET','/fail?bytes={bytes}')\n    r=c.getresponse(); r.read(); c.close()\n    ok+=r.status==500\n    time.sleep({pause_ms}/1000)\nprint(ok)\n"
+    );
+    let out = topo.pod("client").ns.command("python3").args(["-c", &script]).output().expect("python3");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("a count")
+}
