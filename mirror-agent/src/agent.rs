@@ -43,15 +43,32 @@ enum Stop {
     Signal,
     /// A newer agent asked for the data path.
     HandOver,
+    /// SIGTERM or SIGINT while a newer agent waited to take over (it had claimed the
+    /// succession, its request not yet come): handed over all the same, then the agent ends.
+    SignalHandOver,
+}
+
+/// What a stop signal means: a hand-over when a newer agent waits for the data path (its
+/// claim held: one owner at a time, the stopping one never removes what the next adopts), else
+/// the plain stop that removes everything.
+fn on_signal(cfg: &Config) -> Stop {
+    if crate::handover::successor_waiting(&cfg.api.socket) {
+        tracing::info!("stopped while a newer agent waits to take over: handing over");
+        Stop::SignalHandOver
+    } else {
+        Stop::Signal
+    }
 }
 
 /// Runs the agent until SIGTERM or SIGINT (after a hand-over, until then too, holding
 /// nothing). The start, in this order:
 ///
 /// 1. the signal handlers (a signal during the start then undoes it, not kills it halfway),
-///    and the node's requirements ([`crate::requirements::check`]);
-/// 2. the single-instance lock ([`crate::handover::acquire`]; with `--take-over`, after the
-///    running agent handed over): nothing is touched before it is held;
+///    the single-instance lock tried ([`crate::handover::begin`]; with `--take-over`, the
+///    succession claimed where another agent holds it), and the node's requirements
+///    ([`crate::requirements::check`]);
+/// 2. the single-instance lock held ([`crate::handover::acquire`]; with `--take-over`, after
+///    the running agent handed over): nothing is touched before it is held;
 /// 3. the configured rules and the state file are read and checked (nothing loaded yet);
 /// 4. the engine loads or adopts the data path and takes the state file's one writer;
 /// 5. the sink, the API, the metrics, and the link events (see [`serve`]).
@@ -61,13 +78,15 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     // which undoes the start-up, instead of killing the agent halfway.
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    // What the node must have: a hard requirement missing stops the start here, naming what to
-    // do, before anything is touched.
-    crate::requirements::check(&cfg)?;
     // First of all: one agent per API socket. A second one refuses before it touches anything
-    // (pins, groups, the socket of the running one), or with --take-over waits for the running
-    // one to hand over.
-    let instance = crate::handover::acquire(&cfg.api.socket, opts.take_over).await?;
+    // (pins, groups, the socket of the running one), or with --take-over claims the succession
+    // at once, so that the running one, should it be stopped before it is asked, hands over
+    // instead of removing what this one adopts (see crate::handover).
+    let begun = crate::handover::begin(&cfg.api.socket, opts.take_over)?;
+    // What the node must have: a hard requirement missing stops the start here, naming what to
+    // do, before anything is touched or asked of a running agent.
+    crate::requirements::check(&cfg)?;
+    let instance = crate::handover::acquire(&cfg.api.socket, begun).await?;
     let initial_rules: Vec<Rule> =
         cfg.rules.iter().map(|r| crate::rules::parse(r)).collect::<Result<_, _>>()?;
     // Read before anything is loaded: a state file that cannot be used stops the start here.
@@ -128,7 +147,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     if let Err(e) = &served {
         tracing::error!(error = format!("{e:#}"), "stopping on an error");
     }
-    let handed_over = matches!(served, Ok(Stop::HandOver));
+    let handed_over = matches!(served, Ok(Stop::HandOver | Stop::SignalHandOver));
     let keep = opts.keep_attached || cfg.keep_attached || handed_over || (served.is_err() && adopted);
     tracing::info!(keep_attached = keep, handed_over, "stopping");
     let stopped = engine.shutdown(keep).await;
@@ -147,6 +166,12 @@ pub async fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
         Err(e) => Err(e),
     };
     let _ = std::fs::remove_file(&cfg.api.socket);
+    if matches!(served, Ok(Stop::SignalHandOver)) && res.is_ok() {
+        // Stopped while a successor waited: everything is its own, and the stop is done.
+        drop(instance);
+        tracing::info!("stopped while a newer agent waited: handed over to it, nothing undone");
+        return Ok(());
+    }
     if handed_over && res.is_ok() {
         // Everything is the next agent's now: let it take the lock, and stay until stopped
         // (a pod that exited would be restarted and ask for the data path back).
@@ -279,7 +304,7 @@ async fn serve(
         let recorded = recorder.as_ref().map(|r| r.stats());
         let app =
             metrics::router(engine.clone(), pods.clone(), cfg.metrics.rule_text, servers_stats, recorded)
-                .merge(crate::health::router(engine.clone(), ready.clone()));
+                .merge(crate::health::router(engine.clone(), ready.clone(), cfg.api.socket.clone()));
         // A scrape is one quick request: the API's timeouts, fewer connections.
         let limits = server::Limits { max_connections: crate::config::METRICS_CONNECTIONS, ..limits };
         servers.push(tokio::spawn(server::serve(tcp, app, limits, "metrics", metrics_stats)));
@@ -297,8 +322,8 @@ async fn serve(
     let mut known: BTreeMap<u32, String> = BTreeMap::new();
     let stop = loop {
         tokio::select! {
-            _ = term.recv() => break Stop::Signal,
-            _ = int.recv() => break Stop::Signal,
+            _ = term.recv() => break on_signal(cfg),
+            _ = int.recv() => break on_signal(cfg),
             _ = handover.notified() => {
                 tracing::info!("a newer agent asked for the data path: handing over");
                 break Stop::HandOver;

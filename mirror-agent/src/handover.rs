@@ -2,12 +2,21 @@
 //!
 //! An agent first takes the lock `<api.socket>.lock` (flock, released by the kernel when the
 //! process dies). A second agent finds it held and refuses, unless it was started with
-//! `--take-over`: then it asks the running one (`POST /v1/handover` on its socket) to leave the
+//! `--take-over`: then it claims the succession at once (the lock `<api.socket>.next`, held
+//! while it waits), asks the running one (`POST /v1/handover` on its socket) to leave the
 //! data path attached and pinned, close its socket and metrics listener and release the lock,
 //! and takes the lock as soon as it is free. The old agent then stands by, holding nothing,
 //! until it is stopped, and a stop then changes nothing. So a rolling update that starts the
 //! new pod before it stops the old one (a DaemonSet's `maxSurge`) never leaves a packet
 //! unmonitored, while any other stop (the DaemonSet deleted, a pod deleted) removes everything.
+//!
+//! The data path, its pins and the sink have one owner at a time: the holder of the lock. The
+//! claim makes a waiting successor visible to the owner ([`successor_waiting`]), whatever comes
+//! first: a stop (SIGTERM) that reaches the owner before the successor's request hands over
+//! too, instead of removing what the successor is about to adopt; and while a successor waits,
+//! the owner's `/readyz` says so, so that the probes of the new pod (which reach the old agent
+//! while it still listens on the node's address) do not find it ready before its own agent
+//! holds the data path.
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
@@ -33,21 +42,25 @@ fn lock_path(socket: &Path) -> PathBuf {
     PathBuf::from(format!("{}.lock", socket.display()))
 }
 
-/// Tries the single-instance lock `<api.socket>.lock` once.
-pub fn try_lock(socket: &Path) -> anyhow::Result<Lock> {
-    if let Some(dir) = socket.parent() {
+/// The successor's claim beside the lock.
+pub fn claim_path(socket: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.next", socket.display()))
+}
+
+/// Tries the lock file `path` once (created if absent; its content: the holder's pid).
+fn try_flock(path: &Path) -> anyhow::Result<Lock> {
+    if let Some(dir) = path.parent() {
         if !dir.exists() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
         }
     }
-    let path = lock_path(socket);
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
-        .open(&path)
+        .open(path)
         .with_context(|| format!("opening {}", path.display()))?;
     // SAFETY: flock on a descriptor we own; it changes nothing but the lock.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
@@ -65,11 +78,45 @@ pub fn try_lock(socket: &Path) -> anyhow::Result<Lock> {
     Ok(Lock::Taken(file))
 }
 
-/// Takes the lock; when another agent holds it, refuses, or with `take_over` has it hand over
-/// and waits (at most [`TAKE_OVER_TIMEOUT`]) until it has let go.
-pub async fn acquire(socket: &Path, take_over: bool) -> anyhow::Result<File> {
+/// Tries the single-instance lock `<api.socket>.lock` once.
+pub fn try_lock(socket: &Path) -> anyhow::Result<Lock> {
+    try_flock(&lock_path(socket))
+}
+
+/// Whether a successor has claimed the succession and waits for the data path (another
+/// process holds `<api.socket>.next`). Read by the lock's holder; an unreadable claim counts as
+/// none (the stop then removes everything, as without a successor).
+pub fn successor_waiting(socket: &Path) -> bool {
+    let path = claim_path(socket);
+    if !path.exists() {
+        return false;
+    }
+    let Ok(file) = std::fs::File::open(&path) else { return false };
+    // SAFETY: flock on a descriptor we own; a lock taken here is released when it closes.
+    let taken = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
+    !taken && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK)
+}
+
+/// The start of the single-instance lock, before anything else of the agent's start.
+pub enum Begin {
+    /// The lock is ours.
+    Owner(File),
+    /// Another agent holds it, and this one (`--take-over`) has claimed the succession: the
+    /// claim is held until [`acquire`] has the lock.
+    Successor {
+        /// The running agent's pid, as it wrote it.
+        holder: String,
+        /// The claim `<api.socket>.next`.
+        claim: File,
+    },
+}
+
+/// Tries the lock; when another agent holds it, refuses, or with `take_over` claims the
+/// succession (visible to the running agent at once, see [`successor_waiting`]). Nothing is
+/// asked of the running agent yet: that is [`acquire`]'s, once this one's own checks passed.
+pub fn begin(socket: &Path, take_over: bool) -> anyhow::Result<Begin> {
     let holder = match try_lock(socket)? {
-        Lock::Taken(f) => return Ok(f),
+        Lock::Taken(f) => return Ok(Begin::Owner(f)),
         Lock::Held(pid) => pid,
     };
     if !take_over {
@@ -79,6 +126,31 @@ pub async fn acquire(socket: &Path, take_over: bool) -> anyhow::Result<File> {
             socket.display()
         );
     }
+    // The running agent's look at the claim holds it for an instant: tried a few times.
+    let mut tries = 0;
+    loop {
+        match try_flock(&claim_path(socket))? {
+            Lock::Taken(claim) => return Ok(Begin::Successor { holder, claim }),
+            Lock::Held(_) if tries < 20 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Lock::Held(other) => anyhow::bail!(
+                "another mirror-agent (pid {other}) is already taking over from the one with pid {holder} \
+                 (api.socket {}): refusing to start, nothing was changed",
+                socket.display()
+            ),
+        }
+    }
+}
+
+/// Has the lock: at once when [`begin`] got it, else has the running agent hand over and waits
+/// (at most [`TAKE_OVER_TIMEOUT`]) until it has let go; the claim goes with the lock taken.
+pub async fn acquire(socket: &Path, begun: Begin) -> anyhow::Result<File> {
+    let (holder, claim) = match begun {
+        Begin::Owner(f) => return Ok(f),
+        Begin::Successor { holder, claim } => (holder, claim),
+    };
     tracing::info!(pid = %holder, socket = %socket.display(), "another agent runs: asking it to hand over");
     let client = crate::api::client::Client::new(socket);
     let asked: anyhow::Result<serde_json::Value> =
@@ -90,6 +162,8 @@ pub async fn acquire(socket: &Path, take_over: bool) -> anyhow::Result<File> {
     let start = Instant::now();
     loop {
         if let Lock::Taken(f) = try_lock(socket)? {
+            // The owner now: the claim's file stays (opened by the next successor), its lock goes.
+            drop(claim);
             tracing::info!(
                 pid = %holder,
                 waited_ms = start.elapsed().as_millis() as u64,

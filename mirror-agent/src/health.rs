@@ -1,9 +1,11 @@
 //! `/healthz` and `/readyz` on the metrics listener, for probes: healthy while the data-path
 //! thread answers; ready once the links present at start have been listed and every link that
 //! matches `interfaces` is attached (one whose attach failed keeps the agent not ready, and
-//! `/readyz` names it).
+//! `/readyz` names it); not ready either while a newer agent waits to take over (the probes of
+//! its pod reach this agent until the hand-over: [`crate::handover`]).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
@@ -61,6 +63,8 @@ impl Readiness {
 struct Probe {
     engine: Engine,
     ready: Readiness,
+    /// The API socket, beside which a successor's claim is looked for.
+    socket: PathBuf,
 }
 
 async fn healthz(State(p): State<Probe>) -> (StatusCode, String) {
@@ -75,18 +79,22 @@ async fn readyz(State(p): State<Probe>) -> (StatusCode, String) {
         Ok(s) => s.interfaces.len(),
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e:#}\n")),
     };
+    if crate::handover::successor_waiting(&p.socket) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: handing over to a newer agent\n".into());
+    }
     match p.ready.check() {
         Ok(()) => (StatusCode::OK, format!("ready: {attached} interfaces attached\n")),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
     }
 }
 
-/// The probe routes.
-pub fn router(engine: Engine, ready: Readiness) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state(Probe { engine, ready })
+/// The probe routes; `socket`: the API socket (a successor's claim is beside it).
+pub fn router(engine: Engine, ready: Readiness, socket: PathBuf) -> Router {
+    Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).with_state(Probe {
+        engine,
+        ready,
+        socket,
+    })
 }
 
 #[cfg(test)]

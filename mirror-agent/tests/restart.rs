@@ -3,7 +3,9 @@
 //! (same ids), the flows and their marks. One keep-alive connection, marked before the first
 //! stop, is used throughout: every packet of it from the 500 on is mirrored exactly once.
 //! Tables pinned with other sizes than the configuration's are adopted as they are, with a
-//! warning, and the status's memory report (the figures of `--check`) counts them so.
+//! warning, and the status's memory report (the figures of `--check`) counts them so. A stop
+//! that reaches an agent while a newer one waits to take over hands over instead of removing
+//! what the newer one adopts.
 
 mod common;
 
@@ -19,7 +21,7 @@ use mirror_e2e::topology::netns::Topology;
 use mirror_e2e::workload::client::{self, url, Session};
 use mirror_e2e::workload::servers::Server;
 
-use common::{add_rule, bins, flows, link_exists, rules, status, tcx_programs, ATTACH, VETHS};
+use common::{add_rule, bins, flows, link_exists, rules, status, tcx_programs, ATTACH, METRICS, VETHS};
 
 /// Rules and ids as listed (hits aside).
 fn rule_ids(env: &AgentEnv) -> Vec<(u32, String)> {
@@ -117,6 +119,87 @@ fn restarts_keep_the_data_path_rules_and_marks() {
     assert_eq!(status(&env).counters["triggers"], 3);
 
     last.expect("the last agent").terminate();
+    assert!(!link_exists(env.sink()), "the sink outlived a clean stop");
+    assert!(!env.pin_path().exists(), "pins outlived a clean stop");
+}
+
+/// A rolling update's race: the new agent (`--take-over`) has claimed the succession, and the
+/// old one is stopped (its pod deleted) before the new one's request reaches it. A stop then
+/// hands over: the old agent, started without `--keep-attached`, leaves the classifier
+/// attached, its pins and the very same sink (never removed under a capture), and the next
+/// agent adopts them; a 500 answered while no agent runs is mirrored, and one keep-alive
+/// connection marked before is mirrored exactly once throughout. While the successor waits,
+/// the old agent's `/readyz` is not ready (the new pod's probes reach it until the hand-over).
+#[test]
+fn a_stop_while_a_successor_waits_hands_over() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::without_sink(&PODS);
+    let _inside = topo.node.enter();
+    let cfg = AgentConfig { metrics: METRICS.into(), ..AgentConfig::default() };
+    let env = AgentEnv::new(&bins(), &topo.node, &cfg);
+    let _nginx = Server::nginx(topo.pod("server"), HTTP, env.dir());
+    let agent = env.start(&[]);
+    agent.wait_attached(&VETHS, ATTACH);
+    let id = add_rule(&env, "status=500");
+    let rules_before = rule_ids(&env);
+    let sink_index = status(&env).mirror.ifindex.expect("the sink");
+    let readyz =
+        || topo.node.sh(&format!("curl -s --max-time 5 -w ' %{{http_code}}' http://{METRICS}/readyz"));
+    assert!(readyz().trim().ends_with(" 200"), "{}", readyz());
+
+    let client = &topo.pod("client").ns;
+    let server = topo.pod("server").addr(false);
+    let sink = env.sink_peer();
+    let mut last = None;
+    let recorder = Recorder::new(env.dir());
+    let rec = recorder.record(client, Some((&topo.node, sink.as_str())), || {
+        let mut session = Session::open(client, server, HTTP);
+        let (code, port) = session.get("/bar");
+        assert_eq!(code, 500);
+        let mut same_connection =
+            |path: &str, want: u16| assert_eq!(session.get(path), (want, port), "{path}");
+
+        // The successor's claim, as `--take-over` takes it before anything else.
+        let claim = mirror_agent::handover::begin(&env.socket(), true).expect("claiming the succession");
+        assert!(matches!(claim, mirror_agent::handover::Begin::Successor { .. }));
+        let said = readyz();
+        assert!(said.contains("handing over to a newer agent") && said.ends_with(" 503"), "{said}");
+
+        let log = agent.terminate();
+        assert!(log.contains("stopped while a newer agent waits to take over: handing over"), "{log}");
+        assert!(!log.contains("detached everywhere") && !log.contains("mirror sink removed"), "{log}");
+        attached_once();
+        assert!(link_exists(env.sink()) && env.pin_path().join("links").exists());
+        assert_eq!(ifindex(env.sink()), sink_index, "the sink was made anew");
+        same_connection("/foo", 200);
+        assert_eq!(client::get_each(client, &[url(server, HTTP, "/bar")]), [500]);
+
+        // The successor goes on: the lock is free, everything is adopted as left.
+        drop(claim);
+        let next = env.start(&["--take-over"]);
+        next.wait_attached(&VETHS, ATTACH);
+        let st = status(&env);
+        assert!(st.adopted, "did not adopt: {st:?}\n{}", next.output());
+        assert_eq!(st.mirror.ifindex, Some(sink_index), "{st:?}");
+        assert!(st.mirror.created, "the adopted sink is the agent's to remove: {st:?}");
+        assert_eq!(rule_ids(&env), rules_before);
+        attached_once();
+        same_connection("/foo", 200);
+        assert_eq!(client::get_each(client, &[url(server, HTTP, "/bar")]), [500]);
+        same_connection("/foo", 200);
+        last = Some(next);
+    });
+
+    let expected = Expected::from_reference(&rec.reference, |status, _| status == 500);
+    expected.assert_mirror(&rec.mirror);
+    assert_eq!(expected.triggered.len(), 3, "{:?}", expected.triggered);
+    let hits = rules(&env).into_iter().find(|r| r.id == id).map(|r| r.hits);
+    assert_eq!(hits, Some(3), "a trigger missed through the hand-over");
+
+    // The successor owns it all now: its stop removes everything.
+    last.expect("the successor").terminate();
     assert!(!link_exists(env.sink()), "the sink outlived a clean stop");
     assert!(!env.pin_path().exists(), "pins outlived a clean stop");
 }

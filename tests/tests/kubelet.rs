@@ -7,8 +7,11 @@
 //! (CoreDNS). A `MirrorRule` selecting `web`: each of web's 500s from the rule on is on the
 //! mirror exactly once, against the client's own record (`kubectl logs`); api's and the gRPC
 //! server's flows, and web's 200s, never; the rule's status and the pod's Events as `kubectl`
-//! shows them. Then `kubectl delete -k`: nothing of the agent's left on the node (programs on
-//! the veths, pins, the sink).
+//! shows them. Under the same capture of the sink: a rolling upgrade of the DaemonSet to a
+//! second image tag (the new agent adopts the data path and the same sink: none of web's 500s
+//! missed nor mirrored twice), and web's pod rescheduled (a new veth and address: its
+//! 500s mirrored once the agent has named it). Then `kubectl delete -k`: nothing of the
+//! agent's left on the node (programs on the veths, pins, the sink).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path};
@@ -17,10 +20,11 @@ use std::time::{Duration, Instant};
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::Binaries;
 use mirror_e2e::capture::tcpdump::Capture;
+use mirror_e2e::cluster::apps::{build_apps_image, APPS_IMAGE};
 use mirror_e2e::cluster::containerd;
 use mirror_e2e::cluster::control_plane;
 use mirror_e2e::cluster::podman::{build_prebuilt, repo_root};
-use mirror_e2e::cluster::single_node::{build_apps_image, pod_cgroups, Cluster, APPS_IMAGE};
+use mirror_e2e::cluster::single_node::{pod_cgroups, Cluster};
 use mirror_e2e::proc::wait_until;
 use mirror_e2e::workload::h2_stacks::build_grpc_go;
 use mirror_e2e::workload::servers::go_toolchain;
@@ -28,6 +32,8 @@ use serde_json::Value;
 
 /// The agent's image, as deploy/kustomization.yaml names it.
 const AGENT_IMAGE: &str = "localhost/mirror-agent:dev";
+/// The tag an upgrade moves the DaemonSet to (the same image tagged anew: a new pod all the same).
+const UPGRADE_TAG: &str = "upgrade";
 /// The sink the agent makes (a veth pair on this kernel) and the peer that receives the copies.
 const SINK_PEER: &str = "mirror0p";
 
@@ -123,11 +129,13 @@ spec:
     )
 }
 
-/// The overlay a user writes over `deploy/`: the node's paths (the test's node), no expedited
+/// The overlay a user writes over `deploy/`: the image's tag when given (named as `deploy/`
+/// has already named it: an overlay's image transformer sees the base's output), the node's
+/// paths (the test's node), no expedited
 /// RCU (a sysctl of the whole machine), and no local rule (the ConfigMap's `status=500` would
 /// mirror every pod's 500s: here only the cluster's rules count); `deploy/` named by a relative
 /// path, as kustomize requires.
-fn write_overlay(dir: &Path, c: &Cluster, bpffs: &Path) {
+fn write_overlay(dir: &Path, c: &Cluster, bpffs: &Path, tag: Option<&str>) {
     let deploy = repo_root().join("deploy").canonicalize().expect("deploy/");
     let depth = dir.components().filter(|c| matches!(c, Component::Normal(_))).count();
     let relative = format!("{}{}", "../".repeat(depth), deploy.strip_prefix("/").unwrap().display());
@@ -135,7 +143,10 @@ fn write_overlay(dir: &Path, c: &Cluster, bpffs: &Path) {
         dir.join("kustomization.yaml"),
         format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {relative}\n\
-             patches:\n  - path: agent-overrides.yaml\n  - path: node-paths.yaml\n"
+             patches:\n  - path: agent-overrides.yaml\n  - path: node-paths.yaml\n{images}",
+            images = tag.map_or(String::new(), |t| format!(
+                "images:\n  - name: localhost/mirror-agent\n    newTag: {t}\n"
+            )),
         ),
     )
     .expect("writing the overlay");
@@ -239,7 +250,7 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
 
     // Installed as a user installs it.
     let overlay = tempfile::Builder::new().prefix("mirror-overlay").tempdir().expect("a temp dir");
-    write_overlay(overlay.path(), &c, &c.bpffs_dir());
+    write_overlay(overlay.path(), &c, &c.bpffs_dir(), None);
     let t = Instant::now();
     let applied = c.kubectl_ok(&["apply", "-k", &overlay.path().display().to_string()]);
     assert!(applied.contains("daemonset.apps/mirror-agent created"), "{applied}");
@@ -305,10 +316,117 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
     );
     // From here on, every web 500 is mirrored: the record's lines after this point count.
     let (web_from, api_from) = (http_record(&c, "web").len(), http_record(&c, "api").len());
-    let enough = wait_until(Duration::from_secs(60), || {
-        http_record(&c, "web").iter().skip(web_from).filter(|r| r.1 == 500).count() >= 10
+    let more_500s = |c: &Cluster, what: &str| {
+        let from = http_record(c, "web").len();
+        let enough = wait_until(Duration::from_secs(60), || {
+            http_record(c, "web").iter().skip(from).filter(|r| r.1 == 500).count() >= 5
+        });
+        assert!(enough, "the client stopped {what}: {}\n{}", client_logs(c), c.describe("shop"));
+    };
+    more_500s(&c, "before the upgrade");
+
+    // A rolling upgrade to a second tag, as a user upgrades: the overlay's image, applied.
+    let sink_index = || c.node_sh("cat /sys/class/net/mirror0/ifindex").trim().to_string();
+    let sink_before = sink_index();
+    let agent_pods = |c: &Cluster| {
+        c.kubectl_ok(&[
+            "-n",
+            "mirror",
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=mirror-agent",
+            "-o",
+            "name",
+        ])
+        .lines()
+        .map(str::to_string)
+        .collect::<Vec<_>>()
+    };
+    let upgraded = format!("localhost/mirror-agent:{UPGRADE_TAG}");
+    mirror_e2e::cluster::podman::run_ok(mirror_e2e::cluster::podman::podman().args([
+        "tag",
+        AGENT_IMAGE,
+        &upgraded,
+    ]));
+    c.import_image(&upgraded);
+    write_overlay(overlay.path(), &c, &c.bpffs_dir(), Some(UPGRADE_TAG));
+    let upgrade_from = http_record(&c, "web").len() - web_from;
+    let t = Instant::now();
+    c.kubectl_ok(&["apply", "-k", &overlay.path().display().to_string()]);
+    c.rollout("mirror", "ds/mirror-agent", Duration::from_secs(180));
+    let old_log = {
+        let out = c.plane.kubectl(&["-n", "mirror", "logs", &pod]);
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    };
+    let replaced = wait_until(Duration::from_secs(60), || {
+        let pods = agent_pods(&c);
+        pods.len() == 1 && pods[0] != pod
     });
-    assert!(enough, "the client stopped: {}", c.describe("shop"));
+    let upgrade = t.elapsed();
+    assert!(replaced, "the old agent's pod is left: {}", c.describe("mirror"));
+    let upgrade_to = http_record(&c, "web").len() - web_from;
+    let new_pod = agent_pods(&c).remove(0);
+    let new_log = c.kubectl_ok(&["-n", "mirror", "logs", &new_pod]);
+    assert!(new_log.contains("the running agent handed over: adopting its data path"), "{new_log}");
+    let new_status: Value = serde_json::from_str(&c.kubectl_ok(&[
+        "-n",
+        "mirror",
+        "exec",
+        &new_pod,
+        "--",
+        "mirrorctl",
+        "-o",
+        "json",
+        "status",
+    ]))
+    .expect("mirrorctl's JSON");
+    assert_eq!(
+        new_status["adopted"],
+        true,
+        "the new agent did not adopt the data path: {new_status}\nits log:\n{new_log}\nthe old agent's log:\n{old_log}\n\
+         bpffs mounts: {}",
+        c.node_sh(&format!("grep {} /proc/self/mountinfo || true", c.bpffs_dir().display()))
+    );
+    let spec: Value =
+        serde_json::from_str(&c.kubectl_ok(&["-n", "mirror", "get", &new_pod, "-o", "json"])).expect("JSON");
+    assert_eq!(spec["spec"]["containers"][0]["image"], upgraded.as_str());
+    assert_eq!(spec["status"]["containerStatuses"][0]["restartCount"], 0, "{spec}");
+    assert_eq!(sink_index(), sink_before, "the sink was removed and made anew during the upgrade");
+    more_500s(&c, "after the upgrade");
+
+    let strict_until = http_record(&c, "web").len();
+
+    // web's pod rescheduled: deleted, made again by its Deployment (a new veth, a new address).
+    let web_pod = |c: &Cluster| -> (String, String) {
+        let out = c.kubectl_ok(&[
+            "-n",
+            "shop",
+            "get",
+            "pods",
+            "-l",
+            "app=web",
+            "-o",
+            "jsonpath={.items[*].metadata.name} {.items[*].status.podIP}",
+        ]);
+        let mut f = out.split_whitespace().map(str::to_string);
+        (f.next().unwrap_or_default(), f.next().unwrap_or_default())
+    };
+    let (old_web, old_ip) = web_pod(&c);
+    let veths_before = c.node_sh("ip -o link show type veth | grep -o \"veth[0-9a-f]*@\" | sort");
+    let t = Instant::now();
+    c.kubectl_ok(&["-n", "shop", "delete", "pod", &old_web, "--grace-period=1", "--wait=true"]);
+    c.rollout("shop", "deploy/web", Duration::from_secs(120));
+    let (new_web, new_ip) = web_pod(&c);
+    assert!(
+        new_web != old_web && new_ip != old_ip && !new_ip.is_empty(),
+        "{old_web} {old_ip} {new_web} {new_ip}"
+    );
+    let veths_after = c.node_sh("ip -o link show type veth | grep -o \"veth[0-9a-f]*@\" | sort");
+    assert_ne!(veths_before, veths_after, "no new veth for the new pod");
+    let rescheduled_from = http_record(&c, "web").len();
+    let rescheduled = t.elapsed();
+    more_500s(&c, "after web's pod was rescheduled");
     let web: Vec<(u16, u16)> = http_record(&c, "web").into_iter().skip(web_from).collect();
     let last_500 = web.iter().rev().find(|r| r.1 == 500).map(|r| r.0).expect("a 500");
     // The last 500's copy reaching the sink ends the capture (no fixed wait).
@@ -320,31 +438,61 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
     assert!(seen, "web's last 500 (client port {last_500}) never reached the mirror");
 
     // Exactly once from the trigger on: each 500 response on the mirror once, by client port.
+    // The client's containers share its pod's ports: a web flow is told by web's port 8080 as
+    // well as by the client's port (api's connection may have the same client port).
+    let side = |p: &mirror_e2e::capture::pcap::Packet, server: u16, port: u16| {
+        (p.src.port() == server && p.dst.port() == port) || (p.dst.port() == server && p.src.port() == port)
+    };
+    let web_side = |p: &mirror_e2e::capture::pcap::Packet, port: u16| side(p, 8080, port);
     let responses_500 = |port: u16| {
-        trace
-            .packets
-            .iter()
-            .filter(|p| p.dst.port() == port && p.payload.starts_with(b"HTTP/1.1 500"))
-            .count()
+        trace.packets.iter().filter(|p| web_side(p, port) && p.payload.starts_with(b"HTTP/1.1 500")).count()
     };
     let ports = |p: &mirror_e2e::capture::pcap::Packet| [p.src.port(), p.dst.port()];
     let mirrored: BTreeSet<u16> = trace.packets.iter().flat_map(ports).collect();
+    let web_mirrored = |port: u16| trace.packets.iter().any(|p| web_side(p, port));
+    // Strict through the upgrade; after the reschedule, from the new
+    // pod's first mirrored 500 on (the agent names a new pod within seconds: until then its
+    // rule does not select it), and never twice nor a 200 before that.
+    let (strict_end, resched) = (strict_until - web_from, rescheduled_from - web_from);
+    let followed_at = web
+        .iter()
+        .enumerate()
+        .skip(resched)
+        .find(|(_, (port, status))| *status == 500 && responses_500(*port) > 0)
+        .map(|(i, _)| i);
+    let followed_at =
+        followed_at.unwrap_or_else(|| panic!("no 500 of web's new pod {new_web} on the mirror"));
     let mut wrong = BTreeMap::new();
-    for (port, status) in &web {
+    let mut missed_at_reschedule = 0;
+    for (i, (port, status)) in web.iter().enumerate() {
         let n = responses_500(*port);
-        let expected = usize::from(*status == 500);
-        if n != expected || (*status == 200 && mirrored.contains(port)) {
-            wrong.insert(*port, (*status, n));
+        let mut expected = usize::from(*status == 500);
+        if (strict_end..followed_at).contains(&i) && *status == 500 && n == 0 {
+            missed_at_reschedule += 1;
+            expected = 0;
+        }
+        if n != expected || (*status == 200 && web_mirrored(*port)) {
+            wrong.insert(*port, (i, *status, n));
         }
     }
-    assert!(wrong.is_empty(), "web's flows mirrored wrongly (port: (status, 500s on the mirror)): {wrong:?}");
+    assert!(
+        wrong.is_empty(),
+        "web's flows mirrored wrongly (port: (index, status, 500s on the mirror)): {wrong:?}; of {} answers: \
+         the upgrade from {upgrade_from} to {upgrade_to}, strict until {strict_end}, web rescheduled \
+         at {resched}, followed at {followed_at}\nthe new agent's log:\n{}",
+        web.len(),
+        c.kubectl_ok(&["-n", "mirror", "logs", &new_pod])
+    );
+    let after_followed = web[followed_at..].iter().filter(|r| r.1 == 500).count();
+    assert!(after_followed >= 3, "too few of the new pod's 500s checked: {after_followed}");
     // api's flows (the same 500s, not selected) and the gRPC server's, never.
     let api: Vec<(u16, u16)> = http_record(&c, "api").into_iter().skip(api_from).collect();
     assert!(api.iter().any(|r| r.1 == 500));
-    let leaked: Vec<&(u16, u16)> = api.iter().filter(|r| mirrored.contains(&r.0)).collect();
+    let leaked: Vec<&(u16, u16)> =
+        api.iter().filter(|r| trace.packets.iter().any(|p| side(p, 8081, r.0))).collect();
     assert!(leaked.is_empty(), "api's flows on the mirror: {leaked:?}");
     assert!(!mirrored.contains(&8081) && !mirrored.contains(&50051), "unselected servers on the mirror");
-    let web_500s = web.iter().filter(|r| r.1 == 500).count();
+    let web_500s = web.iter().filter(|r| r.1 == 500).count() - missed_at_reschedule;
 
     // The rule's status and the pod's Events, as a user reads them (the agent writes hits
     // and Events in batches: polled).
@@ -381,8 +529,17 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
             .filter(|e| e["involvedObject"]["name"].as_str().is_some_and(|n| n.starts_with("web-")))
             .count()
     };
-    let counted =
-        wait_until(Duration::from_secs(30), || hits() >= web_500s as u64 && on_web(&mirrored_events()) >= 1);
+    let on_new_web = |events: &Value| {
+        events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["involvedObject"]["name"].as_str() == Some(new_web.as_str()))
+    };
+    let counted = wait_until(Duration::from_secs(30), || {
+        let events = mirrored_events();
+        hits() >= web_500s as u64 && on_web(&events) >= 1 && on_new_web(&events)
+    });
     let (hits, events) = (hits(), mirrored_events());
     assert!(counted, "hits {hits} (web's 500s since the rule: {web_500s}); Mirrored Events: {events}");
     let on_other: Vec<&Value> = events["items"]
@@ -419,7 +576,7 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
     let private = c.host_dir("private-bpf");
     let p = private.display();
     mirror_bpf::testing::sh(&format!("mount --bind {p} {p} && mount --make-private {p}"));
-    write_overlay(overlay.path(), &c, &private);
+    write_overlay(overlay.path(), &c, &private, None);
     c.kubectl_ok(&["apply", "-k", &overlay.path().display().to_string()]);
     let (mut said, mut status) = (String::new(), String::new());
     let refused = wait_until(Duration::from_secs(60), || {
@@ -442,7 +599,9 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
 
     eprintln!(
         "images {:.1} s; cluster {:.1} s (control plane {:.1} s, containerd {:.1} s, node Ready {:.1} s); CoreDNS {:.1} s; \
-         agent rolled out {:.1} s; workloads {:.1} s; web 500s {web_500s}, each mirrored once; hits {hits}; uninstall {:.1} s; \
+         agent rolled out {:.1} s; workloads {:.1} s; upgrade {:.1} s (0 of web's 500s missed); \
+         web rescheduled in {:.1} s, {missed_at_reschedule} of its 500s before the agent followed it; \
+         web 500s mirrored {web_500s}, each once; hits {hits}; uninstall {:.1} s; \
          node components {} MiB; total {:.1} s",
         images.as_secs_f64(),
         c.timings.total.as_secs_f64(),
@@ -452,6 +611,8 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
         dns.as_secs_f64(),
         rollout.as_secs_f64(),
         workloads_up.as_secs_f64(),
+        upgrade.as_secs_f64(),
+        rescheduled.as_secs_f64(),
         uninstall.as_secs_f64(),
         c.node_memory() >> 20,
         t0.elapsed().as_secs_f64()

@@ -47,6 +47,9 @@ use plan::{LocalPod, Planned, RuleObject, Verdict, World};
 const TICK: Duration = Duration::from_secs(1);
 /// Changes come in bursts: planned once after the burst.
 const DEBOUNCE: Duration = Duration::from_millis(50);
+/// How long the first plan waits for the pods behind the attached interfaces to be named (a
+/// runtime's pod is named at the agent's next recheck, 5 s at most: [`crate::pods`]).
+const PODS_SETTLE: Duration = Duration::from_secs(6);
 
 /// The API's stores this agent reads.
 #[derive(Clone)]
@@ -206,6 +209,14 @@ async fn run(
     if ready.await.is_err() {
         return;
     }
+    // Nor from pods not yet named: a rule selects pods by their labels, and a plan made before
+    // the pods behind the attached interfaces are named would take the rules an earlier agent
+    // left (adopted with the data path) off those pods until they are. Waited for at most
+    // PODS_SETTLE (an interface no pod is behind is never named).
+    let settle = std::time::Instant::now();
+    while settle.elapsed() < PODS_SETTLE && !pods_named(&engine, &pods) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     tracing::debug!(%node, "following the cluster's mirror rules");
     let mut installed: Option<Vec<WantedRule>> = None;
     let mut results: BTreeMap<String, Result<u32, String>> = BTreeMap::new();
@@ -234,6 +245,13 @@ async fn run(
         let _ = tokio::time::timeout(wait, changed.notified()).await;
         tokio::time::sleep(DEBOUNCE).await;
     }
+}
+
+/// Whether interfaces are attached and the pod behind each is named (its namespace known).
+fn pods_named(engine: &Engine, pods: &Pods) -> bool {
+    let attached = engine.attached().borrow().clone();
+    !attached.is_empty()
+        && attached.iter().all(|i| pods.by_ifindex(i.ifindex).is_some_and(|p| p.namespace.is_some()))
 }
 
 /// The rule resources as the plan reads them.

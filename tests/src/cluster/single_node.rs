@@ -1,13 +1,14 @@
 //! A real single-node Kubernetes cluster for the end-to-end tests: the control plane
 //! ([`ControlPlane::start_for_nodes`]: etcd, kube-apiserver) with kube-scheduler and
 //! kube-controller-manager in its namespace, and a node ([`CriNode`]: containerd with the CNI
-//! bridge, in a node network namespace) run by a real kubelet and kube-proxy (nftables mode),
-//! all built by `tests/kube/build.sh`; CoreDNS as the cluster's DNS ([`Cluster::install_dns`]).
+//! bridge, in a node network namespace) run by a real kubelet and kube-proxy (nftables mode,
+//! or iptables: [`crate::cluster::kube_proxy`]), all built by `tests/kube/build.sh`; CoreDNS as
+//! the cluster's DNS ([`Cluster::install_dns`], [`crate::cluster::coredns`]).
 //! Pods are made by the kubelet from API objects, Services answered through kube-proxy's rules.
 //!
 //! Nothing global is changed, and nothing is left:
 //! - every address is in 198.18.0.0/15: pods 198.18.96.0/24 (the node's bridge), Services
-//!   198.19.250.128/25 (`kubernetes` .129, `kube-dns` [`DNS_IP`]), the node's address the
+//!   198.19.250.128/25 (`kubernetes` .129, `kube-dns` [`DNS_IP`](crate::cluster::coredns::DNS_IP)), the node's address the
 //!   /31 of its link to the control plane ([`ControlPlane::connect`]);
 //! - the kubelet and kube-proxy run in the node's network namespace: their iptables and
 //!   nftables rules, net sysctls, listeners and the pods' host-side veths end with it;
@@ -30,74 +31,22 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::cluster::containerd::{CriNode, POD_SUBNET4};
+use crate::cluster::containerd::CriNode;
 use crate::cluster::control_plane::{binaries, rss, ControlPlane};
-use crate::cluster::podman::{self, run_ok, SharedMount, BASE_IMAGE};
+use crate::cluster::coredns::{self, DNS_IP};
+use crate::cluster::kube_proxy::{KubeProxy, ProxyMode, ProxySetup};
+use crate::cluster::podman::{self, run_ok, SharedMount};
 use crate::proc::{wait_until, Proc};
 use crate::topology::netns::nsenter;
 
 /// The node's name.
 pub const NODE: &str = "e2e-node";
-/// The cluster DNS Service's address (in [`crate::cluster::control_plane::SERVICE_RANGE`]).
-pub const DNS_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 250, 138);
-/// The image with the test's programs: CoreDNS, the gRPC stack, the HTTP server and clients.
-pub const APPS_IMAGE: &str = "localhost/mirror-e2e-apps:1";
 /// How long the node may take to be Ready after the kubelet starts (0.8 s on an idle machine).
 const NODE_READY: Duration = Duration::from_secs(90);
 
-/// An HTTP/1.1 server in perl (the base image has perl, not python): every request on a
-/// kept-alive connection answered (until a `Connection: close`), `/fail...` with 500, anything
-/// else with 200.
-const HTTP_SERVER: &str = r#"use IO::Socket::INET;
-$SIG{CHLD} = 'IGNORE';
-my $port = $ARGV[0] || 8080;
-my $s = IO::Socket::INET->new(LocalPort => $port, Listen => 128, ReuseAddr => 1) or die "listen: $!";
-print "listening on $port\n";
-while (1) {
-    my $c = $s->accept or next;
-    if (fork() == 0) {
-        $c->autoflush(1);
-        while (my $line = <$c>) {
-            my ($path) = $line =~ m{^[A-Z]+ (\S+) HTTP} or last;
-            my $close = 0;
-            while (my $h = <$c>) { last if $h =~ /^\r?\n$/; $close = 1 if $h =~ /^Connection:\s*close/i }
-            my ($code, $body) = $path =~ m{^/fail} ? (500, "failed\n") : (200, "ok\n");
-            my $reason = $code == 500 ? "Internal Server Error" : "OK";
-            print $c "HTTP/1.1 $code $reason\r\nContent-Type: text/plain\r\nContent-Length: "
-                . length($body) . "\r\n\r\n$body";
-            last if $close;
-        }
-        exit 0;
-    }
-    close $c;
-}
-"#;
-
-/// An HTTP/1.1 client in perl: forever, one request per connection to `HOST PORT`, paths in
-/// turn from the rest of the arguments; prints `http CLIENTPORT STATUS PATH` per answer (its
-/// record, read with `kubectl logs`), `http-error WHAT` when a request fails.
-const HTTP_CLIENT: &str = r#"use IO::Socket::INET;
-$| = 1;
-my ($host, $port, @paths) = @ARGV;
-my $i = 0;
-while (1) {
-    my $path = $paths[$i++ % @paths];
-    my $c = IO::Socket::INET->new(PeerAddr => $host, PeerPort => $port, Proto => "tcp");
-    if (!$c) { print "http-error connect $!\n"; select(undef, undef, undef, 0.5); next; }
-    my $lport = $c->sockport;
-    print $c "GET $path HTTP/1.1\r\nHost: $host\r\nConnection: close\r\n\r\n";
-    my $status = <$c>;
-    my ($code) = defined $status ? $status =~ m{^HTTP/1\.\d (\d{3})} : ();
-    1 while <$c>;
-    close $c;
-    if ($code) { print "http $lport $code $path\n" } else { print "http-error read $lport\n" }
-    select(undef, undef, undef, 0.3);
-}
-"#;
-
 /// A single-node cluster; everything stopped and removed on drop.
 pub struct Cluster {
-    kube_proxy: Option<Proc>,
+    kube_proxy: Option<KubeProxy>,
     kubelet: Option<Proc>,
     controller_manager: Option<Proc>,
     scheduler: Option<Proc>,
@@ -206,7 +155,16 @@ impl Cluster {
         c.start_kubelet();
         c.wait_node_ready();
         c.timings.node_ready = t.elapsed();
-        c.start_kube_proxy();
+        c.kube_proxy = Some(KubeProxy::start(
+            ProxySetup {
+                node: crate::topology::netns::Netns::existing(c.node.node.name()),
+                dir: c.dir.path().to_path_buf(),
+                kubeconfig: c.plane.admin_kubeconfig().to_path_buf(),
+                node_ip,
+                node_name: NODE.to_string(),
+            },
+            ProxyMode::Nftables,
+        ));
         let sa = wait_until(Duration::from_secs(60), || {
             c.plane.kubectl(&["-n", "default", "get", "serviceaccount", "default"]).status.success()
         });
@@ -310,34 +268,6 @@ exec {kubelet} --config={d}/kubelet.yaml --kubeconfig={kc} --root-dir={d}/kubele
         assert!(ready && running, "the node is not Ready: {}", self.logs());
     }
 
-    /// kube-proxy in nftables mode: its own tables, in the node's namespace.
-    fn start_kube_proxy(&mut self) {
-        let config = format!(
-            r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: nftables
-clientConnection: {{kubeconfig: {kc}}}
-hostnameOverride: {NODE}
-healthzBindAddress: 127.0.0.1:10256
-metricsBindAddress: 127.0.0.1:10249
-clusterCIDR: {POD_SUBNET4}
-nodePortAddresses: ["{ip}/32"]
-conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
-"#,
-            kc = self.plane.admin_kubeconfig().display(),
-            ip = self.node_ip
-        );
-        std::fs::write(self.path("kube-proxy.yaml"), config).expect("writing kube-proxy's config");
-        let mut cmd = nsenter(&self.node.node.path(), binaries().join("kube-proxy"));
-        cmd.arg(format!("--config={}", self.path("kube-proxy.yaml").display()));
-        let mut proc = Proc::spawn("kube-proxy", &mut cmd);
-        let healthy = wait_until(Duration::from_secs(30), || {
-            !proc.running() || self.node.node.sh("ss -Hltn sport = :10256").contains("10256")
-        });
-        assert!(healthy && proc.running(), "kube-proxy did not start: {}", proc.output());
-        self.kube_proxy = Some(proc);
-    }
-
     /// The node's address (its InternalIP; the address of hostNetwork pods).
     pub fn node_ip(&self) -> Ipv4Addr {
         self.node_ip
@@ -430,7 +360,14 @@ conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeo
         format!(
             "kubelet:\n{}\nkube-proxy:\n{}\ncontroller-manager:\n{}\ncontainerd:\n{}",
             tail(&self.kubelet),
-            tail(&self.kube_proxy),
+            self.kube_proxy
+                .as_ref()
+                .map(|p| {
+                    let out = p.output();
+                    let lines: Vec<&str> = out.lines().collect();
+                    lines[lines.len().saturating_sub(30)..].join("\n")
+                })
+                .unwrap_or_default(),
             tail(&self.controller_manager),
             self.node.log().lines().rev().take(30).collect::<Vec<_>>().join("\n")
         )
@@ -439,20 +376,22 @@ conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeo
     /// Resident memory of the node's components (kubelet, kube-proxy, scheduler,
     /// controller-manager), in bytes.
     pub fn node_memory(&self) -> u64 {
-        [&self.kubelet, &self.kube_proxy, &self.scheduler, &self.controller_manager]
-            .into_iter()
-            .flatten()
-            .map(|p| rss(p.pid()))
-            .sum()
+        self.pids().into_iter().map(rss).sum()
     }
 
     /// The pids of the node's components (kubelet, kube-proxy, scheduler, controller-manager).
     pub fn pids(&self) -> Vec<u32> {
-        [&self.kubelet, &self.kube_proxy, &self.scheduler, &self.controller_manager]
+        [&self.kubelet, &self.scheduler, &self.controller_manager]
             .into_iter()
             .flatten()
             .map(Proc::pid)
+            .chain(self.kube_proxy.as_ref().and_then(KubeProxy::pid))
             .collect()
+    }
+
+    /// kube-proxy, to read its mode and rules or switch it to another mode.
+    pub fn kube_proxy(&mut self) -> &mut KubeProxy {
+        self.kube_proxy.as_mut().expect("kube-proxy runs")
     }
 
     /// The cluster's own directory (its mounts are below it).
@@ -466,11 +405,10 @@ conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeo
         self.node.node.sh(cmd)
     }
 
-    /// CoreDNS as the cluster's DNS: a Deployment of [`APPS_IMAGE`] in `kube-system`, its
-    /// ConfigMap, RBAC, and the Service `kube-dns` at [`DNS_IP`]; returns once rolled out.
+    /// CoreDNS as the cluster's DNS ([`crate::cluster::coredns`]); returns once rolled out.
     #[track_caller]
     pub fn install_dns(&self) -> Duration {
-        self.apply(&coredns_manifests());
+        self.apply(&coredns::manifests());
         self.rollout("kube-system", "deploy/coredns", Duration::from_secs(120))
     }
 }
@@ -486,110 +424,14 @@ pub fn pod_cgroups() -> Vec<PathBuf> {
     tops
 }
 
-/// Builds [`APPS_IMAGE`]: the base image with CoreDNS and the gRPC stack (static Go binaries)
-/// and the perl HTTP server and client; FROM and COPY only (no `RUN`: podman cannot run a
-/// container to build on a host without CAP_SYS_RESOURCE).
-#[track_caller]
-pub fn build_apps_image(grpc_stack: &Path) {
-    let ctx = tempfile::Builder::new().prefix("mirror-apps").tempdir().expect("a temp dir");
-    let c = ctx.path();
-    std::fs::copy(binaries().join("coredns"), c.join("coredns")).expect("copying coredns");
-    std::fs::copy(grpc_stack, c.join("grpc-stack")).expect("copying the gRPC stack");
-    std::fs::write(c.join("http-server.pl"), HTTP_SERVER).expect("writing the server");
-    std::fs::write(c.join("http-client.pl"), HTTP_CLIENT).expect("writing the client");
-    std::fs::write(
-        c.join("Containerfile"),
-        format!(
-            "FROM {BASE_IMAGE}\nCOPY coredns grpc-stack /usr/local/bin/\nCOPY http-server.pl http-client.pl /usr/local/lib/\n"
-        ),
-    )
-    .expect("writing the Containerfile");
-    run_ok(Command::new(podman::repo_root().join("scripts/base-image.sh")).arg(BASE_IMAGE));
-    run_ok(
-        podman::podman().args(["build", "-q", "-t", APPS_IMAGE, "-f"]).arg(c.join("Containerfile")).arg(c),
-    );
-}
-
-/// CoreDNS's ConfigMap, RBAC, Deployment and Service.
-fn coredns_manifests() -> String {
-    format!(
-        r#"apiVersion: v1
-kind: ServiceAccount
-metadata: {{name: coredns, namespace: kube-system}}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {{name: "system:coredns"}}
-rules:
-  - apiGroups: [""]
-    resources: [endpoints, services, pods, namespaces]
-    verbs: [list, watch]
-  - apiGroups: [discovery.k8s.io]
-    resources: [endpointslices]
-    verbs: [list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {{name: "system:coredns"}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}}
-subjects: [{{kind: ServiceAccount, name: coredns, namespace: kube-system}}]
----
-apiVersion: v1
-kind: ConfigMap
-metadata: {{name: coredns, namespace: kube-system}}
-data:
-  Corefile: |
-    .:53 {{
-        errors
-        health :8080
-        ready :8181
-        kubernetes cluster.local in-addr.arpa ip6.arpa {{
-            pods insecure
-            fallthrough in-addr.arpa ip6.arpa
-        }}
-        cache 30
-    }}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: coredns, namespace: kube-system, labels: {{k8s-app: kube-dns}}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{k8s-app: kube-dns}}}}
-  template:
-    metadata: {{labels: {{k8s-app: kube-dns}}}}
-    spec:
-      serviceAccountName: coredns
-      dnsPolicy: Default
-      containers:
-        - name: coredns
-          image: {APPS_IMAGE}
-          imagePullPolicy: Never
-          command: [/usr/local/bin/coredns, -conf, /etc/coredns/Corefile]
-          volumeMounts: [{{name: config, mountPath: /etc/coredns, readOnly: true}}]
-          readinessProbe: {{httpGet: {{path: /ready, port: 8181}}, periodSeconds: 2}}
-      volumes: [{{name: config, configMap: {{name: coredns}}}}]
----
-apiVersion: v1
-kind: Service
-metadata: {{name: kube-dns, namespace: kube-system, labels: {{k8s-app: kube-dns}}}}
-spec:
-  clusterIP: {DNS_IP}
-  selector: {{k8s-app: kube-dns}}
-  ports:
-    - {{name: dns, port: 53, protocol: UDP}}
-    - {{name: dns-tcp, port: 53, protocol: TCP}}
-"#
-    )
-}
-
 impl Drop for Cluster {
     fn drop(&mut self) {
         let t = Instant::now();
         // No new pods, no rules rewritten; then every sandbox through the CRI (the CNI DEL).
-        for p in [&mut self.kubelet, &mut self.kube_proxy].into_iter().flatten() {
+        if let Some(p) = &mut self.kubelet {
             p.stop(libc::SIGTERM, Duration::from_secs(10));
         }
+        self.kube_proxy.take();
         self.node.delete_all_pods();
         for p in [&mut self.controller_manager, &mut self.scheduler].into_iter().flatten() {
             p.stop(libc::SIGTERM, Duration::from_secs(5));
