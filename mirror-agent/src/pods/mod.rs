@@ -12,9 +12,9 @@
 //! One task writes the table and owns the CRI client. It follows the attached interfaces on a
 //! watch channel (the engine publishes them; the task ends when the channel closes) and
 //! resolves again when told that links changed (after each link event, attach and detach
-//! among them), and every few seconds while a pod is known by a fallback name only (a
-//! container starts after its veth), has no address yet, or is not (yet) among the runtime's
-//! sandboxes. Readers take a copy.
+//! among them), and while a pod is known by a fallback name only (a container starts after its
+//! veth), has no address yet, or is not (yet) among the runtime's sandboxes: 250 ms after a
+//! change, the wait doubling up to every 5 s. Readers take a copy.
 
 pub mod cri;
 pub mod cri_api;
@@ -37,7 +37,12 @@ use sandbox::{Index, Sandbox};
 
 /// Link events come in bursts: resolve once after the burst.
 const DEBOUNCE: Duration = Duration::from_millis(100);
-/// How often pods known by a fallback name only, or without an address, are looked at again.
+/// How soon pods known by a fallback name only, or without an address, are looked at again
+/// after a change: a runtime lists a new pod's sandbox a moment after its veth appears, and until
+/// the pod is named the rules that select it by name do not apply to it. The wait doubles from
+/// there while nothing changes.
+const RECHECK_FIRST: Duration = Duration::from_millis(250);
+/// The longest wait between looks at pods still known by a fallback name only.
 const RECHECK: Duration = Duration::from_secs(5);
 /// Processes looked at per namespace.
 const PIDS_PER_NETNS: usize = 256;
@@ -73,6 +78,7 @@ impl Pods {
         let pods = self.clone();
         let mut cri = cri::Cri::new(self.cfg.cri.paths(), self.cfg.cri_timeout);
         tokio::spawn(async move {
+            let mut wait = RECHECK_FIRST;
             loop {
                 // Also while a pod has no address yet: addresses are set after the veth's last
                 // link event (a CNI plugin configures the pod's side after plugging it). And
@@ -84,9 +90,11 @@ impl Pods {
                         || (cri.connected() && p.netns.is_some() && p.source != Source::Cri.name())
                 });
                 if fallback {
-                    let _ = tokio::time::timeout(RECHECK, pods.wake.notified()).await;
+                    let woken = tokio::time::timeout(wait, pods.wake.notified()).await.is_ok();
+                    wait = if woken { RECHECK_FIRST } else { (wait * 2).min(RECHECK) };
                 } else {
                     pods.wake.notified().await;
+                    wait = RECHECK_FIRST;
                 }
                 tokio::time::sleep(DEBOUNCE).await;
                 // The engine has stopped: so do we.
