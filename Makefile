@@ -4,7 +4,7 @@
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: deps build install test demo bench bench-traffic bench-mirror bench-churn bench-quick reliability lint image image-source
+.PHONY: deps build install test demo bench bench-traffic bench-mirror bench-churn bench-drops bench-quick reliability lint image image-source
 
 deps:
 	@scripts/install-deps.sh
@@ -58,11 +58,18 @@ bench-mirror: deps
 bench-churn: deps
 	$(CARGO) run --release -p mirror-bench -- churn --out bench/RESULTS-churn.md
 
+# The kernel's drops under the agent: the lateness of a dropped packet's copy on the sink and
+# what a flood of 100,000 drops costs (agent CPU, the drop program's ns per run); results in
+# bench/RESULTS-drops.md (about 30 seconds).
+bench-drops: deps
+	$(CARGO) run --release -p mirror-bench -- drops --out bench/RESULTS-drops.md
+
 # The benchmarks in their quick mode: a smoke test of the runners (about 3 minutes).
 bench-quick: deps
 	$(CARGO) run --release -p mirror-bench -- datapath --quick
 	$(CARGO) run --release -p mirror-bench -- traffic --quick
 	$(CARGO) run --release -p mirror-bench -- churn --quick
+	$(CARGO) run --release -p mirror-bench -- drops --quick
 
 # The reliability suite in its long form (`make test` runs the short one): differential
 # fuzzing of the classifier over MIRROR_FUZZ_PACKETS frames (default 1,000,000; seed

@@ -8,6 +8,7 @@ usage: mirror-bench datapath [--quick] [--out FILE]
                             [--only STAGE,...] [--ladder http|h2|h2-data]
        mirror-bench mirror-path [--quick] [--out FILE] [--only test-run|traffic] [--rounds N]
        mirror-bench churn [--quick] [--out FILE] [--veths N] [--rounds N]
+       mirror-bench drops [--quick] [--out FILE]
 
   datapath     ns/packet of the classifier per case, beside the empty tc program
                (BPF_PROG_TEST_RUN; needs root)
@@ -21,6 +22,9 @@ usage: mirror-bench datapath [--quick] [--out FILE]
   churn        attach latency in a burst of new veths (default 50) under a running agent:
                TCX with expedited or normal RCU grace periods, and tc; where the time of
                one attach goes, by phase (needs root)
+  drops        the kernel's drops under the agent: lateness of the copy of a dropped
+               packet on the sink (tcpdump on the veth and the sink), and a flood of dropped
+               SYNs: the agent's CPU and the drop program's ns per run (needs root)
   --quick      short runs, fewer repetitions (a smoke test)
   --out FILE   also write the markdown report to FILE
   --cpus C,S   traffic: pin clients to CPU C and servers to CPU S (default: both on the
@@ -42,6 +46,7 @@ pub enum Command {
     Traffic(TrafficArgs),
     MirrorPath { quick: bool, out: Option<PathBuf>, test_run: bool, traffic: bool, rounds: Option<usize> },
     Churn { quick: bool, out: Option<PathBuf>, veths: usize, rounds: Option<usize> },
+    Drops { quick: bool, out: Option<PathBuf> },
     Help,
 }
 
@@ -99,6 +104,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
     let traffic = match args.next().as_deref() {
         Some("mirror-path") => return parse_mirror_path(args),
         Some("churn") => return parse_churn(args),
+        Some("drops") => return parse_drops(args),
         Some("datapath") => false,
         Some("traffic") => true,
         Some("-h" | "--help" | "help") => return Ok(Command::Help),
@@ -167,6 +173,19 @@ fn parse_churn(mut args: impl Iterator<Item = String>) -> Result<Command, String
         }
     }
     Ok(Command::Churn { quick, out, veths, rounds })
+}
+
+fn parse_drops(mut args: impl Iterator<Item = String>) -> Result<Command, String> {
+    let (mut quick, mut out) = (false, None);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--out" => out = Some(args.next().ok_or("--out needs a file")?.into()),
+            "-h" | "--help" => return Ok(Command::Help),
+            _ => return Err(format!("unknown argument '{arg}'")),
+        }
+    }
+    Ok(Command::Drops { quick, out })
 }
 
 fn parse_cpus(s: &str) -> Result<(usize, usize), String> {

@@ -5,6 +5,7 @@
 mod churn;
 mod cli;
 mod datapath;
+mod drops;
 mod host;
 mod mirrorpath;
 mod report;
@@ -47,6 +48,12 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         }
+        Ok(cli::Command::Drops { quick, out }) => {
+            if let Err(e) = run_drops(quick, out.as_deref()) {
+                eprintln!("mirror-bench: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        }
         Err(e) => {
             eprintln!("mirror-bench: {e}\n{}", cli::USAGE);
             return ExitCode::from(2);
@@ -59,6 +66,23 @@ fn main() -> ExitCode {
 fn command_line() -> String {
     let args: Vec<String> = std::env::args().skip(1).collect();
     format!("cargo run --release -p mirror-bench -- {}", args.join(" "))
+}
+
+fn run_drops(quick: bool, out: Option<&Path>) -> Result<()> {
+    if !mirror_bpf::testing::require_root() {
+        anyhow::bail!("the drops benchmark needs root (network namespaces, BPF)");
+    }
+    let (paced, flood) = if quick { (50, 10_000) } else { (500, 100_000) };
+    let bins = traffic::binaries()?;
+    let host = Host::probe();
+    let r = drops::run(&bins.bins, paced, flood)?;
+    let settings = vec![("mode", mode(quick)), ("command", format!("`{}`", command_line()))];
+    let text = drops::render(&host, &settings, &r);
+    println!("{text}");
+    if let Some(out) = out {
+        std::fs::write(out, &text).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
 }
 
 fn run_churn(quick: bool, out: Option<&Path>, veths: usize, rounds: Option<usize>) -> Result<()> {

@@ -164,6 +164,26 @@ fn pod_labels(pods: &Pods, hists: &[HistogramView]) -> impl Fn(u32) -> Vec<(Stri
     }
 }
 
+/// The pods' drops by `reason` and `pod` (`namespace/name`): at most [`POD_LABELS_MAX`] pods,
+/// the first by name, the others' drops under [`OTHER_POD`] with those of no pod.
+fn drops_by_pod(pods: &Pods, counts: &[(u32, String, u64)]) -> Family<Vec<(String, String)>, Counter> {
+    let named = pods.name_drops(counts);
+    let kept: std::collections::BTreeSet<&str> =
+        named.iter().map(|d| d.pod.as_str()).filter(|p| !p.is_empty()).collect();
+    let kept: std::collections::BTreeSet<&str> = kept.into_iter().take(POD_LABELS_MAX).collect();
+    let family = Family::<Vec<(String, String)>, Counter>::default();
+    for d in &named {
+        let pod = if kept.contains(d.pod.as_str()) { d.pod.as_str() } else { OTHER_POD };
+        family
+            .get_or_create(&vec![
+                ("reason".to_string(), d.reason.clone()),
+                ("pod".to_string(), pod.to_string()),
+            ])
+            .inc_by(d.packets);
+    }
+    family
+}
+
 async fn render(
     engine: &Engine,
     pods: &Pods,
@@ -192,14 +212,10 @@ async fn render(
         "DNS responses seen on the DNS ports, by rcode (the named ones always, 12-15 once seen)",
         dns_responses(&status.dns_rcodes),
     );
-    let drops = Family::<Vec<(String, String)>, Counter>::default();
-    for (reason, n) in &status.drops {
-        drops.get_or_create(&vec![("reason".to_string(), reason.clone())]).inc_by(*n);
-    }
     reg.register(
         "drops",
-        "Packets of the pods' flows the kernel dropped, by reason (those seen; a rule or not)",
-        drops,
+        "Packets of the pods' flows the kernel dropped, by reason and pod (the one it was going to, else the one it came from; \"\" when none was found), a rule or not",
+        drops_by_pod(pods, &status.pod_drops),
     );
     let attached = Gauge::<i64>::default();
     attached.set(status.interfaces.len() as i64);

@@ -278,9 +278,27 @@ pub struct StatusView {
     /// subsystem's reasons): those seen at least once.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub drops: BTreeMap<String, u64>,
+    /// The same by pod (a drop counts at the pod it was going to, else the one it came from):
+    /// for each pod and reason seen; a pod's counts leave with its interface.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_drops: Vec<PodDropView>,
     /// The kernel memory of the data path's maps on this node (none from an older agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryView>,
+}
+
+/// The pods' packets the kernel dropped for one reason, at one pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodDropView {
+    /// The pod (`namespace/name`); empty when the drop's flow was a pod's but no pod was found
+    /// for it (its interface gone since, or its packet met nowhere near one).
+    pub pod: String,
+    /// Its host-side veth (empty with no pod).
+    pub interface: String,
+    /// The kernel's reason (`netfilter_drop`).
+    pub reason: String,
+    /// Packets dropped.
+    pub packets: u64,
 }
 
 /// The kernel memory of the data path's maps, as the kernel accounts it (bpftool's

@@ -1,7 +1,8 @@
 //! `mirrorctl top` in a real terminal (a detached tmux session of its own server) against an
 //! agent mirroring real traffic: the screen shows the rules and their triggers, the mirrored flow
 //! with its endpoints and pods, the mirror's rate, and the DNS responses by rcode with the client
-//! pod's failed lookups (dig's NXDOMAINs from a real resolver); `q` ends it.
+//! pod's failed lookups (dig's NXDOMAINs from a real resolver), the kernel's drops by pod (a
+//! connection to a port nothing listens on, dropped by the server pod's stack); `q` ends it.
 
 mod common;
 
@@ -91,6 +92,12 @@ fn top_shows_flows_pods_and_rules_and_quits_on_q() {
         };
         let looked = dns::dig(client_ns, &[lookup], 1, env.dir());
         assert_eq!(looked[0].rcode(), Some(Rcode::NXDOMAIN), "{looked:?}");
+        {
+            // Refused: the server pod's stack drops the SYN (no_socket).
+            let _inside = client_ns.enter();
+            let closed = std::net::SocketAddr::new(server, 9);
+            assert!(std::net::TcpStream::connect_timeout(&closed, Duration::from_secs(1)).is_err());
+        }
         std::thread::sleep(Duration::from_millis(500));
         screen = tmux.screen();
         screen.contains("shop/web-0")
@@ -102,6 +109,7 @@ fn top_shows_flows_pods_and_rules_and_quits_on_q() {
             && screen
                 .lines()
                 .any(|l| l.contains("shop/shopper-0") && l.contains("NXDOMAIN") && l.contains(".test"))
+            && screen.lines().any(|l| l.contains("kernel drops by pod: shop/web-0"))
     });
     assert!(shown, "top does not show the flow, its pods and rule:\n{screen}\n{}", agent.output());
     eprintln!("{screen}");

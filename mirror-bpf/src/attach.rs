@@ -425,6 +425,7 @@ impl Attacher<'_, '_> {
     /// Detaches from the interface: our filters or links, and our clsact if nobody else uses it.
     pub(crate) fn detach(&self, mut att: Attachment) -> Result<()> {
         let _ = self.skel.maps.attached_ifaces.delete(&att.ifindex.to_ne_bytes());
+        crate::drops::forget_pod(&self.skel.maps.drop_pods, att.ifindex);
         bump_attach_epoch(self.skel)?;
         self.detach_hooks(&mut att)
     }

@@ -560,6 +560,12 @@ impl<'obj> Datapath<'obj> {
         crate::drops::read_counts(&self.skel.maps.drop_counts)
     }
 
+    /// The pods' packets the kernel dropped, by pod and reason (see
+    /// [`crate::drops::PodDropCounts`]).
+    pub fn pod_drop_counts(&self) -> Result<crate::drops::PodDropCounts> {
+        crate::drops::read_pod_counts(&self.skel.maps.drop_pods)
+    }
+
     // Attaching.
 
     fn attacher(&self) -> Attacher<'_, 'obj> {

@@ -39,6 +39,7 @@ plain_types! {
     settings = 40,
     dns_rcode_counts = 8 * types::mirror_limits::DNS_RCODES.0 as usize,
     drop_counts = 8 * types::mirror_limits::DROP_REASONS.0 as usize,
+    drop_pod_key = 8,
     budget_config = 16,
     budget_state = 40,
     counters = 8 * types::stat_idx::STAT_MAX.0 as usize,

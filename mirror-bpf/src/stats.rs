@@ -318,6 +318,12 @@ pub const COUNTERS: &[Counter] = &[
         metric: Some("drop_triggers_limited"),
         help: "Drop triggers refused by their rule's rate (100 a second per rule)",
     },
+    Counter {
+        idx: S::STAT_DROP_PODS_FULL,
+        name: "drop_pods_full",
+        metric: Some("drops_unattributed"),
+        help: "Drops counted by reason but not by pod: the (pod, reason) pairs held were all taken (4,096)",
+    },
 ];
 
 /// DNS responses by rcode (the `dns_rcodes` map), summed over CPUs: entry `r` is rcode `r`.

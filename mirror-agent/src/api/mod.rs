@@ -222,6 +222,7 @@ async fn status(State(s): State<ApiState>) -> ApiResult<StatusView> {
         programs: st.programs,
         dns_rcodes: crate::api::text::rcode_counts(&st.dns_rcodes).collect(),
         drops: st.drops.clone(),
+        pod_drops: s.pods.name_drops(&st.pod_drops),
         memory: info.memory.as_ref().map(|m| m.report(st.map_sizes)),
     }))
 }

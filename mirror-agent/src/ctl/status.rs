@@ -35,6 +35,14 @@ pub async fn run(c: &Client<'_>, json: bool) -> anyhow::Result<()> {
         let parts: Vec<String> = s.drops.iter().map(|(r, n)| format!("{r} {n}")).collect();
         println!("kernel drops of the pods' packets, by reason: {}", parts.join(", "));
     }
+    if !s.pod_drops.is_empty() {
+        let parts: Vec<String> = s
+            .pod_drops
+            .iter()
+            .map(|d| format!("{} {} {}", if d.pod.is_empty() { "-" } else { &d.pod }, d.reason, d.packets))
+            .collect();
+        println!("kernel drops by pod: {}", parts.join(", "));
+    }
     if !s.net_cpu.is_empty() {
         let pct = |v: f64| format!("{:.1}%", v * 100.0);
         let rows: Vec<Vec<String>> = s

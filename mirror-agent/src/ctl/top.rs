@@ -1,5 +1,5 @@
 //! `mirrorctl top`: a live view of the agent, refreshed each second over the API: the mirror's
-//! rate and drops, the kernel's drops of the pods' packets by reason, triggers per rule, DNS
+//! rate and drops, the kernel's drops of the pods' packets by reason and by pod, triggers per rule, DNS
 //! responses by rcode and failed lookups by pod (where DNS is followed: [`super::top_dns`]), the
 //! mirrored flows and the busiest ones, by pod. `q` (or Esc, or Ctrl-C) quits.
 
@@ -40,6 +40,9 @@ pub struct View {
     pub kernel_drops_ps: f64,
     /// The same by reason, since the agent started, most first.
     pub kernel_drops: Vec<(String, u64)>,
+    /// The same by pod (`namespace/name`, `-` for none found): per second, and since the
+    /// agent started (of the pods there are), most per second first.
+    pub kernel_drops_by_pod: Vec<(String, f64, u64)>,
     /// Attached interfaces, pods known.
     pub interfaces: usize,
     /// Pods known.
@@ -78,6 +81,7 @@ struct Before {
     counters: HashMap<String, u64>,
     hits: HashMap<u32, u64>,
     flow_bytes: HashMap<(String, String), u64>,
+    pod_drops: HashMap<String, u64>,
     dns: DnsTally,
 }
 
@@ -127,6 +131,15 @@ impl Before {
         };
         v.kernel_drops = st.drops.iter().map(|(r, n)| (r.clone(), *n)).collect();
         v.kernel_drops.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let mut pod_drops: HashMap<String, u64> = HashMap::new();
+        for d in &st.pod_drops {
+            let pod = if d.pod.is_empty() { "-" } else { d.pod.as_str() };
+            *pod_drops.entry(pod.to_string()).or_default() += d.packets;
+        }
+        v.kernel_drops_by_pod =
+            pod_drops.iter().map(|(p, n)| (p.clone(), rate(*n, self.pod_drops.get(p)), *n)).collect();
+        v.kernel_drops_by_pod
+            .sort_by(|a, b| b.1.total_cmp(&a.1).then(b.2.cmp(&a.2)).then_with(|| a.0.cmp(&b.0)));
         v.rules = rules
             .iter()
             .map(|r| (r.id, r.rule.clone(), r.hits, rate(r.hits, self.hits.get(&r.id))))
@@ -152,6 +165,7 @@ impl Before {
         self.counters = st.counters.clone().into_iter().collect();
         self.hits = rules.iter().map(|r| (r.id, r.hits)).collect();
         self.flow_bytes = bytes;
+        self.pod_drops = pod_drops;
         v
     }
 }
@@ -169,7 +183,7 @@ pub(super) fn si(v: f64) -> String {
 /// Draws `v` on the whole frame.
 pub fn draw(f: &mut Frame, v: &View) {
     let areas = Layout::vertical([
-        Constraint::Length(4),
+        Constraint::Length(5),
         Constraint::Length(v.rules.len().clamp(1, 8) as u16 + 3),
         Constraint::Length(v.dns.as_ref().map_or(0, top_dns::height)),
         Constraint::Percentage(40),
@@ -194,6 +208,12 @@ pub fn draw(f: &mut Frame, v: &View) {
         "kernel drops of the pods' packets {}/s{}",
         si(v.kernel_drops_ps),
         if by_reason.is_empty() { String::new() } else { format!(" (total: {})", by_reason.join(", ")) }
+    )));
+    let by_pod: Vec<String> =
+        v.kernel_drops_by_pod.iter().take(4).map(|(p, ps, n)| format!("{p} {}/s ({n})", si(*ps))).collect();
+    head.push(Line::from(format!(
+        "kernel drops by pod: {}",
+        if by_pod.is_empty() { "none".to_string() } else { by_pod.join(", ") }
     )));
     f.render_widget(
         Paragraph::new(head).block(Block::default().borders(Borders::ALL).title("mirrorctl top")),
@@ -324,6 +344,7 @@ mod tests {
             }],
             kernel_drops_ps: 12.0,
             kernel_drops: vec![("netfilter_drop".into(), 40), ("no_socket".into(), 2)],
+            kernel_drops_by_pod: vec![("shop/web-0".into(), 12.0, 40), ("-".into(), 0.0, 2)],
             ..View::default()
         };
         let mut term = Terminal::new(TestBackend::new(160, 30)).unwrap();
@@ -336,6 +357,7 @@ mod tests {
             "rule 3 (500)",
             "198.18.1.2:80",
             "kernel drops of the pods' packets 12/s (total: netfilter_drop 40, no_socket 2)",
+            "kernel drops by pod: shop/web-0 12/s (40), - 0/s (2)",
         ] {
             assert!(text.contains(want), "{want} not shown");
         }

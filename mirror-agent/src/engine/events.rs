@@ -10,8 +10,8 @@ use std::os::fd::AsRawFd;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, SystemTime};
 
-use mirror_bpf::flow::monotonic_ns;
-use mirror_bpf::{Datapath, EventRing, Side, TriggerEvent, TriggerKind};
+use mirror_bpf::flow::{monotonic_ns, NatTuples};
+use mirror_bpf::{Datapath, EventRing, FlowKey, Side, TriggerEvent, TriggerKind};
 
 use super::attached::AttachedLinks;
 use super::replay::{ReplayCounts, Replayer};
@@ -155,6 +155,22 @@ fn dns_fields(e: &TriggerEvent, view: &mut EventView) {
     }
 }
 
+/// The tuples of a connection whose packet the kernel dropped after translating it: `seen`,
+/// the packet as the kernel held it (client, server), and `other`, conntrack's other key of the
+/// connection. When `other` holds the client, it is the tuple the client sent (to a Service's
+/// address, before the DNAT), and the packet's is the server's.
+fn drop_nat_tuples(seen: (SocketAddr, SocketAddr), other: &FlowKey) -> Option<NatTuples> {
+    let (client, _) = seen;
+    let service = if other.lo == client {
+        other.hi
+    } else if other.hi == client {
+        other.lo
+    } else {
+        return None;
+    };
+    Some(NatTuples { client_side: (client, service), server_side: seen })
+}
+
 /// The event as the API shows it (`seq` is set by the log).
 fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &AttachedLinks) -> EventView {
     let proto = e.key.proto;
@@ -164,11 +180,16 @@ fn complete(e: &TriggerEvent, dp: &Datapath<'_>, attached: &AttachedLinks) -> Ev
     let by_client =
         matches!(e.kind, TriggerKind::NoResponse | TriggerKind::Drop) || e.by == Some(Side::Client);
     let seen = if by_client { sent } else { (sent.1, sent.0) };
-    let nat = match e.nat {
-        Some(_) => dp.nat_tuples(&e.key).unwrap_or_else(|err| {
-            tracing::debug!(error = %err, "reading the NAT tuples of a trigger");
-            None
-        }),
+    let nat = match &e.nat {
+        Some(other) => dp
+            .nat_tuples(&e.key)
+            .unwrap_or_else(|err| {
+                tracing::debug!(error = %err, "reading the NAT tuples of a trigger");
+                None
+            })
+            // A dropped connection's first packet: conntrack never confirmed it, so the
+            // classifier has not recorded its tuples; the drop program sent conntrack's other.
+            .or_else(|| (e.kind == TriggerKind::Drop).then(|| drop_nat_tuples(seen, other)).flatten()),
         None => None,
     };
     let (client_side, server_side) = match nat {
@@ -269,6 +290,19 @@ mod tests {
             request: None,
             dropped: None,
         }
+    }
+
+    #[test]
+    fn a_drop_after_a_services_dnat_has_both_tuples() {
+        let seen: (SocketAddr, SocketAddr) =
+            ("198.18.1.2:40000".parse().unwrap(), "198.18.2.2:80".parse().unwrap());
+        let original = FlowKey::new(seen.0, "198.19.0.10:80".parse().unwrap(), 6);
+        let t = drop_nat_tuples(seen, &original).expect("translated");
+        assert_eq!(t.client_side, (seen.0, "198.19.0.10:80".parse().unwrap()));
+        assert_eq!(t.server_side, seen);
+        // Conntrack's other key without the client (masqueraded): not said.
+        let masqueraded = FlowKey::new("198.18.0.1:5000".parse().unwrap(), seen.1, 6);
+        assert!(drop_nat_tuples(seen, &masqueraded).is_none());
     }
 
     #[test]

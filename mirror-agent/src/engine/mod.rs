@@ -84,6 +84,8 @@ pub struct EngineStatus {
     pub dns_rcodes: mirror_bpf::stats::DnsRcodeCounts,
     /// The pods' packets the kernel dropped, by reason (its name on this kernel), those seen.
     pub drops: BTreeMap<String, u64>,
+    /// The same by pod: (the pod's veth ifindex, 0 when no pod was found; reason; count).
+    pub pod_drops: Vec<(u32, String, u64)>,
     /// The entries of the maps the settings size, as loaded (adopted maps keep theirs).
     pub map_sizes: crate::memory::Sizes,
 }

@@ -146,15 +146,8 @@ pub(super) fn status(dp: &Datapath<'_>, p: StatusParts<'_>) -> anyhow::Result<En
         tracing: tracing(p.tracing),
         protocols: dp.protocols().to_string(),
         dns_rcodes: dp.dns_rcodes()?,
-        drops: dp
-            .drop_counts()?
-            .into_iter()
-            .map(|(r, n)| {
-                let name =
-                    if r == 0 { "subsystem".to_string() } else { mirror_bpf::rule::drop::reason_text(r) };
-                (name, n)
-            })
-            .collect(),
+        drops: dp.drop_counts()?.into_iter().map(|(r, n)| (drop_reason(r), n)).collect(),
+        pod_drops: dp.pod_drop_counts()?.into_iter().map(|(i, r, n)| (i, drop_reason(r), n)).collect(),
         programs: dp
             .programs()
             .iter()
@@ -166,6 +159,15 @@ pub(super) fn status(dp: &Datapath<'_>, p: StatusParts<'_>) -> anyhow::Result<En
             .collect(),
         map_sizes: map_sizes(dp),
     })
+}
+
+/// A drop reason as status and metrics write it; `subsystem` for a subsystem's (counted as 0).
+fn drop_reason(r: u16) -> String {
+    if r == 0 {
+        "subsystem".to_string()
+    } else {
+        mirror_bpf::rule::drop::reason_text(r)
+    }
 }
 
 /// The entries of the maps the settings size, as the kernel has them: a map adopted from its

@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
 use crate::config::Pods as PodsCfg;
-use crate::views::{FlowPod, FlowView, InterfaceView, PodView};
+use crate::views::{FlowPod, FlowView, InterfaceView, PodDropView, PodView};
 use identity::Source;
 use netns::{Namespace, Rtnl};
 use sandbox::{Index, Sandbox};
@@ -161,6 +161,24 @@ impl Pods {
     pub fn by_addr(&self, ip: IpAddr) -> Option<PodView> {
         let t = self.table.read().expect("pods lock");
         t.by_addr.get(&ip).and_then(|i| t.by_ifindex.get(i)).cloned()
+    }
+
+    /// Names the pod of each count of drops by pod: (the pod's veth ifindex, 0 for none;
+    /// reason; packets). An interface with no pod known is named as no pod.
+    pub fn name_drops(&self, counts: &[(u32, String, u64)]) -> Vec<PodDropView> {
+        let t = self.table.read().expect("pods lock");
+        counts
+            .iter()
+            .map(|(i, reason, n)| {
+                let pod = t.by_ifindex.get(i);
+                PodDropView {
+                    pod: pod.map(PodView::label).unwrap_or_default(),
+                    interface: pod.map(|p| p.interface.clone()).unwrap_or_default(),
+                    reason: reason.clone(),
+                    packets: *n,
+                }
+            })
+            .collect()
     }
 
     /// Names the pods among each flow's endpoints (both tuples of a translated connection).

@@ -49,6 +49,53 @@ pub fn process(pid: u32) -> (usize, u64) {
     (fds, rss)
 }
 
+/// CPU time of process `pid` so far (user and system), from its `/proc` stat (clock ticks of
+/// 10 ms).
+#[track_caller]
+pub fn cpu_time(pid: u32) -> std::time::Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process's stat");
+    let after = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");
+    // SAFETY: a plain query of a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    std::time::Duration::from_nanos(ticks * 1_000_000_000 / hz)
+}
+
+/// The kernel's accounting of BPF programs' run time, on while held (`BPF_ENABLE_STATS`).
+pub struct RunTimeStats {
+    _on: std::os::fd::OwnedFd,
+}
+
+impl RunTimeStats {
+    /// Turns the accounting on until dropped.
+    pub fn on() -> std::io::Result<RunTimeStats> {
+        // SAFETY: a plain syscall wrapper; a non-negative return is a descriptor we own.
+        let fd =
+            unsafe { libbpf_rs::libbpf_sys::bpf_enable_stats(libbpf_rs::libbpf_sys::BPF_STATS_RUN_TIME) };
+        if fd < 0 {
+            return Err(std::io::Error::from_raw_os_error(-fd));
+        }
+        // SAFETY: fd is open and ours alone.
+        Ok(RunTimeStats { _on: unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) } })
+    }
+}
+
+/// Runs and run time (ns) so far of the BPF program `name` that process `pid` holds, as the
+/// kernel counts them (while [`RunTimeStats`] are on); `None` when it holds none of that name.
+pub fn program_runs(pid: u32, name: &str) -> Option<(u64, u64)> {
+    let ids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|info| info.lines().find_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok()))
+        .collect();
+    libbpf_rs::query::ProgInfoIter::default()
+        .filter(|p| ids.contains(&p.id) && p.name.to_string_lossy() == name)
+        .map(|p| (p.run_cnt, p.run_time_ns))
+        .next()
+}
+
 /// Links in the node namespace.
 pub fn links(node: &Netns) -> usize {
     node.sh("ip -o link show").lines().count()

@@ -6,9 +6,13 @@
  *
  * A drop counts when it is real (not SKB_NOT_DROPPED_YET, SKB_CONSUMED, or NOT_SPECIFIED, the
  * reason of a plain kfree_skb(), which the kernel still calls for normal frees) and the packet
- * is a pod's: it came in or goes out through an attached veth of the node's namespace, or its
- * flow is in the flow table (seen on a pod's veth: a pod's own stack dropping it, in the pod's
- * namespace, is found so). Counted by reason (drop_counts). Then, while some rule is a drop
+ * is a pod's: it came in or goes out through an attached veth of the node's namespace, or
+ * through the pod's end of one (a pod's own stack dropping it, in the pod's namespace), or its
+ * flow is in the flow table (seen on a pod's veth), but not on the mirror's sink or its peer
+ * (a copy its reader leaves is the mirror's own). Counted by reason (drop_counts) and by pod
+ * and reason (drop_pods). The pod is the one the packet was going to when its route leads to
+ * one (a policy dropping a connection counts at the pod it protects), else the one it came
+ * from or was in: one pod per drop, named by its host-side veth. Then, while some rule is a drop
  * rule, the rule of its reason (pseudo-status DROP_REASON_BASE + reason) and server port (the
  * packet's destination port, else its source port) marks its flow, as any trigger does
  * (trigger.h: mark_flow), and the packet's first bytes go to the agent on drop_events with the
@@ -38,6 +42,15 @@ struct {
     __type(key, __u32);
     __type(value, struct drop_counts);
 } drop_counts SEC(".maps");
+
+/* Key: struct drop_pod_key. Value: __u64 per CPU: the pods' drops by pod and reason. Entries of
+ * an interface are deleted when it is detached (user space), so a pod's counts leave with it. */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+    __uint(max_entries, DROP_PODS_MAX);
+    __type(key, struct drop_pod_key);
+    __type(value, __u64);
+} drop_pods SEC(".maps");
 
 /* The drop triggers of one rule in the current second. */
 struct drop_window {
@@ -97,6 +110,74 @@ static __always_inline __u32 drop_attached(struct net_device *dev)
         return 0;
     __u32 ifindex = BPF_CORE_READ(dev, ifindex);
     return bpf_map_lookup_elem(&attached_ifaces, &ifindex) ? ifindex : 0;
+}
+
+/* drop_veth_peer - the other end of @dev when @dev is a veth, else NULL. A veth's private
+ * area (netdev_priv: the net_device's priv[] since 6.9, before that right after it, aligned to
+ * NETDEV_ALIGN) begins with the peer's pointer (struct veth_priv). */
+static __always_inline struct net_device *drop_veth_peer(struct net_device *dev)
+{
+    const char *kind = BPF_CORE_READ(dev, rtnl_link_ops, kind);
+    char name[5] = {};
+    struct net_device *peer = NULL;
+    void *priv;
+
+    if (!kind || bpf_probe_read_kernel_str(name, sizeof(name), kind) != sizeof(name) ||
+        name[0] != 'v' || name[1] != 'e' || name[2] != 't' || name[3] != 'h')
+        return NULL;
+    if (bpf_core_field_exists(dev->priv))
+        priv = (void *)dev + bpf_core_field_offset(struct net_device, priv);
+    else
+        priv = (void *)dev + ((bpf_core_type_size(struct net_device) + 31) & ~31UL);
+    if (bpf_probe_read_kernel(&peer, sizeof(peer), priv))
+        return NULL;
+    return peer;
+}
+
+/* drop_pod_of - the pod @dev leads to, by its attached host-side veth's ifindex: @dev itself,
+ * or, for a device of another namespace (a pod's eth0), its veth peer. 0: none. */
+static __always_inline __u32 drop_pod_of(struct net_device *dev)
+{
+    if (!dev)
+        return 0;
+    if (BPF_CORE_READ(dev, nd_net.net, ns.inum) == node_netns)
+        return drop_attached(dev);
+    return drop_attached(drop_veth_peer(dev));
+}
+
+/* drop_on_sink - is @dev the mirror's sink (@sink: its ifindex in the node's namespace) or the
+ * sink's peer? What the mirror's readers leave (a copy is not addressed to them) is the
+ * mirror's own, not a pod's. */
+static __always_inline int drop_on_sink(struct net_device *dev, __u32 sink)
+{
+    if (!dev || !sink)
+        return 0;
+    if (BPF_CORE_READ(dev, nd_net.net, ns.inum) == node_netns &&
+        BPF_CORE_READ(dev, ifindex) == sink)
+        return 1;
+    struct net_device *peer = drop_veth_peer(dev);
+    return peer && BPF_CORE_READ(peer, nd_net.net, ns.inum) == node_netns &&
+           BPF_CORE_READ(peer, ifindex) == sink;
+}
+
+/* drop_count_pod - one drop more for pod @ifindex (0: none known) and reason index @idx. */
+static __always_inline void drop_count_pod(__u32 ifindex, __u32 idx, struct counters *cnt)
+{
+    struct drop_pod_key k = {.ifindex = ifindex, .reason = idx};
+    __u64 *n = bpf_map_lookup_elem(&drop_pods, &k);
+
+    if (!n) {
+        __u64 one = 1;
+        if (!bpf_map_update_elem(&drop_pods, &k, &one, BPF_NOEXIST))
+            return;
+        /* Another CPU made it meanwhile, or the map is full. */
+        n = bpf_map_lookup_elem(&drop_pods, &k);
+        if (!n) {
+            cnt->v[STAT_DROP_PODS_FULL]++;
+            return;
+        }
+    }
+    (*n)++;
 }
 
 /*
@@ -232,18 +313,21 @@ static __always_inline int drop_seen(struct sk_buff *skb, __u64 location, __u32 
     __u16 sport, dport;
     __u8 flags, dir;
 
-    if (!skb || !s || !cnt || !dc || !drop_real(reason))
+    struct settings *st = bpf_map_lookup_elem(&settings, &zero);
+
+    if (!skb || !s || !cnt || !dc || !st || !drop_real(reason))
         return 0;
     if (!drop_parse(skb, &s->key, &flags, &sport, &dport, &dir))
         return 0;
-    /* Whose: the interface it came in through or goes out of, else its flow. */
-    __u32 ifindex = drop_attached(BPF_CORE_READ(skb, dev));
-    if (!ifindex) {
-        unsigned long refdst = BPF_CORE_READ(skb, _skb_refdst);
-        struct dst_entry *dst = (struct dst_entry *)(refdst & ~1UL);
-        if (dst)
-            ifindex = drop_attached(BPF_CORE_READ(dst, dev));
-    }
+    struct net_device *dev = BPF_CORE_READ(skb, dev);
+    if (drop_on_sink(dev, st->mirror_ifindex))
+        return 0;
+    /* Whose: the pod its route leads to, else the one it came from or is in, else its flow. */
+    unsigned long refdst = BPF_CORE_READ(skb, _skb_refdst);
+    struct dst_entry *dst = (struct dst_entry *)(refdst & ~1UL);
+    __u32 ifindex = dst ? drop_pod_of(BPF_CORE_READ(dst, dev)) : 0;
+    if (!ifindex)
+        ifindex = drop_pod_of(dev);
     int nat = drop_ct(skb, s);
     if (!ifindex && !bpf_map_lookup_elem(&flow_table, &s->key) &&
         !(nat && (bpf_map_lookup_elem(&flow_table, &s->orig) ||
@@ -254,9 +338,9 @@ static __always_inline int drop_seen(struct sk_buff *skb, __u64 location, __u32 
     barrier_var(idx); /* the bound checked on the register the access uses */
     if (idx < DROP_REASONS)
         dc->v[idx]++;
+    drop_count_pod(ifindex, idx, cnt);
 
-    struct settings *st = bpf_map_lookup_elem(&settings, &zero);
-    if (!st || !(st->kinds & (1U << TRIGGER_DROP)) || reason >= DROP_REASONS)
+    if (!(st->kinds & (1U << TRIGGER_DROP)) || reason >= DROP_REASONS)
         return 0;
     __u32 scope = 0;
     if (st->scoped && ifindex) {

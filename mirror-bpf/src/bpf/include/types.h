@@ -41,6 +41,9 @@ enum mirror_limits {
     /* Drop triggers one rule may make per second (the kernel's drops of a flood would otherwise
      * each mark a flow and send an event): the excess is counted (drop_limited). */
     DROP_TRIGGERS_PER_SEC = 100,
+    /* (pod, reason) pairs the drops by pod hold (drop_pods entries): the pods of a node times
+     * the few reasons their packets meet; the pairs beyond are counted apart (drop_pods_full). */
+    DROP_PODS_MAX = 4096,
     /* Rules with request filters (method=, path=, host=) one (port, status) key may have. */
     RULE_FILTERED_MAX = 8,
     /* Rules with request filters the classifier holds at once (rule_filters entries). */
@@ -243,6 +246,7 @@ enum stat_idx {
     STAT_DROPS,             /* packets of the pods' flows the kernel dropped, for a real reason */
     STAT_DROP_TRIGGERS,     /* such drops that matched a rule and marked their flow */
     STAT_DROP_LIMITED,      /* drop triggers refused by their rule's rate (DROP_TRIGGERS_PER_SEC) */
+    STAT_DROP_PODS_FULL,    /* drops not counted by pod: drop_pods full (DROP_PODS_MAX pairs) */
     STAT_MAX,
 };
 
@@ -601,6 +605,13 @@ struct dns_rcode_counts {
  * entry r for a core reason r < DROP_REASONS, entry 0 for any other (a subsystem's). */
 struct drop_counts {
     __u64 v[DROP_REASONS];
+};
+
+/* Key of drop_pods: the pod a drop belongs to, by the ifindex of its attached host-side veth
+ * (0: none known, the drop counted by its flow alone), and the reason (drop_counts' index). */
+struct drop_pod_key {
+    __u32 ifindex;
+    __u32 reason;
 };
 
 /* Per-CPU counters (one entry in the stats map). */
