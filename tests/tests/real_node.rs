@@ -348,7 +348,11 @@ fn containerd_pods_are_attached_named_and_mirrored_as_they_come_and_go() {
         assert_eq!(client::get_keepalive(&client.pod.ns, &urls), [500, 200]);
     });
     let expected = Expected::from_reference(&rec.reference, |status, _| status == 500);
-    expected.assert_mirror(&rec.mirror);
+    // The connection to the deleted pod stays marked: the client's FIN to it, retransmitted
+    // with no one to answer, may still be mirrored now. This part is about the new pod's.
+    let mut mirror = rec.mirror.clone();
+    mirror.packets.retain(|p| p.src.ip() == target || p.dst.ip() == target);
+    expected.assert_mirror(&mirror);
     assert_eq!(expected.triggered.len(), 1, "{:?}", expected.triggered);
     let ev = events(&env);
     assert!(

@@ -4,9 +4,11 @@
 //! pseudo-statuses (reason `r` is `DROP_REASON_BASE + r`, above the HTTP statuses).
 //!
 //! Not drops, and never counted nor triggered on ([`EXCLUDED`]): `not_dropped_yet` and
-//! `consumed` (a packet used up, not dropped), and `not_specified`, the reason of a plain
-//! `kfree_skb()`, which the kernel still calls on paths that free a packet normally (the data
-//! path leaves out the same three, `include/drop.h`).
+//! `consumed` (a packet used up, not dropped), `not_specified`, the reason of a plain
+//! `kfree_skb()`, which the kernel still calls on paths that free a packet normally, and
+//! `queue_purge`, a queue emptied as its socket closes or its device goes away (a packet that
+//! had arrived, unread; not the network's loss) (the data path leaves out the same four,
+//! `include/drop.h`).
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -25,7 +27,7 @@ const _: () = assert!(
 );
 
 /// The frees that are not drops, by name: never counted, never a trigger.
-pub const EXCLUDED: [&str; 3] = ["not_dropped_yet", "consumed", "not_specified"];
+pub const EXCLUDED: [&str; 4] = ["not_dropped_yet", "consumed", "not_specified", "queue_purge"];
 
 /// Every reason of the running kernel with its name, by value (core reasons below
 /// [`DROP_REASONS`]); empty when the kernel has no BTF or no drop reasons (before 5.17).

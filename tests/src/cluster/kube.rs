@@ -173,11 +173,15 @@ impl Manifests {
             a.push(format!("--env={k}={v}"));
         }
 
-        // Volumes: hostPath and configMap ones, with their propagation.
+        // Volumes: hostPath and configMap ones, with their propagation; an optional Secret the
+        // test does not give is left out (the kubelet mounts it empty).
         let volumes: BTreeMap<&str, &Value> =
             seq(&spec["volumes"]).iter().map(|v| (str_at(v, "name"), v)).collect();
         for m in seq(&c["volumeMounts"]) {
             let vol = volumes.get(str_at(m, "name")).unwrap_or_else(|| panic!("no volume for {m:?}"));
+            if vol["secret"]["optional"].as_bool() == Some(true) {
+                continue;
+            }
             let source = if let Some(host) = vol["hostPath"]["path"].as_str() {
                 node.host_paths
                     .get(host)
@@ -186,7 +190,7 @@ impl Manifests {
             } else if let Some(cm) = vol["configMap"]["name"].as_str() {
                 node.config_maps.get(cm).unwrap_or_else(|| panic!("the test has no ConfigMap {cm}")).clone()
             } else {
-                panic!("volume {vol:?} is neither hostPath nor configMap")
+                panic!("volume {vol:?} is neither hostPath, configMap nor an optional Secret")
             };
             let mut opts = Vec::new();
             if m["readOnly"].as_bool() == Some(true) {

@@ -4,8 +4,9 @@
  * drop program runs on the kfree_skb tracepoint (a packet freed with a drop reason, 5.17+), so
  * only when the kernel drops a packet: never per forwarded packet.
  *
- * A drop counts when it is real (not SKB_NOT_DROPPED_YET, SKB_CONSUMED, or NOT_SPECIFIED, the
- * reason of a plain kfree_skb(), which the kernel still calls for normal frees) and the packet
+ * A drop counts when it is real (not SKB_NOT_DROPPED_YET, SKB_CONSUMED, NOT_SPECIFIED, the
+ * reason of a plain kfree_skb(), which the kernel still calls for normal frees, or QUEUE_PURGE,
+ * a queue emptied as its socket closes or its device goes away) and the packet
  * is a pod's: it came in or goes out through an attached veth of the node's namespace, or
  * through the pod's end of one (a pod's own stack dropping it, in the pod's namespace), or its
  * flow is in the flow table (seen on a pod's veth), but not on the mirror's sink or its peer
@@ -98,6 +99,9 @@ struct {
  * are the running kernel's (CO-RE): they change across kernels. */
 static __always_inline int drop_real(__u32 reason)
 {
+    if (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE) &&
+        reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE))
+        return 0;
     return reason != bpf_core_enum_value(enum skb_drop_reason, SKB_NOT_DROPPED_YET) &&
            reason != bpf_core_enum_value(enum skb_drop_reason, SKB_CONSUMED) &&
            reason != bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED);
