@@ -14,7 +14,9 @@ mod drop_common;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use drop_common::{connect, ctl_capture, events, pod_label, syns_to, tshark_lines, DROP_SRC};
+use drop_common::{
+    connect, ctl_capture, drop_config, events, pod_label, start_attached, syns_to, tshark_lines, DROP_SRC,
+};
 use mirror_bpf::testing::require_root;
 use mirror_e2e::agent::{AgentConfig, AgentEnv, Binaries};
 use mirror_e2e::capture::pcap::Packet;
@@ -65,10 +67,9 @@ fn dropped_by_the_node(firewall: Firewall) -> f64 {
     let server_ns = &topo.pod("server").ns;
     let _dropped = Server::asyncio(server_ns, DROPPED, dir.path());
     let _open = Server::asyncio(server_ns, OPEN, dir.path());
-    let cfg = AgentConfig { rules: vec!["drop=netfilter_drop".into()], ..AgentConfig::default() };
+    let cfg = drop_config(&["drop=netfilter_drop"], false);
     let env = AgentEnv::new(&bins, &topo.node, &cfg);
-    let agent = env.start(&[]);
-    agent.wait_attached(&["vethclient", "vethserver"], Duration::from_secs(10));
+    let agent = start_attached(&env);
     firewall.drop_port(&topo.node, DROPPED);
 
     let (client_file, sink_file) = (dir.path().join("client.pcap"), dir.path().join("sink.pcap"));
@@ -192,10 +193,9 @@ fn a_syn_to_a_cluster_ip_dropped_after_its_translation_names_the_services_pod() 
     let (client, server) = (topo.pod("client"), topo.pod("server"));
     let _web = Server::asyncio(&server.ns, SERVICE_PORT, dir.path());
     let proxy = KubeProxy::install(&topo.node, Flavour::Iptables, false, server.addr(false));
-    let cfg = AgentConfig { rules: vec!["drop=netfilter_drop".into()], ..AgentConfig::default() };
+    let cfg = drop_config(&["drop=netfilter_drop"], false);
     let env = AgentEnv::new(&bins, &topo.node, &cfg);
-    let agent = env.start(&[]);
-    agent.wait_attached(&["vethclient", "vethserver"], Duration::from_secs(10));
+    let agent = start_attached(&env);
     // The policy protects the pod's port: it sees the pod's own address, after the DNAT.
     topo.node.sh(&format!("iptables -I FORWARD -d {} -p tcp --dport {SERVICE_PORT} -j DROP", server.v4));
 
@@ -246,8 +246,7 @@ fn a_packet_conntrack_finds_invalid_reaches_the_mirror() {
     let rules = vec![format!("drop=netfilter_drop port={PORT}"), "drop=netfilter_drop port=9999".into()];
     let cfg = AgentConfig { rules, ..AgentConfig::default() };
     let env = AgentEnv::new(&bins, &topo.node, &cfg);
-    let agent = env.start(&[]);
-    agent.wait_attached(&["vethclient", "vethserver"], Duration::from_secs(10));
+    let agent = start_attached(&env);
     topo.node.sh("iptables -I FORWARD -m conntrack --ctstate INVALID -j DROP");
     let sink_file = dir.path().join("sink.pcap");
     let sink_cap = Capture::start(&topo.node, &env.sink_peer(), "tcp", &sink_file);

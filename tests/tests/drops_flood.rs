@@ -9,9 +9,9 @@ mod drop_common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use drop_common::{connect, drop_metrics, events, pod_label, METRICS};
+use drop_common::{connect, drop_config, drop_metrics, events, pod_label, start_attached};
 use mirror_bpf::testing::require_root;
-use mirror_e2e::agent::{AgentConfig, AgentEnv, Binaries};
+use mirror_e2e::agent::{AgentEnv, Binaries};
 use mirror_e2e::capture::footprint;
 use mirror_e2e::capture::tcpdump::SETTLE;
 use mirror_e2e::scenario::PODS;
@@ -35,14 +35,9 @@ fn a_flood_of_drops_is_counted_and_its_triggers_rate_limited() {
     let topo = Topology::without_sink(&PODS);
     let dir = tempfile::tempdir().expect("a temp dir");
     let _open = Server::asyncio(&topo.pod("server").ns, OPEN, dir.path());
-    let cfg = AgentConfig {
-        rules: vec!["drop=netfilter_drop".into()],
-        metrics: METRICS.into(),
-        ..AgentConfig::default()
-    };
+    let cfg = drop_config(&["drop=netfilter_drop"], true);
     let env = AgentEnv::new(&bins, &topo.node, &cfg);
-    let agent = env.start(&[]);
-    agent.wait_attached(&["vethclient", "vethserver"], Duration::from_secs(10));
+    let agent = start_attached(&env);
     let (client, server) = (topo.pod("client"), topo.pod("server"));
     // The flood goes to ports 1 and 2 of the server pod: dropped in the forward path.
     topo.node.sh(&format!("iptables -I FORWARD -d {} -p tcp --dport 1:2 -j DROP", server.v4));

@@ -12,9 +12,9 @@ mod drop_common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use drop_common::{connect, drop_metrics, events, pod_label, syns_to, METRICS, RST};
+use drop_common::{connect, drop_config, drop_metrics, events, pod_label, start_attached, syns_to, RST};
 use mirror_bpf::testing::require_root;
-use mirror_e2e::agent::{AgentConfig, AgentEnv, Binaries};
+use mirror_e2e::agent::{AgentEnv, Binaries};
 use mirror_e2e::capture::pcap::Packet;
 use mirror_e2e::capture::tcpdump::{Capture, SETTLE};
 use mirror_e2e::proc::Proc;
@@ -105,14 +105,9 @@ fn drops_are_counted_by_reason_and_pod_a_rule_or_not() {
     let bins = Binaries::locate().expect("the binaries");
     let topo = Topology::without_sink(&PODS);
     let dir = tempfile::tempdir().expect("a temp dir");
-    let cfg = AgentConfig {
-        rules: vec!["drop=socket_rcvbuff".into()],
-        metrics: METRICS.into(),
-        ..AgentConfig::default()
-    };
+    let cfg = drop_config(&["drop=socket_rcvbuff"], true);
     let env = AgentEnv::new(&bins, &topo.node, &cfg);
-    let agent = env.start(&[]);
-    agent.wait_attached(&["vethclient", "vethserver"], Duration::from_secs(10));
+    let agent = start_attached(&env);
     let (client, server) = (topo.pod("client"), topo.pod("server"));
     let (client_pod, server_pod) = (pod_label(&env, "vethclient"), pod_label(&env, "vethserver"));
     topo.node.sh(&format!("iptables -I FORWARD -p tcp --dport {DROPPED} -j DROP"));
@@ -188,10 +183,9 @@ fn a_closed_port_triggers_and_the_nodes_own_drops_do_not() {
     let bins = Binaries::locate().expect("the binaries");
     let topo = Topology::without_sink(&PODS);
     let dir = tempfile::tempdir().expect("a temp dir");
-    let cfg = AgentConfig { rules: vec!["drop".into()], ..AgentConfig::default() };
+    let cfg = drop_config(&["drop"], false);
     let env = AgentEnv::new(&bins, &topo.node, &cfg);
-    let agent = env.start(&[]);
-    agent.wait_attached(&["vethclient", "vethserver"], Duration::from_secs(10));
+    let agent = start_attached(&env);
 
     // The node's own: to a closed port on its loopback.
     assert!(!connect(&topo.node, SocketAddr::new([127, 0, 0, 1].into(), CLOSED), Duration::from_secs(1)));

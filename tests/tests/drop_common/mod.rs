@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use mirror_e2e::agent::{AgentEnv, Binaries};
+use mirror_e2e::agent::{Agent, AgentConfig, AgentEnv, Binaries};
 use mirror_e2e::capture::pcap::{Packet, Trace};
 use mirror_e2e::proc::{wait_until, Proc};
 use mirror_e2e::topology::netns::{nsenter, Netns};
@@ -105,4 +105,21 @@ pub fn drop_metrics(node: &Netns) -> Vec<(String, String, u64)> {
         .collect();
     out.sort();
     out
+}
+
+/// The agent's configuration for a drop test: `rules`, and the metrics on [`METRICS`] when
+/// `metrics`.
+pub fn drop_config(rules: &[&str], metrics: bool) -> AgentConfig {
+    AgentConfig {
+        rules: rules.iter().map(|r| r.to_string()).collect(),
+        metrics: if metrics { METRICS.into() } else { AgentConfig::default().metrics },
+        ..AgentConfig::default()
+    }
+}
+
+/// The agent of `env` started, attached to both pods' veths.
+pub fn start_attached(env: &AgentEnv) -> Agent<'_> {
+    let agent = env.start(&[]);
+    agent.wait_attached(&["vethclient", "vethserver"], Duration::from_secs(10));
+    agent
 }
