@@ -1,14 +1,17 @@
 // Go's resolver (net.Resolver with PreferGo: the pure Go stub resolver most Go programs in a
-// cluster use) as a client of the DNS tests: `resolver NAME...` looks up each name's addresses
-// (A and AAAA at once, each on a socket of its own) in turn, reading /etc/resolv.conf, and
-// prints one JSON line per name: the addresses or the error, and every socket the resolver
-// opened for the lookup (its transport, local and server addresses).
+// cluster use) as a client of the DNS tests: `resolver [-first-port N] NAME...` looks up each
+// name's addresses (A and AAAA at once, each on a socket of its own) in turn, reading
+// /etc/resolv.conf, and prints one JSON line per name: the addresses or the error, and every
+// socket the resolver opened for the lookup (its transport, local and server addresses). With
+// -first-port, the sockets are bound to N, N+1, ... in the order opened, so that no two of them
+// share a port (an ephemeral port the kernel hands out again would make two lookups one flow).
 package main
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"net"
 	"os"
 	"sync"
@@ -32,14 +35,31 @@ type result struct {
 }
 
 func main() {
+	firstPort := flag.Int("first-port", 0, "bind the sockets to this port and those after it (0: ephemeral ports)")
+	flag.Parse()
+	next := *firstPort
+	var portMu sync.Mutex
+	local := func(network string) net.Addr {
+		if *firstPort == 0 {
+			return nil
+		}
+		portMu.Lock()
+		defer portMu.Unlock()
+		port := next
+		next++
+		if network == "tcp" || network == "tcp4" || network == "tcp6" {
+			return &net.TCPAddr{Port: port}
+		}
+		return &net.UDPAddr{Port: port}
+	}
 	out := json.NewEncoder(os.Stdout)
-	for _, name := range os.Args[1:] {
+	for _, name := range flag.Args() {
 		var mu sync.Mutex
 		res := result{Name: name, Addrs: []string{}, Sockets: []socket{}}
 		r := &net.Resolver{
 			PreferGo: true,
 			Dial: func(ctx context.Context, network, address string) (net.Conn, error) {
-				var d net.Dialer
+				d := net.Dialer{LocalAddr: local(network)}
 				c, err := d.DialContext(ctx, network, address)
 				if err == nil {
 					mu.Lock()

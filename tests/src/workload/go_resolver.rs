@@ -4,6 +4,8 @@
 //! tests' cache. It looks up each name's addresses in turn, A and AAAA at once, each question on
 //! a socket of its own, reading a resolv.conf of the test's, and records per lookup its result
 //! and every socket it opened (what the client itself knows of which exchanges were its own).
+//! Its sockets take ports of their own from a first one on: ephemeral ports, which the kernel
+//! may hand out again, would now and then make two lookups one flow.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -92,11 +94,18 @@ struct LineSocket {
 }
 
 /// Looks up each of `names` in turn with the program `binary`, from `ns`, reading `conf` as its
-/// resolv.conf. Files go to `dir`.
+/// resolv.conf, its sockets bound to `first_port` and the ports after it. Files go to `dir`.
 #[track_caller]
-pub fn lookup(binary: &Path, ns: &Netns, conf: &ResolvConf, names: &[&str], dir: &Path) -> Vec<GoResolved> {
+pub fn lookup(
+    binary: &Path,
+    ns: &Netns,
+    conf: &ResolvConf,
+    names: &[&str],
+    first_port: u16,
+    dir: &Path,
+) -> Vec<GoResolved> {
     let mut cmd = with_resolv_conf(ns, conf, dir, binary);
-    cmd.args(names);
+    cmd.arg(format!("-first-port={first_port}")).args(names);
     let out = cmd.output().expect("running Go's resolver");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -108,6 +117,15 @@ pub fn lookup(binary: &Path, ns: &Netns, conf: &ResolvConf, names: &[&str], dir:
         stdout.lines().map(|l| parse(l).unwrap_or_else(|e| panic!("{e}: {l:?}"))).collect();
     let asked: Vec<&str> = resolved.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(asked, names, "Go's resolver: {stdout}");
+    let mut ports: Vec<u16> =
+        resolved.iter().flat_map(|r| r.sockets.iter().map(|s| s.local.port())).collect();
+    let opened = ports.len();
+    ports.sort_unstable();
+    ports.dedup();
+    assert!(
+        ports.len() == opened && ports.first().is_none_or(|p| *p >= first_port),
+        "Go's resolver: its sockets not on ports of their own from {first_port}: {stdout}"
+    );
     resolved
 }
 

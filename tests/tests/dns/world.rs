@@ -26,6 +26,10 @@ impl Path {
     }
 }
 
+/// The first port of Go's resolver: above dig's ports (20,000 on), below the kernel's
+/// ephemeral ones (32,768 on, getaddrinfo's).
+const GO_PORTS: u16 = 30_000;
+
 /// A test's world: the testbed with its rules, the resolver (dnsmasq, or a scripted responder)
 /// in the server pod, the Service's NAT if the path has one. Dropped in field order: events,
 /// servers, NAT, then the namespaces.
@@ -129,7 +133,7 @@ impl Dns {
             }
             if !go_names.is_empty() {
                 let binary = self.go.as_ref().expect("a test with Go's lookups builds its resolver");
-                go = go_resolver::lookup(binary, ns, conf, go_names, dir);
+                go = go_resolver::lookup(binary, ns, conf, go_names, GO_PORTS, dir);
             }
         });
         let took = started.elapsed();
