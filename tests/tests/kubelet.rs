@@ -23,6 +23,7 @@ use mirror_e2e::capture::tcpdump::Capture;
 use mirror_e2e::cluster::apps::{build_apps_image, APPS_IMAGE};
 use mirror_e2e::cluster::containerd;
 use mirror_e2e::cluster::control_plane;
+use mirror_e2e::cluster::kube_proxy::ProxyMode;
 use mirror_e2e::cluster::podman::{build_prebuilt, repo_root};
 use mirror_e2e::cluster::single_node::{pod_cgroups, Cluster};
 use mirror_e2e::proc::wait_until;
@@ -201,7 +202,7 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
     let kubelet_dirs_before =
         Path::new("/var/lib/kubelet").exists() || Path::new("/var/log/containers").exists();
     let pod_cgroups_before = pod_cgroups().iter().any(|p| p.exists());
-    let c = Cluster::start();
+    let mut c = Cluster::start();
     eprintln!("cluster up: {:?}", c.timings);
     for image in [AGENT_IMAGE, APPS_IMAGE] {
         c.import_image(image);
@@ -316,14 +317,14 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
     );
     // From here on, every web 500 is mirrored: the record's lines after this point count.
     let (web_from, api_from) = (http_record(&c, "web").len(), http_record(&c, "api").len());
-    let more_500s = |c: &Cluster, what: &str| {
+    let more_500s = |c: &Cluster, what: &str, n: usize| {
         let from = http_record(c, "web").len();
         let enough = wait_until(Duration::from_secs(60), || {
-            http_record(c, "web").iter().skip(from).filter(|r| r.1 == 500).count() >= 5
+            http_record(c, "web").iter().skip(from).filter(|r| r.1 == 500).count() >= n
         });
         assert!(enough, "the client stopped {what}: {}\n{}", client_logs(c), c.describe("shop"));
     };
-    more_500s(&c, "before the upgrade");
+    more_500s(&c, "before the upgrade", 5);
 
     // A rolling upgrade to a second tag, as a user upgrades: the overlay's image, applied.
     let sink_index = || c.node_sh("cat /sys/class/net/mirror0/ifindex").trim().to_string();
@@ -393,7 +394,26 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
     assert_eq!(spec["spec"]["containers"][0]["image"], upgraded.as_str());
     assert_eq!(spec["status"]["containerStatuses"][0]["restartCount"], 0, "{spec}");
     assert_eq!(sink_index(), sink_before, "the sink was removed and made anew during the upgrade");
-    more_500s(&c, "after the upgrade");
+    more_500s(&c, "after the upgrade", 5);
+
+    // kube-proxy switched from nftables to iptables mode as an operator switches it (stopped,
+    // `kube-proxy --cleanup`, started in the other mode): web's next connections go through
+    // iptables' NAT, each 500 mirrored once. While no rules exist the ClusterIP answers nothing.
+    let switch_from = http_record(&c, "web").len() - web_from;
+    let t = Instant::now();
+    assert_eq!(c.kube_proxy().mode(), ProxyMode::Nftables);
+    c.kube_proxy().switch(ProxyMode::Iptables);
+    let rules_now = |c: &mut Cluster| {
+        let rules = c.kube_proxy().rules();
+        let chains: u32 = rules.lines().last().and_then(|l| l.trim().parse().ok()).unwrap_or(0);
+        (!rules.contains("kube-proxy") && chains > 0, rules)
+    };
+    let iptables = wait_until(Duration::from_secs(30), || rules_now(&mut c).0);
+    let rules = rules_now(&mut c).1;
+    assert!(iptables, "kube-proxy's iptables rules never came: {rules}\n{}", c.kube_proxy().output());
+    let switched_at = http_record(&c, "web").len() - web_from;
+    more_500s(&c, "after kube-proxy switched to iptables", 12);
+    let switched = t.elapsed();
 
     let strict_until = http_record(&c, "web").len();
 
@@ -426,7 +446,8 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
     assert_ne!(veths_before, veths_after, "no new veth for the new pod");
     let rescheduled_from = http_record(&c, "web").len();
     let rescheduled = t.elapsed();
-    more_500s(&c, "after web's pod was rescheduled");
+    more_500s(&c, "after web's pod was rescheduled", 5);
+
     let web: Vec<(u16, u16)> = http_record(&c, "web").into_iter().skip(web_from).collect();
     let last_500 = web.iter().rev().find(|r| r.1 == 500).map(|r| r.0).expect("a 500");
     // The last 500's copy reaching the sink ends the capture (no fixed wait).
@@ -463,12 +484,16 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
     let followed_at =
         followed_at.unwrap_or_else(|| panic!("no 500 of web's new pod {new_web} on the mirror"));
     let mut wrong = BTreeMap::new();
-    let mut missed_at_reschedule = 0;
+    let (mut missed_at_reschedule, mut missed_at_switch) = (0, 0);
     for (i, (port, status)) in web.iter().enumerate() {
         let n = responses_500(*port);
         let mut expected = usize::from(*status == 500);
         if (strict_end..followed_at).contains(&i) && *status == 500 && n == 0 {
             missed_at_reschedule += 1;
+            expected = 0;
+        }
+        if (switch_from..switched_at).contains(&i) && *status == 500 && n == 0 {
+            missed_at_switch += 1;
             expected = 0;
         }
         if n != expected || (*status == 200 && web_mirrored(*port)) {
@@ -479,7 +504,8 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
         wrong.is_empty(),
         "web's flows mirrored wrongly (port: (index, status, 500s on the mirror)): {wrong:?}; of {} answers: \
          the upgrade from {upgrade_from} to {upgrade_to}, strict until {strict_end}, web rescheduled \
-         at {resched}, followed at {followed_at}\nthe new agent's log:\n{}",
+         at {resched}, followed at {followed_at}, kube-proxy switched from {switch_from} to \
+         {switched_at}\nthe new agent's log:\n{}",
         web.len(),
         c.kubectl_ok(&["-n", "mirror", "logs", &new_pod])
     );
@@ -492,7 +518,9 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
         api.iter().filter(|r| trace.packets.iter().any(|p| side(p, 8081, r.0))).collect();
     assert!(leaked.is_empty(), "api's flows on the mirror: {leaked:?}");
     assert!(!mirrored.contains(&8081) && !mirrored.contains(&50051), "unselected servers on the mirror");
-    let web_500s = web.iter().filter(|r| r.1 == 500).count() - missed_at_reschedule;
+    let after_switch = web[switched_at..strict_end].iter().filter(|r| r.1 == 500).count();
+    assert!(after_switch >= 12, "too few 500s through iptables' NAT checked: {after_switch}");
+    let web_500s = web.iter().filter(|r| r.1 == 500).count() - missed_at_reschedule - missed_at_switch;
 
     // The rule's status and the pod's Events, as a user reads them (the agent writes hits
     // and Events in batches: polled).
@@ -601,6 +629,8 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
         "images {:.1} s; cluster {:.1} s (control plane {:.1} s, containerd {:.1} s, node Ready {:.1} s); CoreDNS {:.1} s; \
          agent rolled out {:.1} s; workloads {:.1} s; upgrade {:.1} s (0 of web's 500s missed); \
          web rescheduled in {:.1} s, {missed_at_reschedule} of its 500s before the agent followed it; \
+         kube-proxy switched to iptables in {:.1} s, {missed_at_switch} of web's 500s missed meanwhile, \
+         {after_switch} through iptables after; \
          web 500s mirrored {web_500s}, each once; hits {hits}; uninstall {:.1} s; \
          node components {} MiB; total {:.1} s",
         images.as_secs_f64(),
@@ -613,6 +643,7 @@ fn a_kubelet_runs_the_daemonset_and_its_agent_mirrors_one_services_failures() {
         workloads_up.as_secs_f64(),
         upgrade.as_secs_f64(),
         rescheduled.as_secs_f64(),
+        switched.as_secs_f64(),
         uninstall.as_secs_f64(),
         c.node_memory() >> 20,
         t0.elapsed().as_secs_f64()
