@@ -9,7 +9,8 @@
 //! server's flows, and web's 200s, never; the rule's status and the pod's Events as `kubectl`
 //! shows them. Under the same capture of the sink: a rolling upgrade of the DaemonSet to a
 //! second image tag (the new agent adopts the data path and the same sink: none of web's 500s
-//! missed nor mirrored twice), and web's pod rescheduled (a new veth and address: its
+//! missed nor mirrored twice), kube-proxy switched from nftables to iptables mode (web's 500s
+//! through iptables' NAT, each once), and web's pod rescheduled (a new veth and address: its
 //! 500s mirrored once the agent has named it). Then `kubectl delete -k`: nothing of the
 //! agent's left on the node (programs on the veths, pins, the sink).
 
