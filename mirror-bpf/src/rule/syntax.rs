@@ -271,7 +271,7 @@ impl fmt::Display for StatusMatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.lo == self.hi {
             write!(f, "{}", self.lo)
-        } else if self.lo % 100 == 0 && self.hi == self.lo + 99 {
+        } else if self.lo.is_multiple_of(100) && self.hi == self.lo + 99 {
             write!(f, "{}xx", self.lo / 100)
         } else {
             write!(f, "{}-{}", self.lo, self.hi)
