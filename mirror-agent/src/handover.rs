@@ -97,6 +97,46 @@ pub fn successor_waiting(socket: &Path) -> bool {
     !taken && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK)
 }
 
+/// The pids holding a flock on the file of device `dev` (major, minor) and inode `ino`, from
+/// the text of `/proc/locks` (`1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF`; the device's
+/// numbers in hex; a waiter's line, `1: -> FLOCK ...`, holds nothing).
+fn flock_holders(locks: &str, dev: (u32, u32), ino: u64) -> Vec<u32> {
+    let file = format!("{:02x}:{:02x}:{ino}", dev.0, dev.1);
+    locks
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                [_, "FLOCK", _, _, pid, at, ..] if *at == file => pid.parse().ok(),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Whether the agent that holds the data path (the lock `<api.socket>.lock`) runs in this
+/// process's cgroup: in a container, whether it is the container's own agent and not the one
+/// it takes over from, whose lock stays in the node's `/run` until the hand-over. `Ok` with
+/// its pid, else why not. Reads `/proc/locks` and the cgroups; takes no lock.
+pub fn held_here(socket: &Path) -> Result<u32, String> {
+    use std::os::unix::fs::MetadataExt;
+    let path = lock_path(socket);
+    let meta = std::fs::metadata(&path).map_err(|e| format!("no agent's lock {}: {e}", path.display()))?;
+    let dev = (libc::major(meta.dev()), libc::minor(meta.dev()));
+    let locks = std::fs::read_to_string("/proc/locks").map_err(|e| format!("reading /proc/locks: {e}"))?;
+    let cgroup = |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/cgroup"));
+    let ours = cgroup("self").map_err(|e| format!("reading this process's cgroup: {e}"))?;
+    let holders = flock_holders(&locks, dev, meta.ino());
+    let Some(&pid) = holders.first() else {
+        return Err(format!("no agent holds {}", path.display()));
+    };
+    match cgroup(&pid.to_string()) {
+        Ok(theirs) if theirs == ours => Ok(pid),
+        Ok(_) => Err(format!("{} is held by the agent with pid {pid}, of another cgroup", path.display())),
+        Err(e) => Err(format!("{} is held by pid {pid}, whose cgroup is unreadable: {e}", path.display())),
+    }
+}
+
 /// The start of the single-instance lock, before anything else of the agent's start.
 pub enum Begin {
     /// The lock is ours.
@@ -179,5 +219,33 @@ pub async fn acquire(socket: &Path, begun: Begin) -> anyhow::Result<File> {
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_holders_are_read_from_proc_locks() {
+        let locks = "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF\n\
+                     1: -> FLOCK  ADVISORY  WRITE 4343 fd:01:1234 0 EOF\n\
+                     2: POSIX  ADVISORY  WRITE 17 fd:01:1234 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE 99 fd:01:12345 0 EOF\n\
+                     4: FLOCK  ADVISORY  READ 7 00:1a:1234 0 EOF\n";
+        assert_eq!(flock_holders(locks, (0xfd, 1), 1234), vec![4242]);
+        assert_eq!(flock_holders(locks, (0, 0x1a), 1234), vec![7]);
+        assert!(flock_holders(locks, (0xfd, 1), 1).is_empty());
+    }
+
+    #[test]
+    fn the_lock_is_held_here_once_taken() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let socket = dir.path().join("api.sock");
+        assert!(held_here(&socket).unwrap_err().contains("no agent's lock"));
+        let Lock::Taken(file) = try_lock(&socket).expect("the lock") else { panic!("held") };
+        assert_eq!(held_here(&socket), Ok(std::process::id()));
+        drop(file);
+        assert!(held_here(&socket).unwrap_err().contains("no agent holds"));
     }
 }

@@ -155,7 +155,13 @@ fn the_image_installs_upgrades_and_uninstalls_as_the_daemonset_runs_it() {
     // And nothing else: the node meets every requirement, no warning.
     assert_eq!(first.logs().lines().filter(|l| !l.trim().is_empty()).count(), 1, "{}", first.logs());
 
-    // The probes of the manifest (/healthz, /readyz), on the node's address.
+    // The probes of the manifest: the startup probe in the container (its own agent holds the
+    // data path), then /healthz and /readyz on the node's address.
+    let startup = m.startup_probe_command("agent");
+    let startup: Vec<&str> = startup.iter().map(String::as_str).collect();
+    assert!(!startup.is_empty(), "the agent's container has no exec startup probe");
+    let said = first.exec_ok(&startup);
+    assert!(said.starts_with("this container's agent (pid "), "{said}");
     for (kind, path, port) in m.probes("agent") {
         let code = http_status(&topo, &node_ip, port, &path);
         assert_eq!(code, 200, "{kind} {path} on {node_ip}:{port}");
@@ -201,6 +207,12 @@ fn the_image_installs_upgrades_and_uninstalls_as_the_daemonset_runs_it() {
         let st = status_json(&next);
         assert_eq!(st["adopted"], true, "{st}");
         assert!(first.running(), "the old agent stands by until its pod is deleted");
+        // The startup probe: passed in the new pod, failed in the old one standing by.
+        let said = next.exec_ok(&startup);
+        assert!(said.starts_with("this container's agent (pid "), "{said}");
+        let old = first.exec(&startup);
+        let old_said = String::from_utf8_lossy(&old.stdout);
+        assert!(!old.status.success() && old_said.contains("of another cgroup"), "{old_said}");
         same_connection("/foo", 200);
 
         // The old pod deleted: it changes nothing.

@@ -35,6 +35,12 @@ struct Args {
     /// agent's requirements, and exit.
     #[arg(long)]
     check: bool,
+    /// Exit 0 when the agent holding this configuration's API socket lock (the data path) runs
+    /// in this process's cgroup, else 1 saying who holds it: the DaemonSet's startup probe,
+    /// exec'd in the agent's container, which so waits for its own agent to hold the data path
+    /// rather than the agent it takes over from.
+    #[arg(long)]
+    holds_data_path: bool,
     /// Print the CustomResourceDefinitions of the cluster's mirror rules (deploy/crds.yaml)
     /// and exit.
     #[arg(long)]
@@ -82,6 +88,18 @@ fn main() -> ExitCode {
     } else {
         paths.iter().rev().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" over ")
     };
+    if args.holds_data_path {
+        return match mirror_agent::handover::held_here(&cfg.api.socket) {
+            Ok(pid) => {
+                println!("this container's agent (pid {pid}) holds the data path");
+                ExitCode::SUCCESS
+            }
+            Err(why) => {
+                println!("not yet: {why}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if args.check {
         println!("configuration is valid: {source}");
         match mirror_agent::capacity::Host::this() {

@@ -222,6 +222,15 @@ impl Manifests {
         a
     }
 
+    /// The command of the container's exec startup probe, as the kubelet runs it.
+    pub fn startup_probe_command(&self, name: &str) -> Vec<String> {
+        let c = self.container(name);
+        seq(&c["startupProbe"]["exec"]["command"])
+            .iter()
+            .map(|v| v.as_str().expect("a string").to_string())
+            .collect()
+    }
+
     /// The probes of the agent container: (kind, path, port).
     pub fn probes(&self, name: &str) -> Vec<(String, String, u16)> {
         let c = self.container(name);
