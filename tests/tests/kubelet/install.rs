@@ -71,16 +71,7 @@ pub(crate) fn rule(c: &Cluster, pod: &str) {
          spec:\n  status: \"500\"\n  podSelector: {matchLabels: {app: web}}\n",
     );
     let active = wait_until(Duration::from_secs(30), || {
-        let out = c.plane.kubectl(&[
-            "-n",
-            "shop",
-            "get",
-            "mirrorrule",
-            "web-500s",
-            "-o",
-            "jsonpath={.status.nodes[0].state}/{.status.nodes[0].pods}",
-        ]);
-        String::from_utf8_lossy(&out.stdout).trim() == "Active/1"
+        rule_status(c, "{.status.nodes[0].state}/{.status.nodes[0].pods}") == "Active/1"
     });
     assert!(
         active,
@@ -88,4 +79,18 @@ pub(crate) fn rule(c: &Cluster, pod: &str) {
         c.kubectl_ok(&["-n", "shop", "get", "mirrorrule", "web-500s", "-o", "yaml"]),
         c.kubectl_ok(&["-n", "mirror", "logs", pod])
     );
+}
+
+/// Fields of the rule's status, as `kubectl get -o jsonpath=...` prints them.
+pub(crate) fn rule_status(c: &Cluster, jsonpath: &str) -> String {
+    let out = c.plane.kubectl(&[
+        "-n",
+        "shop",
+        "get",
+        "mirrorrule",
+        "web-500s",
+        "-o",
+        &format!("jsonpath={jsonpath}"),
+    ]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }

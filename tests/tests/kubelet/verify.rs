@@ -10,6 +10,7 @@ use mirror_e2e::cluster::single_node::Cluster;
 use mirror_e2e::proc::wait_until;
 use serde_json::Value;
 
+use crate::install::rule_status;
 use crate::life::{Switch, Upgrade};
 use crate::workloads::http_record;
 
@@ -126,18 +127,7 @@ pub(crate) fn exactly_once(c: &Cluster, capture: Capture, w: &Windows) -> Checke
 /// Events in batches: polled): hits for each of `web_500s`, `Mirrored` on web's pods (the new
 /// one too) and on no other. Returns the hits.
 pub(crate) fn status_and_events(c: &Cluster, web_500s: usize, new_web: &str) -> u64 {
-    let hits = || -> u64 {
-        let out = c.plane.kubectl(&[
-            "-n",
-            "shop",
-            "get",
-            "mirrorrule",
-            "web-500s",
-            "-o",
-            "jsonpath={.status.nodes[0].hits}",
-        ]);
-        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0)
-    };
+    let hits = || -> u64 { rule_status(c, "{.status.nodes[0].hits}").parse().unwrap_or(0) };
     let mirrored_events = || -> Value {
         let out = c.plane.kubectl(&[
             "-n",
