@@ -14,7 +14,7 @@ use std::process::Command;
 use mirror_agent::views::MemoryView;
 use mirror_bpf::testing::{ifindex, require_root};
 use mirror_e2e::agent::{Agent, AgentConfig, AgentEnv};
-use mirror_e2e::capture::tcpdump::Recorder;
+use mirror_e2e::capture::tcpdump::{Recorder, Recording};
 use mirror_e2e::oracles::oracle::Expected;
 use mirror_e2e::scenario::{HTTP, PODS};
 use mirror_e2e::topology::netns::Topology;
@@ -48,6 +48,30 @@ fn adopting<'a>(env: &'a AgentEnv, rules_before: &[(u32, String)]) -> Agent<'a> 
     agent
 }
 
+/// Records the client pod and the sink while `body` runs on one keep-alive connection from the
+/// client to the server whose first request, `/bar`, was answered 500 (marked under a
+/// `status=500` rule): `body` gets a check that the next request on that connection is answered
+/// as wanted. Returns the recording and what `body` returned.
+fn on_a_marked_connection<'a>(
+    topo: &Topology,
+    env: &'a AgentEnv,
+    body: impl FnOnce(&mut dyn FnMut(&str, u16)) -> Agent<'a>,
+) -> (Recording, Agent<'a>) {
+    let client = &topo.pod("client").ns;
+    let server = topo.pod("server").addr(false);
+    let sink = env.sink_peer();
+    let mut out = None;
+    let rec = Recorder::new(env.dir()).record(client, Some((&topo.node, sink.as_str())), || {
+        let mut session = Session::open(client, server, HTTP);
+        let (code, port) = session.get("/bar");
+        assert_eq!(code, 500);
+        let mut same_connection =
+            |path: &str, want: u16| assert_eq!(session.get(path), (want, port), "{path}");
+        out = Some(body(&mut same_connection));
+    });
+    (rec, out.expect("the traffic ran"))
+}
+
 #[test]
 fn restarts_keep_the_data_path_rules_and_marks() {
     if !require_root() {
@@ -68,18 +92,8 @@ fn restarts_keep_the_data_path_rules_and_marks() {
     let rules_before = rule_ids(&env);
     assert!(!status(&env).adopted);
 
-    let client = &topo.pod("client").ns;
-    let server = topo.pod("server").addr(false);
-    let sink = env.sink_peer();
-    let mut last = None;
-    let recorder = Recorder::new(env.dir());
-    let rec = recorder.record(client, Some((&topo.node, sink.as_str())), || {
-        let mut session = Session::open(client, server, HTTP);
-        let (code, port) = session.get("/bar");
-        assert_eq!(code, 500);
-        let mut same_connection =
-            |path: &str, want: u16| assert_eq!(session.get(path), (want, port), "{path}");
-
+    let (client, server) = (&topo.pod("client").ns, topo.pod("server").addr(false));
+    let (rec, last) = on_a_marked_connection(&topo, &env, |same_connection| {
         // SIGTERM with --keep-attached: everything stays, and mirrors.
         let log = agent.terminate();
         assert!(log.contains("leaving the data path attached"), "{log}");
@@ -99,7 +113,7 @@ fn restarts_keep_the_data_path_rules_and_marks() {
         let urls = ["/foo", "/bar", "/foo"].map(|p| url(server, HTTP, p));
         assert_eq!(client::get_keepalive(client, &urls), [200, 500, 200]);
         same_connection("/bar", 500);
-        last = Some(agent);
+        agent
     });
 
     let expected = Expected::from_reference(&rec.reference, |status, _| status == 500);
@@ -118,7 +132,7 @@ fn restarts_keep_the_data_path_rules_and_marks() {
     assert_eq!(hits, Some(3), "hits of rule {id} survive restarts");
     assert_eq!(status(&env).counters["triggers"], 3);
 
-    last.expect("the last agent").terminate();
+    last.terminate();
     assert!(!link_exists(env.sink()), "the sink outlived a clean stop");
     assert!(!env.pin_path().exists(), "pins outlived a clean stop");
 }
@@ -149,18 +163,8 @@ fn a_stop_while_a_successor_waits_hands_over() {
         || topo.node.sh(&format!("curl -s --max-time 5 -w ' %{{http_code}}' http://{METRICS}/readyz"));
     assert!(readyz().trim().ends_with(" 200"), "{}", readyz());
 
-    let client = &topo.pod("client").ns;
-    let server = topo.pod("server").addr(false);
-    let sink = env.sink_peer();
-    let mut last = None;
-    let recorder = Recorder::new(env.dir());
-    let rec = recorder.record(client, Some((&topo.node, sink.as_str())), || {
-        let mut session = Session::open(client, server, HTTP);
-        let (code, port) = session.get("/bar");
-        assert_eq!(code, 500);
-        let mut same_connection =
-            |path: &str, want: u16| assert_eq!(session.get(path), (want, port), "{path}");
-
+    let (client, server) = (&topo.pod("client").ns, topo.pod("server").addr(false));
+    let (rec, last) = on_a_marked_connection(&topo, &env, |same_connection| {
         // The successor's claim, as `--take-over` takes it before anything else.
         let claim = mirror_agent::handover::begin(&env.socket(), true).expect("claiming the succession");
         assert!(matches!(claim, mirror_agent::handover::Begin::Successor { .. }));
@@ -189,7 +193,7 @@ fn a_stop_while_a_successor_waits_hands_over() {
         same_connection("/foo", 200);
         assert_eq!(client::get_each(client, &[url(server, HTTP, "/bar")]), [500]);
         same_connection("/foo", 200);
-        last = Some(next);
+        next
     });
 
     let expected = Expected::from_reference(&rec.reference, |status, _| status == 500);
@@ -199,7 +203,7 @@ fn a_stop_while_a_successor_waits_hands_over() {
     assert_eq!(hits, Some(3), "a trigger missed through the hand-over");
 
     // The successor owns it all now: its stop removes everything.
-    last.expect("the successor").terminate();
+    last.terminate();
     assert!(!link_exists(env.sink()), "the sink outlived a clean stop");
     assert!(!env.pin_path().exists(), "pins outlived a clean stop");
 }
