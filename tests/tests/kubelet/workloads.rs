@@ -11,7 +11,8 @@ use mirror_e2e::proc::wait_until;
 
 /// The workloads: servers behind Services, the client calling them by name.
 pub(crate) fn workloads() -> String {
-    let http = |name: &str, port: u16| {
+    // A server's Deployment (`command` runs it on `port`) and its ClusterIP Service.
+    let served = |name: &str, port: u16, command: &str| {
         format!(
             r#"apiVersion: apps/v1
 kind: Deployment
@@ -26,7 +27,7 @@ spec:
         - name: server
           image: {APPS_IMAGE}
           imagePullPolicy: Never
-          command: [perl, /usr/local/lib/http-server.pl, "{port}"]
+          command: [{command}, "{port}"]
           readinessProbe: {{tcpSocket: {{port: {port}}}, periodSeconds: 1}}
 ---
 apiVersion: v1
@@ -39,36 +40,14 @@ spec:
 "#
         )
     };
+    let http = |name: &str, port: u16| served(name, port, "perl, /usr/local/lib/http-server.pl");
     let plan = r#"{"channels":[{"target":"grpc:50051","calls":[{"method":"/shop.Cart/Get","code":13},{"method":"/shop.Cart/Get","code":0}]}]}"#;
     format!(
         r#"apiVersion: v1
 kind: Namespace
 metadata: {{name: shop}}
 ---
-{web}{api}apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: grpc, namespace: shop}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: grpc}}}}
-  template:
-    metadata: {{labels: {{app: grpc}}}}
-    spec:
-      containers:
-        - name: server
-          image: {APPS_IMAGE}
-          imagePullPolicy: Never
-          command: [/usr/local/bin/grpc-stack, server, "50051"]
-          readinessProbe: {{tcpSocket: {{port: 50051}}, periodSeconds: 1}}
----
-apiVersion: v1
-kind: Service
-metadata: {{name: grpc, namespace: shop}}
-spec:
-  selector: {{app: grpc}}
-  ports: [{{port: 50051, targetPort: 50051}}]
----
-apiVersion: apps/v1
+{web}{api}{grpc}apiVersion: apps/v1
 kind: Deployment
 metadata: {{name: client, namespace: shop}}
 spec:
@@ -98,6 +77,7 @@ spec:
 "#,
         web = http("web", 8080),
         api = http("api", 8081),
+        grpc = served("grpc", 50051, "/usr/local/bin/grpc-stack, server"),
     )
 }
 
