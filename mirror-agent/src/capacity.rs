@@ -318,10 +318,11 @@ mod tests {
         assert_eq!(m.replay, 4096 * 696);
         // The other maps: 46,162,656 bytes as the kernel counted them (bpftool's memlock) on 2
         // CPUs, the flow cache (1,052,672), the HTTP/2 maps (h2_conns 4,211,584, h2_streams
-        // 2,425,728), the DNS queries awaiting their responses (dns_queries 1,704,832) and
-        // iface_scopes (328,720; port_rules, 11,011,264, kept its size with the scope in its
-        // key: keys take 8 bytes either way) among them; the per-CPU latency histograms are the
-        // largest and grow with CPUs.
+        // 2,425,728 then, an LRU hash; 2,490,368 as the array of buckets it is now), the DNS
+        // queries awaiting their responses (dns_queries 1,704,832) and iface_scopes (328,720;
+        // port_rules, 11,011,264, kept its size with the scope in its key: keys take 8 bytes
+        // either way) among them; the per-CPU latency histograms are the largest and grow with
+        // CPUs.
         // The drop program's maps (drop_events, drop_windows, drop_counts, drop_scratch) and
         // status_rules' 256 slots of drop reasons came after that count: added as modelled.
         let drops: u64 = map_memory(65_536, 16_384, 4096, 2)

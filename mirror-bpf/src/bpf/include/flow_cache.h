@@ -35,17 +35,26 @@ struct {
 #define FLOW_CACHE_P1 0x9E3779B97F4A7C15ULL
 #define FLOW_CACHE_P2 0xC2B2AE3D27D4EB4FULL
 
-/* flow_cache_index - this CPU's slot for @k: a multiply-xor hash of its five 64-bit words. */
-static __always_inline __u32 flow_cache_index(const struct flow_key *k)
+/* flow_key_mix - a multiply-xor hash of the five 64-bit words of @k, @seed folded into the
+ * first: its upper 32 bits are well mixed. */
+static __always_inline __u64 flow_key_mix(const struct flow_key *k, __u64 seed)
 {
     const __u64 *w = (const __u64 *)k;
-    __u64 h = w[0] * FLOW_CACHE_P1;
+    __u64 h = (w[0] ^ seed) * FLOW_CACHE_P1;
 
     _Static_assert(sizeof(*k) == 40, "five words");
     h = (h ^ (h >> 29) ^ w[1]) * FLOW_CACHE_P2;
     h = (h ^ (h >> 29) ^ w[2]) * FLOW_CACHE_P1;
     h = (h ^ (h >> 29) ^ w[3]) * FLOW_CACHE_P2;
     h = (h ^ (h >> 29) ^ w[4]) * FLOW_CACHE_P1;
+    return h;
+}
+
+/* flow_cache_index - this CPU's slot for @k. */
+static __always_inline __u32 flow_cache_index(const struct flow_key *k)
+{
+    __u64 h = flow_key_mix(k, 0);
+
     _Static_assert((FLOW_CACHE_SLOTS & (FLOW_CACHE_SLOTS - 1)) == 0, "a power of two");
     return bpf_get_smp_processor_id() * FLOW_CACHE_SLOTS + (__u32)(h >> 32) % FLOW_CACHE_SLOTS;
 }

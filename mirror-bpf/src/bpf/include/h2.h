@@ -38,6 +38,10 @@
 #define H2_PADDED 0x8
 #define H2_PRIORITY_FLAG 0x20
 #define H2_FRAME_HEADER 9
+/* Bytes of the segment read at once from a frame's start (the window, in the scratch buffer):
+ * the headers of the frames after it and their header blocks are read from there while they
+ * fall inside it: one read for a segment of small frames, not two per frame. */
+#define H2_WINDOW HTTP_SCAN_MAX
 #define H2_PREFACE_LEN 24
 /* The largest frame a peer may send without raising SETTINGS_MAX_FRAME_SIZE. */
 #define H2_FRAME_DEFAULT_MAX 16384
@@ -193,10 +197,14 @@ static __always_inline void h2_start(struct http_scratch *s, struct flow_timing 
     cnt->v[STAT_H2_CONNECTIONS]++;
 }
 
+/* Fields read per step of the field loop: each step is a call (and a return). */
+#define H2_FIELDS_PER_STEP 2
+
 /*
- * h2_field_step - one field of the header block being read (bpf_loop callback: its body is
- * verified once, not once per field), @ctx the direction's table state (a pointer to it, on the
- * caller's stack); its result (see hpack_field) kept in h2.field_result.
+ * h2_field_step - the next H2_FIELDS_PER_STEP fields of the header block being read (bpf_loop
+ * callback: its body is verified once, not once per step), @ctx the direction's table state (a
+ * pointer to it, on the caller's stack); the last result (see hpack_field) kept in
+ * h2.field_result.
  * @return 1 to stop: at the block's end, or when it could not be read.
  */
 static long h2_field_step(__u64 i, void *ctx)
@@ -207,7 +215,10 @@ static long h2_field_step(__u64 i, void *ctx)
 
     if (!s)
         return 1;
-    int r = hpack_field(s, *d);
+    int r = 0;
+#pragma unroll
+    for (int k = 0; k < H2_FIELDS_PER_STEP && !r; k++)
+        r = hpack_field(s, *d);
     s->h2.field_result = r;
     return r != 0;
 }
@@ -217,10 +228,11 @@ static long h2_field_step(__u64 i, void *ctx)
  * first @n bytes are in s->buf, for h2_block: read next, by the frame loop (h2_frame_step), not
  * from inside h2_frame (each call frame's stack adds up along a chain).
  */
-static __always_inline void h2_block_of(struct h2_scratch *h, __u32 n, __u32 flen, __u32 type,
-                                        __u32 flags, __u32 stream)
+static __always_inline void h2_block_of(struct h2_scratch *h, __u32 at, __u32 n, __u32 flen,
+                                        __u32 type, __u32 flags, __u32 stream)
 {
     h->ready = H2_READY_BLOCK;
+    h->block_at = at;
     h->block_n = n;
     h->frame_len = flen;
     h->frame_type = type;
@@ -231,33 +243,31 @@ static __always_inline void h2_block_of(struct h2_scratch *h, __u32 n, __u32 fle
 /*
  * h2_block - the header block of the frame described in s->h2 (h2_block_of) of s->meta's
  * direction, its first bytes in s->buf: read each field (hpack.h) into s->h2, with the
- * direction's table state; a HEADERS block is then decided (h2_decide, called next by the frame
- * loop). A global function: verified once, run per header block.
+ * direction's table state in @c (the connection's, looked up once per segment by the frame
+ * loop); a HEADERS block is then decided (h2_decide, called next by the frame loop). A global
+ * function: verified once, run per header block.
  */
-__noinline int h2_block(struct http_scratch *s)
+__noinline int h2_block(struct http_scratch *s, struct h2_conn *c)
 {
     __u32 zero = 0;
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
 
-    if (!s || !cnt)
-        return 0;
-    struct h2_conn *c = h2_conn_get(&s->meta.key, 1);
-    if (!c)
+    if (!s || !c || !cnt)
         return 0;
     struct h2_dir *d = &c->dir[s->meta.dir & 1];
     struct h2_scratch *h = &s->h2;
     __u32 n = h->block_n, flen = h->frame_len, type = h->frame_type, flags = h->frame_flags;
-    __u32 start = 0, end = n, block_end = flen;
+    __u32 at = h->block_at & (H2_WINDOW - 1), start = at, end = at + n, block_end = at + flen;
     /* The block is what the padding and the priority or promised stream leave. */
     if (flags & H2_PADDED) {
-        __u32 pad = s->buf[0];
-        start = 1;
+        __u32 pad = s->buf[at];
+        start = at + 1;
         if (pad + 1 > flen) {
             hpack_lost(d);
             cnt->v[STAT_H2_LOST]++;
             return 0;
         }
-        block_end = flen - pad;
+        block_end = at + flen - pad;
         if (block_end < end)
             end = block_end;
     }
@@ -274,11 +284,12 @@ __noinline int h2_block(struct http_scratch *s)
     h->path_len = 0;
     h->stream.authority.len = 0;
     h->field_result = 0;
-    bpf_loop(H2_BLOCK_FIELDS, h2_field_step, &d, 0);
+    _Static_assert(H2_BLOCK_FIELDS % H2_FIELDS_PER_STEP == 0, "whole steps");
+    bpf_loop(H2_BLOCK_FIELDS / H2_FIELDS_PER_STEP, h2_field_step, &d, 0);
     int r = h->field_result;
     /* Not read whole (cut, malformed, too many fields, or continued in CONTINUATION frames):
      * the insertions it made are not all known. */
-    int whole = r == 1 && block_end <= n;
+    int whole = r == 1 && block_end <= at + n;
     if (!(flags & H2_END_HEADERS)) {
         cnt->v[STAT_H2_CONTINUATION]++;
         whole = 0;
@@ -294,12 +305,13 @@ __noinline int h2_block(struct http_scratch *s)
 
 /*
  * h2_header_frame - a frame that carries a header block (@f), its payload from payload offset
- * @pay of this segment: read the block when it ends here; keep its bytes when it ends in a later
- * segment (HTTP2_BLOCK, the position then at the segment's end). Inlined into h2_frame.
+ * @pay of this segment, its first @peeked bytes in the window at @at of s->buf: read the block
+ * when it ends here (from the window when it is whole there); keep its bytes when it ends in a
+ * later segment (HTTP2_BLOCK, the position then at the segment's end). Inlined into h2_frame.
  */
 static __always_inline int h2_header_frame(struct __sk_buff *skb, struct http_scratch *s,
                                            struct flow_timing *t, __u32 pay, __u32 flen, __u32 type,
-                                           __u32 flags, __u32 stream)
+                                           __u32 flags, __u32 stream, __u32 at, __u32 peeked)
 {
     __u32 zero = 0;
     struct counters *cnt = bpf_map_lookup_elem(&stats, &zero);
@@ -315,17 +327,22 @@ static __always_inline int h2_header_frame(struct __sk_buff *skb, struct http_sc
     if (pay > len)
         return 0;
     __u32 here = len - pay;
+    if (flen <= peeked) {
+        h2_block_of(&s->h2, at, flen, flen, type, flags, stream);
+        return 0;
+    }
+    s->h2.win_len = 0; /* the buffer holds this block from here */
     if (flen <= here) {
         /* Its first HTTP_SCAN_MAX bytes: a larger block is read that far (and lost after). */
         __u64 n = flen > HTTP_SCAN_MAX ? HTTP_SCAN_MAX : flen;
         asm volatile("%0 &= 0x3ff" : "+r"(n));
         if (n > HTTP_SCAN_MAX || (n && bpf_skb_load_bytes(skb, m->payload_off + pay, s->buf, n)))
             return 0;
-        h2_block_of(&s->h2, n, flen, type, flags, stream);
+        h2_block_of(&s->h2, 0, n, flen, type, flags, stream);
         return 0;
     }
-    /* The block ends in a later segment: the table state is needed here (h2_block looks it up
-     * for a block read at once). */
+    /* The block ends in a later segment: the table state is needed here (the frame loop looks
+     * it up for a block read at once). */
     struct h2_conn *c = h2_conn_get(&m->key, 1);
     if (!c)
         return 0;
@@ -415,6 +432,7 @@ static __always_inline int h2_block_rest(struct __sk_buff *skb, struct http_scra
         pos->stop = 1;
         return 0;
     }
+    s->h2.win_len = 0; /* the buffer holds the block from here */
     __builtin_memcpy(s->buf, d->block, H2_BLOCK_MAX);
     __u64 k = rest;
     asm volatile("%0 &= 0x1ff" : "+r"(k));
@@ -423,7 +441,7 @@ static __always_inline int h2_block_rest(struct __sk_buff *skb, struct http_scra
         h2_block_lost(d, pos, cnt);
         return 0;
     }
-    h2_block_of(&s->h2, total, total, d->block_type, d->block_flags, d->block_stream);
+    h2_block_of(&s->h2, 0, total, total, d->block_type, d->block_flags, d->block_stream);
     pos->off = off + rest;
     pos->state = HTTP2_FRAME;
     return 0;
@@ -475,16 +493,39 @@ __noinline int h2_frame(struct __sk_buff *skb, struct http_scratch *s, struct fl
         pos->stop = 1;
         return 0;
     }
-    __u64 k = need;
-    asm volatile("%0 &= 0xf" : "+r"(k));
-    if (k < 1 || k > H2_FRAME_HEADER ||
-        bpf_skb_load_bytes(skb, m->payload_off + off, &h->hdr[kept], k)) {
+    /* A header whole in this segment is read from the window (H2_WINDOW bytes of the segment
+     * in s->buf), read anew from here when the header is not inside it. */
+    __u32 peeked = 0, rel = 0;
+    int fail = 0;
+    if (kept) {
+        __u64 k = need;
+        asm volatile("%0 &= 0xf" : "+r"(k));
+        fail = k < 1 || k > H2_FRAME_HEADER ||
+               bpf_skb_load_bytes(skb, m->payload_off + off, &h->hdr[kept], k);
+    } else {
+        if (!h->win_len || off < h->win_off || off + H2_FRAME_HEADER > h->win_off + h->win_len) {
+            __u64 k = avail > H2_WINDOW ? H2_WINDOW : avail;
+            asm volatile("%0 &= 0x3ff" : "+r"(k));
+            h->win_len = 0;
+            fail = k < H2_FRAME_HEADER || k > H2_WINDOW ||
+                   bpf_skb_load_bytes(skb, m->payload_off + off, s->buf, k);
+            if (!fail) {
+                h->win_off = off;
+                h->win_len = k;
+            }
+        }
+        rel = (off - h->win_off) & (H2_WINDOW - 1);
+        peeked = h->win_off + h->win_len - (off + H2_FRAME_HEADER);
+        if (rel + H2_FRAME_HEADER > H2_WINDOW)
+            fail = 1;
+    }
+    if (fail) {
         pos->state = HTTP_SCAN;
         pos->stop = 1;
         return 0;
     }
     struct h2_frame_hdr f;
-    h2_parse_hdr(h->hdr, &f);
+    h2_parse_hdr(kept ? h->hdr : &s->buf[rel], &f);
     if (!h2_plausible(&f, 0)) {
         /* Not a frame where one was due: the framing is lost. */
         pos->state = HTTP_SCAN;
@@ -496,7 +537,8 @@ __noinline int h2_frame(struct __sk_buff *skb, struct http_scratch *s, struct fl
     pos->off = pay + f.len;
     pos->state = HTTP2_FRAME;
     if (f.type == H2_HEADERS || f.type == H2_PUSH_PROMISE || f.type == H2_CONTINUATION)
-        h2_header_frame(skb, s, t, pay, f.len, f.type, f.flags, f.stream);
+        h2_header_frame(skb, s, t, pay, f.len, f.type, f.flags, f.stream, rel + H2_FRAME_HEADER,
+                        peeked);
     else if ((f.type == H2_DATA && f.flags & H2_END_STREAM) || f.type == H2_RST_STREAM)
         h2_stream_end(s, f.stream, f.type == H2_RST_STREAM);
     if (pos->off >= len)
@@ -519,15 +561,21 @@ __noinline int h2_segment(struct __sk_buff *skb, struct http_scratch *s, struct 
         return 0;
     struct http_pos *pos = &s->pos;
     __u32 len = s->meta.payload_len;
+    /* The connection's table state: one lookup for the segment's blocks. */
+    struct h2_conn *c = NULL;
 
     pos->stop = 0;
+    s->h2.win_len = 0;
     for (int i = 0; i < H2_SEGMENT_FRAMES; i++) {
         if (pos->stop || pos->off >= len || pos->state < HTTP2_FRAME)
             break;
         s->h2.ready = H2_READY_NONE;
         h2_frame(skb, s, t);
-        if (s->h2.ready == H2_READY_BLOCK)
-            h2_block(s);
+        if (s->h2.ready == H2_READY_BLOCK) {
+            if (!c)
+                c = h2_conn_get(&s->meta.key, 1);
+            h2_block(s, c);
+        }
         if (s->h2.ready != H2_READY_DECIDE)
             continue;
         s->h2.rule_status = 0;

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * This file contains what an HTTP/2 header block, once read (h2.h, hpack.h), makes of its
- * stream and flow. A request's block (:method, :path) opens its stream in h2_streams: its
+ * stream and flow. A request's block (:method, :path) opens its stream (h2_streams.h): its
  * time, "METHOD path" as its head, its :authority and its kept segment (replay.h). A response's
  * block (:status) is timed against it (request HEADERS to response HEADERS: the histogram of
  * the interface and class, as for HTTP/1.x) and matched against the rules like an HTTP/1.x
@@ -19,8 +19,9 @@
 #include "timing.h"
 #include "trigger.h"
 #include "replay.h"
+#include "h2_streams.h"
 
-/* h2_stream_key_of - the h2_streams key of @stream under @key, in @k. */
+/* h2_stream_key_of - the key of @stream under @key, in @k. */
 static __always_inline void h2_stream_key_of(struct h2_stream_key *k, const struct flow_key *key,
                                              __u32 stream)
 {
@@ -37,10 +38,13 @@ static __always_inline void h2_stream_end(struct http_scratch *s, __u32 stream, 
 {
     struct h2_stream_key *k = &s->h2.key;
 
+    __u32 way = 0, seq = 0;
+
     h2_stream_key_of(k, &s->meta.key, stream);
-    struct h2_stream *st = bpf_map_lookup_elem(&h2_streams, k);
-    if (st && (rst || st->dir != s->meta.dir))
-        bpf_map_delete_elem(&h2_streams, k);
+    struct h2_stream_bucket *b = h2_stream_bucket_of(k);
+    if (b && h2_stream_find(b, k, &way, &seq) &&
+        (rst || b->way[way & (H2_STREAM_WAYS - 1)].st.dir != s->meta.dir))
+        h2_stream_close(b, way, seq);
 }
 
 /*
@@ -96,7 +100,7 @@ static __always_inline int h2_covered(__u16 port, __u16 status, __u32 scope)
 
 /*
  * h2_request - a request's header block on @stream (what it says in s->h2): its stream opens
- * in h2_streams, with its head "METHOD path", time, :authority and kept segment. A global
+ * (h2_streams.h), with its head "METHOD path", time, :authority and kept segment. A global
  * function: verified once, run per request.
  */
 __noinline int h2_request(struct __sk_buff *skb, struct http_scratch *s, struct flow_timing *t,
@@ -124,7 +128,7 @@ __noinline int h2_request(struct __sk_buff *skb, struct http_scratch *s, struct 
     t->req_dir = m->dir + 1;
     struct h2_stream_key *k = &h->key;
     h2_stream_key_of(k, &m->key, stream);
-    bpf_map_update_elem(&h2_streams, k, ns, BPF_ANY);
+    h2_stream_open(h2_stream_bucket_of(k), k, ns);
     return 0;
 }
 
@@ -155,24 +159,14 @@ __noinline int h2_decide(struct __sk_buff *skb, struct http_scratch *s, struct f
     /* The stream's request: under this key, or across NAT under the other. */
     struct h2_stream_key *k = &h->key;
     h2_stream_key_of(k, &m->key, stream);
-    struct h2_stream *st = bpf_map_lookup_elem(&h2_streams, k);
-    if (!st && nat_peer(skb, m, t, &s->peer, 1)) {
+    __u32 way = 0, seq = 0;
+    struct h2_stream_bucket *b = h2_stream_bucket_of(k);
+    int e = h2_stream_find(b, k, &way, &seq);
+    if (!e && nat_peer(skb, m, t, &s->peer, 1)) {
         h2_stream_key_of(k, &s->peer, stream);
-        st = bpf_map_lookup_elem(&h2_streams, k);
+        b = h2_stream_bucket_of(k);
+        e = h2_stream_find(b, k, &way, &seq);
     }
-    /* Stream 1 after Upgrade: h2c answers the HTTP/1.1 request that asked for it. */
-    int upgraded = !st && stream == 1 && t->req_head != t->req_tail;
-    __u32 up_state = REQUEST_NONE;
-    struct http_request *up = upgraded ? request_pending(t, &up_state) : NULL;
-    if (!st && !upgraded)
-        cnt->v[STAT_H2_STREAM_MISSED]++;
-    __u64 now = m->now, ts = 0;
-    if (st)
-        ts = st->req.ts_ns;
-    else if (up)
-        ts = up->ts_ns;
-    __u64 took = ts && now >= ts ? now - ts : 0;
-    s->trigger.took = took;
     __u16 port = m->src_port;
     __u32 grpc_code = GRPC_STATUS_BASE + ((grpc - 1) & (GRPC_STATUS_CODES - 1));
     /* Seen at ingress, the answer comes from the pod behind the veth: its rules (scope.h). */
@@ -180,17 +174,37 @@ __noinline int h2_decide(struct __sk_buff *skb, struct http_scratch *s, struct f
     h->rule_scope = scope;
     int want = (status >= 200 && h2_covered(port, status, scope)) ||
                (grpc && h2_covered(port, grpc_code, scope));
-    if (want) {
-        /* The request, for the rules' filters and the event. */
-        struct h2_stream *rq = &h->stream;
+    /* The request, for the rules' filters and the event: copied, then kept only if its way was
+     * not written meanwhile (h2_streams.h). */
+    struct h2_stream *rq = &h->stream;
+    __u64 ts = 0;
+    if (e && b) {
+        const struct h2_stream *st = &b->way[way & (H2_STREAM_WAYS - 1)].st;
+        ts = st->req.ts_ns;
+        if (want)
+            __builtin_memcpy(rq, st, sizeof(*rq));
+        if (!h2_stream_stable(b, way, seq)) {
+            e = 0;
+            ts = 0;
+        }
+    }
+    /* Stream 1 after Upgrade: h2c answers the HTTP/1.1 request that asked for it. */
+    int upgraded = !e && stream == 1 && t->req_head != t->req_tail;
+    __u32 up_state = REQUEST_NONE;
+    struct http_request *up = upgraded ? request_pending(t, &up_state) : NULL;
+    if (!e && !upgraded)
+        cnt->v[STAT_H2_STREAM_MISSED]++;
+    if (up)
+        ts = up->ts_ns;
+    __u64 now = m->now;
+    __u64 took = ts && now >= ts ? now - ts : 0;
+    s->trigger.took = took;
+    if (want && !e) {
         rq->req.head_len = 0;
         rq->req.replay = 0;
         rq->authority.len = 0;
-        if (st) {
-            __builtin_memcpy(rq, st, sizeof(*rq));
-        } else if (up) {
+        if (up)
             __builtin_memcpy(&rq->req, up, sizeof(rq->req));
-        }
     }
     if (upgraded)
         t->req_head++;
@@ -219,8 +233,8 @@ __noinline int h2_decide(struct __sk_buff *skb, struct http_scratch *s, struct f
         if (want)
             h->rule_grpc = grpc_code;
     }
-    if (st && flags & H2_END_STREAM)
-        bpf_map_delete_elem(&h2_streams, k);
+    if (e && b && flags & H2_END_STREAM)
+        h2_stream_close(b, way, seq);
     return 0;
 }
 

@@ -114,16 +114,18 @@ struct {
 } h2_conns SEC(".maps");
 
 /*
- * Key: struct h2_stream_key. Value: struct h2_stream.
+ * Key: bucket. Value: struct h2_stream_bucket (H2_STREAM_WAYS streams).
  * The HTTP/2 requests awaiting their responses (and trailers), one per stream, under the key
- * their request was seen with (h2_decide.h): streams of one connection are answered in any
- * order, which the flow's HTTP/1.x queue (flow_timing) cannot say. Deleted at the stream's end.
+ * their request was seen with (h2_streams.h): streams of one connection are answered in any
+ * order, which the flow's HTTP/1.x queue (flow_timing) cannot say. Freed at the stream's end.
  */
 struct {
-    __uint(type, BPF_MAP_TYPE_LRU_HASH);
-    __uint(max_entries, H2_STREAMS_MAX);
-    __type(key, struct h2_stream_key);
-    __type(value, struct h2_stream);
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, H2_STREAM_BUCKETS);
+    /* Values from a page's start: each bucket's heads in one cache line. */
+    __uint(map_flags, BPF_F_MMAPABLE);
+    __type(key, __u32);
+    __type(value, struct h2_stream_bucket);
 } h2_streams SEC(".maps");
 
 /* Key: 0. Value: struct http_scratch, per CPU: the HTTP stage's buffers. */

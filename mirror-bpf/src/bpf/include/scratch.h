@@ -121,19 +121,39 @@ struct zero_values {
     struct h2_conn h2;
 };
 
-/* h2_streams key: a stream of an HTTP/2 connection, under the key its request was seen with. */
+/* A stream of an HTTP/2 connection, under the key its request was seen with. */
 struct h2_stream_key {
     struct flow_key key;
     __u32 stream;
     __u32 _pad;
 };
 
-/* h2_streams value: a request awaiting its response (and, for gRPC, its trailers). */
+/* A request awaiting its response (and, for gRPC, its trailers). */
 struct h2_stream {
     struct http_request req;    /* head: "METHOD path"; ts_ns; replay: its segment's slot */
     struct host_text authority; /* its :authority */
     __u8 dir;                   /* enum flow_dir of the request */
     __u8 _pad[7];
+};
+
+/* What the stream table looks at first of a way (h2_streams.h): a bucket's four in one line. */
+struct h2_way_head {
+    __u32 seq;    /* even: as written; odd: being written (a sequence lock) */
+    __u32 stream; /* the stream's id (0: the way is free) */
+    __u64 ts_ns;  /* its request's time: the oldest request's way is taken when none is free */
+};
+
+/* The rest of a way. */
+struct h2_way {
+    struct flow_key key; /* the key its request was seen with */
+    struct h2_stream st;
+};
+
+/* h2_streams value: a bucket of the stream table (h2_streams.h), a whole number of lines. */
+struct h2_stream_bucket {
+    struct h2_way_head head[H2_STREAM_WAYS];
+    struct h2_way way[H2_STREAM_WAYS];
+    __u8 _pad[(64 - sizeof(struct h2_way) * H2_STREAM_WAYS % 64) % 64];
 };
 
 /* Per-CPU scratch space of the HTTP/2 stage: what a header block says, as it is read. */
@@ -152,6 +172,10 @@ struct h2_scratch {
     __u32 huff_state;         /* its decoder state (hpack_huffman.h) */
     __u32 huff_flags;         /* its last entry's flags (HUFFMAN_ACCEPT, HUFFMAN_FAIL) */
     __u32 block_n;            /* bytes of the frame's payload in buf */
+    __u32 block_at;           /* where in buf they start (within the window when read with the
+                               * frame's header, else 0) */
+    __u32 win_off;            /* the window of the segment in buf (h2.h): its payload offset */
+    __u32 win_len;            /* and its bytes (0: buf holds something else) */
     __u32 frame_len;          /* the frame carrying the block: its payload's length */
     __u32 frame_stream;       /* its stream */
     __u8 frame_type;          /* its type */

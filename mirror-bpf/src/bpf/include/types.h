@@ -104,12 +104,14 @@ enum mirror_limits {
     H2_TABLE_RING = 128,
     /* Bytes of a Huffman-coded string decoded (enough for H2_TEXT characters but the rarest). */
     H2_HUFFMAN_IN = 128,
-    /* h2_conns entries (HTTP/2 connections followed at once: 2 KiB each) and h2_streams
-     * entries (requests awaiting their responses or trailers: 240 bytes each); LRU maps, so a
+    /* h2_conns entries (HTTP/2 connections followed at once: 2 KiB each), an LRU map, so a
      * connection pushed out is followed again from its next block (its earlier table entries
-     * then unresolved). Their 6.7 MiB are in the agent's fixed memory (capacity.rs). */
+     * then unresolved); h2_streams' buckets of H2_STREAM_WAYS requests awaiting their responses
+     * or trailers (1,216 bytes each: h2_streams.h). Their 6.4 MiB are in the agent's fixed
+     * memory (capacity.rs). */
     H2_CONNS_MAX = 2048,
-    H2_STREAMS_MAX = 8192,
+    H2_STREAM_WAYS = 4,
+    H2_STREAM_BUCKETS = 2048,
     /* flow_cache slots of each CPU (a power of two): 4096 x 128 bytes, 512 KiB per CPU. */
     FLOW_CACHE_SLOTS = 4096,
     /* Packets of one direction a cached flow counts before its counts are written back to
