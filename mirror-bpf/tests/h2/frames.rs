@@ -318,3 +318,61 @@ fn retransmissions_and_gaps() {
         [(Some(5), Some("/r5".into()))]
     );
 }
+
+/// More streams awaiting answers than the stream table holds (8,192 ways): 20 connections of
+/// 500 requests each, none answered, each request's path naming its connection and stream.
+/// Then a 500 on each connection, to its oldest request on the first ten and to its latest on
+/// the last one: every request an event names is the one answered (a request pushed out of the
+/// table is not named, never another), some of the oldest were pushed out (the table is full:
+/// counted as streams missed), and the newest request of all is named.
+#[test]
+fn a_full_stream_table_names_no_other_request() {
+    const CONNS: u16 = 20;
+    const STREAMS: u32 = 500;
+    let Some(bed) = Bed::new(&["status=500"]) else { return };
+    let path = |conn: u16, stream: u32| format!("/c{conn}/s{stream}");
+    let mut conns: Vec<Conn> = (0..CONNS).map(|i| Conn::new(47500 + i, PORT_HTTP)).collect();
+    for (i, c) in conns.iter_mut().enumerate() {
+        let i = i as u16;
+        open(&bed, c, &[(1, Block::request("GET", &path(i, 1), "table.example"))]);
+        for first in (3..2 * STREAMS).step_by(100) {
+            let heads: Vec<u8> = (first..first + 100)
+                .step_by(2)
+                .flat_map(|s| {
+                    Headers::new(s, &Block::request("GET", &path(i, s), "table.example")).end_stream().build()
+                })
+                .collect();
+            let d = bed.run(&c.client(&heads));
+            assert_eq!(h2c(&d).requests, 50, "connection {i}, streams from {first}");
+        }
+    }
+    let last = 2 * STREAMS - 1;
+    let mut answered = Vec::new();
+    for (i, c) in conns.iter_mut().enumerate() {
+        let stream = if i < 10 {
+            1
+        } else if i == usize::from(CONNS) - 1 {
+            last
+        } else {
+            continue;
+        };
+        answered.push((i as u16, stream));
+        let d = bed.run(&c.server(&h2::headers(stream, &Block::new().status(500))));
+        assert_eq!(h2c(&d).triggers, 1, "connection {i}");
+    }
+    let events = bed.take();
+    assert_eq!(events.len(), answered.len(), "{events:?}");
+    let mut missed = 0;
+    for ((conn, stream), e) in answered.iter().zip(&events) {
+        assert_eq!(e.stream, Some(*stream));
+        match e.target.as_deref() {
+            Some(target) => assert_eq!(target, path(*conn, *stream), "the request named"),
+            None => missed += 1,
+        }
+    }
+    assert!(missed > 0, "none of the ten oldest requests was pushed out: {events:?}");
+    let newest = events.last().unwrap();
+    assert_eq!(newest.target.as_deref(), Some(path(CONNS - 1, last).as_str()), "the newest request");
+    let c = bed.dp.counters().unwrap();
+    assert!(c.get(S::STAT_H2_STREAM_MISSED) >= missed, "{missed} not named");
+}
