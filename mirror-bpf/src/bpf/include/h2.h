@@ -40,8 +40,10 @@
 #define H2_FRAME_HEADER 9
 /* Bytes of the segment read at once from a frame's start (the window, in the scratch buffer):
  * the headers of the frames after it and their header blocks are read from there while they
- * fall inside it: one read for a segment of small frames, not two per frame. */
+ * fall inside it: one read for a segment of small frames, not two per frame. After a frame
+ * longer than that (DATA of a large answer: its next header is far), H2_WINDOW_NEAR. */
 #define H2_WINDOW HTTP_SCAN_MAX
+#define H2_WINDOW_NEAR 64
 #define H2_PREFACE_LEN 24
 /* The largest frame a peer may send without raising SETTINGS_MAX_FRAME_SIZE. */
 #define H2_FRAME_DEFAULT_MAX 16384
@@ -504,7 +506,8 @@ __noinline int h2_frame(struct __sk_buff *skb, struct http_scratch *s, struct fl
                bpf_skb_load_bytes(skb, m->payload_off + off, &h->hdr[kept], k);
     } else {
         if (!h->win_len || off < h->win_off || off + H2_FRAME_HEADER > h->win_off + h->win_len) {
-            __u64 k = avail > H2_WINDOW ? H2_WINDOW : avail;
+            __u32 size = h->win_far ? H2_WINDOW_NEAR : H2_WINDOW;
+            __u64 k = avail > size ? size : avail;
             asm volatile("%0 &= 0x3ff" : "+r"(k));
             h->win_len = 0;
             fail = k < H2_FRAME_HEADER || k > H2_WINDOW ||
@@ -534,6 +537,7 @@ __noinline int h2_frame(struct __sk_buff *skb, struct http_scratch *s, struct fl
         return 0;
     }
     __u32 pay = off + need;
+    h->win_far = f.len >= H2_WINDOW;
     pos->off = pay + f.len;
     pos->state = HTTP2_FRAME;
     if (f.type == H2_HEADERS || f.type == H2_PUSH_PROMISE || f.type == H2_CONTINUATION)
@@ -566,6 +570,7 @@ __noinline int h2_segment(struct __sk_buff *skb, struct http_scratch *s, struct 
 
     pos->stop = 0;
     s->h2.win_len = 0;
+    s->h2.win_far = 0;
     for (int i = 0; i < H2_SEGMENT_FRAMES; i++) {
         if (pos->stop || pos->off >= len || pos->state < HTTP2_FRAME)
             break;

@@ -176,6 +176,7 @@ struct h2_scratch {
                                * frame's header, else 0) */
     __u32 win_off;            /* the window of the segment in buf (h2.h): its payload offset */
     __u32 win_len;            /* and its bytes (0: buf holds something else) */
+    __u32 win_far;            /* the last frame ran past a window's size: read little next */
     __u32 frame_len;          /* the frame carrying the block: its payload's length */
     __u32 frame_stream;       /* its stream */
     __u8 frame_type;          /* its type */
