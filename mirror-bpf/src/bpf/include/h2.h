@@ -227,7 +227,7 @@ static long h2_field_step(__u64 i, void *ctx)
 
 /*
  * h2_block_of - the frame (@type, @flags, @stream, payload of @flen bytes) whose header block's
- * first @n bytes are in s->buf, for h2_block: read next, by the frame loop (h2_frame_step), not
+ * first @n bytes are in s->buf from @at, for h2_block: read next, by the frame loop (h2_frame_step), not
  * from inside h2_frame (each call frame's stack adds up along a chain).
  */
 static __always_inline void h2_block_of(struct h2_scratch *h, __u32 at, __u32 n, __u32 flen,

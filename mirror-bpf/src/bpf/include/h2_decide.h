@@ -37,7 +37,6 @@ static __always_inline void h2_stream_key_of(struct h2_stream_key *k, const stru
 static __always_inline void h2_stream_end(struct http_scratch *s, __u32 stream, int rst)
 {
     struct h2_stream_key *k = &s->h2.key;
-
     __u32 way = 0, seq = 0;
 
     h2_stream_key_of(k, &s->meta.key, stream);
