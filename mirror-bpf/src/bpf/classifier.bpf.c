@@ -250,7 +250,7 @@ int proto_http1(struct __sk_buff *skb)
         return TC_ACT_UNSPEC;
     struct flow_cache_slot *fs = slot_get(&hs->meta);
     struct counters *cnt = counters_get();
-    if (http1_stage(skb, hs, fs, cnt) == PROG_HTTP2)
+    if (MIRROR_PROFILE_STOP != PROFILE_STOP_DISPATCH && http1_stage(skb, hs, fs, cnt) == PROG_HTTP2)
         bpf_tail_call_static(skb, &proto_progs, PROG_HTTP2);
     return verdict(hs->meta.method, packet_finish(skb, hs, fs, cnt));
 }

@@ -97,4 +97,15 @@ const volatile __u32 sock_length_tps = 0;
 
 #endif /* MIRROR_TRACING_PROGRAMS */
 
+/* ---- profiling builds: not a knob ---- */
+
+/* MIRROR_PROFILE_STOP, from MIRROR_BPF_PROFILE_STOP at build time (build.rs): a build for the
+ * benchmark's ladder whose HTTP/1 program stops at a stage, to measure what each part of a
+ * message's work costs (docs/benchmarks.md). Such a build follows no message. */
+#ifndef MIRROR_PROFILE_STOP
+#define MIRROR_PROFILE_STOP 0
+#endif
+#define PROFILE_STOP_DISPATCH 1 /* the HTTP/1 program is entered, reads nothing, finishes */
+#define PROFILE_STOP_SEGMENT 2  /* it reads where the stream stands and a message's first bytes */
+
 #endif /* MIRROR_CONFIG_H */

@@ -425,6 +425,10 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
         t = timing_get(fs, &m->key, 1, cnt);
         pos->created = 1;
     }
+    if (MIRROR_PROFILE_STOP == PROFILE_STOP_SEGMENT) {
+        pos->stop = 1;
+        return 0;
+    }
 
     /* The answer to the only request pending under this key (across NAT the requests are
      * under the other key, and responses framed), on a connection that never had more
