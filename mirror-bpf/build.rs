@@ -18,7 +18,9 @@ fn profile_stop() -> u32 {
                 "segment" => 2,
                 other => panic!("MIRROR_BPF_PROFILE_STOP={other}: expected dispatch or segment"),
             };
-            println!("cargo:warning=a profiling build (MIRROR_BPF_PROFILE_STOP={stop}): it follows no message");
+            println!(
+                "cargo:warning=a profiling build (MIRROR_BPF_PROFILE_STOP={stop}): it follows no message"
+            );
             n
         }
     }

@@ -376,3 +376,42 @@ fn a_full_stream_table_names_no_other_request() {
     let c = bed.dp.counters().unwrap();
     assert!(c.get(S::STAT_H2_STREAM_MISSED) >= missed, "{missed} not named");
 }
+
+/// More streams of one connection awaiting answers than its ring of buckets holds (128 ways):
+/// 1,000 requests, none answered, then an answer to each, the newest first, the oldest (in its
+/// ring) last with a 500. The streams past the ring are kept in their spill buckets: all but a
+/// few (a spill bucket can fill, 4 ways of 2,048 buckets) are found by their answers, and the
+/// one event names the oldest request.
+#[test]
+fn streams_past_a_connections_ring_are_kept() {
+    const STREAMS: u32 = 1000;
+    let Some(bed) = Bed::new(&["status=500"]) else { return };
+    let path = |stream: u32| format!("/ring/s{stream}");
+    let mut c = Conn::new(47600, PORT_HTTP);
+    open(&bed, &mut c, &[(1, Block::request("GET", &path(1), "ring.example"))]);
+    for first in (3..2 * STREAMS).step_by(100) {
+        let heads: Vec<u8> = (first..first + 100)
+            .step_by(2)
+            .flat_map(|s| {
+                Headers::new(s, &Block::request("GET", &path(s), "ring.example")).end_stream().build()
+            })
+            .collect();
+        let d = bed.run(&c.client(&heads));
+        assert_eq!(h2c(&d).requests, 50, "streams from {first}");
+    }
+    let mut missed = 0;
+    for s in (3..2 * STREAMS).step_by(2).rev() {
+        let d = h2c(&bed.run(&c.server(&h2::headers(s, &Block::new().status(200)))));
+        assert_eq!((d.responses, d.triggers), (1, 0), "stream {s}");
+        missed += d.stream_missed;
+    }
+    assert!(missed <= 5, "{missed} of {} answers found no stream", STREAMS - 1);
+    let d = bed.run(&c.server(&h2::headers(1, &Block::new().status(500))));
+    assert_eq!((h2c(&d).triggers, h2c(&d).stream_missed), (1, 0));
+    let events = bed.take();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        said(&events[0]),
+        (TriggerKind::Status, 500, Some(1), Some("GET"), Some("/ring/s1"), Some("ring.example"))
+    );
+}

@@ -40,8 +40,8 @@ static __always_inline void h2_stream_end(struct http_scratch *s, __u32 stream, 
     __u32 way = 0, seq = 0;
 
     h2_stream_key_of(k, &s->meta.key, stream);
-    struct h2_stream_bucket *b = h2_stream_bucket_of(k);
-    if (b && h2_stream_find(b, k, &way, &seq) &&
+    struct h2_stream_bucket *b = NULL;
+    if (h2_stream_lookup(k, &b, &way, &seq) && b &&
         (rst || b->way[way & (H2_STREAM_WAYS - 1)].st.dir != s->meta.dir))
         h2_stream_close(b, way, seq);
 }
@@ -127,7 +127,7 @@ __noinline int h2_request(struct __sk_buff *skb, struct http_scratch *s, struct 
     t->req_dir = m->dir + 1;
     struct h2_stream_key *k = &h->key;
     h2_stream_key_of(k, &m->key, stream);
-    h2_stream_open(h2_stream_bucket_of(k), k, ns);
+    h2_stream_open(k, ns);
     return 0;
 }
 
@@ -159,12 +159,11 @@ __noinline int h2_decide(struct __sk_buff *skb, struct http_scratch *s, struct f
     struct h2_stream_key *k = &h->key;
     h2_stream_key_of(k, &m->key, stream);
     __u32 way = 0, seq = 0;
-    struct h2_stream_bucket *b = h2_stream_bucket_of(k);
-    int e = h2_stream_find(b, k, &way, &seq);
+    struct h2_stream_bucket *b = NULL;
+    int e = h2_stream_lookup(k, &b, &way, &seq);
     if (!e && nat_peer(skb, m, t, &s->peer, 1)) {
         h2_stream_key_of(k, &s->peer, stream);
-        b = h2_stream_bucket_of(k);
-        e = h2_stream_find(b, k, &way, &seq);
+        e = h2_stream_lookup(k, &b, &way, &seq);
     }
     __u16 port = m->src_port;
     __u32 grpc_code = GRPC_STATUS_BASE + ((grpc - 1) & (GRPC_STATUS_CODES - 1));

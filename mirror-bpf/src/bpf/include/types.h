@@ -112,6 +112,9 @@ enum mirror_limits {
     H2_CONNS_MAX = 2048,
     H2_STREAM_WAYS = 4,
     H2_STREAM_BUCKETS = 2048,
+    /* The buckets a connection's streams go to in turn, by their ids, before their spill
+     * buckets (h2_streams.h): H2_STREAM_RING x H2_STREAM_WAYS streams of one connection. */
+    H2_STREAM_RING = 32,
     /* flow_cache slots of each CPU (a power of two): 4096 x 128 bytes, 512 KiB per CPU. */
     FLOW_CACHE_SLOTS = 4096,
     /* Packets of one direction a cached flow counts before its counts are written back to
