@@ -10,7 +10,7 @@
  * Two buckets may hold a stream. Its ring bucket: a connection's streams go to H2_STREAM_RING
  * consecutive buckets in turn, by their ids, so that a new stream lands where the connection's
  * streams of a little earlier were, answered and freed since: lines in the cache, not a random
- * line of the table's 2.5 MB (a request's bucket was cold a third of its cost). When its ring
+ * line of the table's 2.5 MB (a request's bucket, cold, was a quarter of its cost). When its ring
  * bucket has no free way (more than the ring holds awaiting answers at once), its spill bucket,
  * a hash of the connection and the stream: a request finding that one full takes the way of the
  * oldest request there, whose answer then finds no stream (counted, as a stream missed), never
@@ -43,7 +43,7 @@ static __always_inline __u64 h2_stream_conn(const struct h2_stream_key *k)
 }
 
 /* h2_ring_bucket - the ring bucket of stream @k of the connection hashed @conn (NULL only if
- * the map is smaller): ids 2n - 1 and 2n share one, the next ids the next one. */
+ * the map is smaller): ids 2n and 2n + 1 share one, the next ids the next one. */
 static __always_inline struct h2_stream_bucket *h2_ring_bucket(__u64 conn,
                                                                const struct h2_stream_key *k)
 {
