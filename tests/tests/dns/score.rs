@@ -172,9 +172,15 @@ pub(crate) fn verify(
     }
 
     // The mirror.
-    if let Err(diff) = expected.compare_mirror(&run.rec.mirror) {
-        failures.push(format!("mirror:\n{diff}"));
-    }
+    // A second query sent just before the mark may reach the classifier after it: copied with
+    // its flow then, not replayed.
+    let late = match expected.compare_mirror(&run.rec.mirror) {
+        Ok(late) => late,
+        Err(diff) => {
+            failures.push(format!("mirror:\n{diff}"));
+            0
+        }
+    };
     let alone = dns_oracle::answers_without_query(&run.rec.mirror);
     check(failures, alone == 0, || format!("{alone} answers on the mirror without their query"));
 
@@ -218,7 +224,7 @@ pub(crate) fn verify(
         ("DNS messages malformed", stat_idx::STAT_DNS_MALFORMED, 0),
         ("triggers", stat_idx::STAT_TRIGGERS, triggers),
         ("DNS triggers", stat_idx::STAT_DNS_TRIGGERS, triggers),
-        ("replayed", stat_idx::STAT_REPLAYED, expected.replays() as u64),
+        ("replayed", stat_idx::STAT_REPLAYED, (expected.replays() - late) as u64),
         ("replays missed", stat_idx::STAT_REPLAY_MISSED, 0),
         ("replays failed", stat_idx::STAT_REPLAY_FAILED, 0),
         ("mirrored", stat_idx::STAT_MIRRORED_PACKETS, mirrored),

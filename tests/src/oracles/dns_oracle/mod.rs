@@ -7,8 +7,10 @@
 //! after it (the triggering one; on a socket of glibc's, asking A and AAAA at once, the other one
 //! too when sent before the first answer) replayed as the client sent it, ahead of its answer,
 //! the triggering one ahead of every copy of the flow that carries data. A query sent after the
-//! mark is copied with its flow: replayed as well, it would be on the mirror twice. Nothing of
-//! the flows no rule marks.
+//! mark is copied with its flow: replayed as well, it would be on the mirror twice. Another query
+//! sent just before the mark may reach the classifier after it (the client's capture sees a
+//! query before the node-side veth does, and a response after it): copied once with its flow
+//! instead of replayed, it is right too. Nothing of the flows no rule marks.
 //!
 //! Copies are told apart by what NAT does not change: the client's address and port, the
 //! direction and the DNS message itself (over TCP the segment's numbers, flags and payload). A
@@ -432,6 +434,21 @@ mod tests {
         mirror.replayed_datagrams.pop();
         assert!(expected.compare_mirror(&mirror).unwrap_err().contains("no replay of the query"));
         assert_eq!(answers_without_query(&mirror), 1, "the AAAA answer alone");
+        // The AAAA query, sent just before the first answer, reached the classifier after the
+        // mark: copied with its flow, once, instead of replayed.
+        mirror.datagrams.insert(1, datagram(12, c, pod, message(2, false, 0, "x.example")));
+        assert_eq!(expected.compare_mirror(&mirror), Ok(1));
+        mirror.datagrams.insert(1, datagram(12, c, pod, message(2, false, 0, "x.example")));
+        assert!(expected.compare_mirror(&mirror).unwrap_err().contains("copied 2 times, never expected"));
+        // Sent long before the mark, it must be replayed: a copy does not stand for it.
+        let mut early = trace.clone();
+        for d in &mut early.datagrams[2..] {
+            d.ts_ns += 50_000_000;
+        }
+        let expected =
+            DnsExpected::new(&early, &exchanges(&early, 53), 53, |e| e.rcode == Some(Rcode::NXDOMAIN));
+        mirror.datagrams.remove(1);
+        assert!(expected.compare_mirror(&mirror).unwrap_err().contains("no replay of the query"));
     }
 
     fn segment(ts: u64, src: &str, dst: &str, seq: u32, ack: u32, flags: u8, payload: Vec<u8>) -> Packet {
