@@ -73,9 +73,17 @@ pub(crate) fn private_mount_refused(c: &Cluster, overlay: &Path) {
         said.contains(&format!("path \"{p}\" is mounted on \"{p}\" but it is not a shared mount"))
             && status == "CreateContainerError"
     });
-    c.kubectl_ok(&["delete", "-k", &overlay.display().to_string(), "--wait=true", "--timeout=120s"]);
+    // Its pods gone is what this step needs before the mount goes: the objects of the overlay
+    // applied again just after their deletion are not waited for (the API server's cleanup of
+    // a custom resource definition deleted that soon after its creation once outlasted 120 s;
+    // `uninstall` waits for all of them).
+    c.kubectl_ok(&["delete", "-k", &overlay.display().to_string(), "--wait=false"]);
+    let gone = wait_until(Duration::from_secs(60), || {
+        !c.plane.kubectl(&["-n", "mirror", "get", "pods", "-o", "name"]).stdout.iter().any(|_| true)
+    });
     mirror_bpf::testing::sh(&format!("umount {p}"));
     assert!(refused, "the private mount not refused as expected: pod {status}, events: {said}");
+    assert!(gone, "{}", c.describe("mirror"));
 }
 
 /// The cluster torn down: no mount, network namespace, process, kube-proxy rule, kubelet
