@@ -30,9 +30,7 @@ impl HostBefore {
 pub(crate) fn uninstall(c: &Cluster, overlay: &Path) -> Duration {
     let t = Instant::now();
     c.kubectl_ok(&["delete", "-k", &overlay.display().to_string(), "--wait=true", "--timeout=120s"]);
-    let gone = wait_until(Duration::from_secs(60), || {
-        !c.plane.kubectl(&["-n", "mirror", "get", "pods", "-o", "name"]).stdout.iter().any(|_| true)
-    });
+    let gone = pods_gone(c);
     assert!(gone, "{}", c.describe("mirror"));
     let took = t.elapsed();
     let links = c.node_sh("ip -o link show");
@@ -48,6 +46,13 @@ pub(crate) fn uninstall(c: &Cluster, overlay: &Path) -> Duration {
         .collect();
     assert!(pins.is_empty(), "pins left: {pins:?}");
     took
+}
+
+/// Whether the agent's pods are gone within a minute.
+fn pods_gone(c: &Cluster) -> bool {
+    wait_until(Duration::from_secs(60), || {
+        !c.plane.kubectl(&["-n", "mirror", "get", "pods", "-o", "name"]).stdout.iter().any(|_| true)
+    })
 }
 
 /// A node whose /sys/fs/bpf is a private mount: the runtime refuses the init container
@@ -78,9 +83,7 @@ pub(crate) fn private_mount_refused(c: &Cluster, overlay: &Path) {
     // a custom resource definition deleted that soon after its creation once outlasted 120 s;
     // `uninstall` waits for all of them).
     c.kubectl_ok(&["delete", "-k", &overlay.display().to_string(), "--wait=false"]);
-    let gone = wait_until(Duration::from_secs(60), || {
-        !c.plane.kubectl(&["-n", "mirror", "get", "pods", "-o", "name"]).stdout.iter().any(|_| true)
-    });
+    let gone = pods_gone(c);
     mirror_bpf::testing::sh(&format!("umount {p}"));
     assert!(refused, "the private mount not refused as expected: pod {status}, events: {said}");
     assert!(gone, "{}", c.describe("mirror"));
