@@ -473,8 +473,12 @@ __noinline int http_message(struct __sk_buff *skb, struct http_scratch *s,
             took = timing_response(skb, s, fs, t, status, &src, &owner, &state);
         if (state == REQUEST_NOT_KEPT)
             cnt->v[STAT_REQUEST_NOT_KEPT]++;
+        __u32 done = src ? src->number + 1 : 0;
         if (!pos->triggered)
             pos->triggered = decide_response(skb, s, t, status, took, src, owner, state);
+        /* Handled: its kept segment is free for the next request to take over (replay_keep). */
+        if (done && owner)
+            owner->req_done = done;
         if (http_no_body(status, &s->req)) {
             body = 0;
             chunked = 0;

@@ -196,8 +196,11 @@ static __always_inline __u32 replay_keep(struct __sk_buff *skb, struct http_scra
     __u32 latest = t->req_tail ? t->req[(t->req_tail - 1) % HTTP_PIPELINE].replay : 0;
     __u32 number;
     /* Only an HTTP/1.x request takes over its queue's latest slot: after an h2c upgrade, the
-     * upgrade request (answered in that queue by the 101) is still stream 1's request. */
-    if (t->req_head == t->req_tail && replay_held(latest) && !(t->h2 & (1 << (m->dir & 1))))
+     * upgrade request (answered in that queue by the 101) is still stream 1's request. And only
+     * once the latest request's answer was handled to its end (req_done): until then another
+     * CPU may be replaying that slot for it (this request crossed the answer on its way). */
+    if (t->req_head == t->req_tail && t->req_done == t->req_tail && replay_held(latest) &&
+        !(t->h2 & (1 << (m->dir & 1))))
         number = latest - 1;
     else
         number = __sync_fetch_and_add(&replay_next, 1);

@@ -502,7 +502,9 @@ struct flow_timing {
     __u32 req_ifindex; /* where the latest request was seen (for a no-response event) */
     __u32 req_gap;     /* a direction's framing was lost: requests numbered from req_gap - 1 on
                         * may not be the ones the responses answer (0: none; timing.h) */
-    __u32 _pad1;
+    __u32 req_done;    /* answers handled to their end (decided; replayed, when they triggered):
+                        * the latest request's kept segment is taken over only once
+                        * req_done == req_tail (replay.h) */
     struct http_stream stream[FLOW_DIRS];
     struct http_request req[HTTP_PIPELINE];
 };
