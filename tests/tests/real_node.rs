@@ -434,7 +434,10 @@ fn the_agent_killed_while_pods_change_adopts_the_data_path_and_catches_up() {
         .iter()
         .find(|f| f["lo"] == t.flow.lo.to_string().as_str() && f["hi"] == t.flow.hi.to_string().as_str())
         .unwrap_or_else(|| panic!("{t:?} not in {all:#?}"));
-    assert_eq!((&f["status"], f["mirrored_packets"].as_u64()), (&Value::from(500), Some(t.packets)), "{f:#}");
+    assert!(
+        f["status"] == 500 && f["mirrored_packets"].as_u64().is_some_and(|n| t.admits(n)),
+        "{t:?}: {f:#}"
+    );
     let ev = events(&env);
     assert!(ev.iter().any(|e| e["pod"] == "shop/web-0" && e["status"] == 500), "{ev:#?}");
     let (agent, _new) = last.expect("the second agent");

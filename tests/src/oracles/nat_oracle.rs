@@ -348,7 +348,8 @@ impl NatExpected {
     pub fn compare_mirror(&self, mirror: &Trace) -> Result<(), String> {
         let flows: BTreeSet<FlowKey> =
             self.connections.iter().flat_map(|c| [c.to_server, c.to_client]).collect();
-        let expected = Expected { triggered: Vec::new(), packets: self.packets.clone(), flows };
+        let expected =
+            Expected { triggered: Vec::new(), packets: self.packets.clone(), crossing: Vec::new(), flows };
         expected.compare_mirror(mirror).map_err(|diff| {
             let conns: Vec<String> = self.connections.iter().map(|c| format!("  {c}")).collect();
             format!("{diff}\nconnections:\n{}\ntriggered: {:?}", conns.join("\n"), self.triggered)

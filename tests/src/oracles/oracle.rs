@@ -114,10 +114,64 @@ pub struct TriggeredFlow {
     pub status: u16,
     /// Its packets from the trigger on.
     pub packets: u64,
+    /// Its packets that may have crossed the trigger (see [`CROSSING_NS`]): on the mirror or
+    /// not, each at most once, and counted by the mark when they are.
+    pub crossing: u64,
     /// Method of the request the triggering response answers, when seen.
     pub method: Option<String>,
     /// Its target.
     pub target: Option<String>,
+}
+
+/// How far from a trigger, as the capture on the client's side saw it, a packet of its flow
+/// may have been handled by the classifier at the same time on another CPU. Such a packet passed
+/// the classifier before the mark or after it, whatever its place in that capture:
+/// - a packet of the client sent shortly before the trigger reached it crossed the trigger on
+///   its way (an ACK, a pipelined request, an HTTP/2 frame): the data path rightly copies it
+///   when it passed after the mark, and rightly not when before;
+/// - a packet the server sent after the trigger may reach the client before it (TCP sends from
+///   two CPUs at once: the writer's and an ACK's; each CPU's queue is drained on its own);
+/// - a copy made on another CPU after the mark may reach a reader of the mirror ahead of the
+///   replay, which waits in the trigger's CPU's queue.
+///
+/// The capture cannot tell which, so the tests accept either within this much time.
+pub const CROSSING_NS: u64 = 10_000_000;
+
+/// Whether packet `i` of `reference` may have crossed the trigger, packet `at` (see
+/// [`CROSSING_NS`]): of the same flow, captured at most that long before it, and the other
+/// side's or sent after the trigger (its sequence number past the trigger's).
+pub fn crossed(reference: &Trace, i: usize, at: usize) -> bool {
+    let (p, trigger) = (&reference.packets[i], &reference.packets[at]);
+    let sent_after = p.src == trigger.src && (p.seq.wrapping_sub(trigger.seq) as i32) > 0;
+    i < at
+        && p.flow() == trigger.flow()
+        && (p.src == trigger.dst || sent_after)
+        && p.ts_ns + CROSSING_NS >= trigger.ts_ns
+}
+
+/// The packets of `reference` that may have crossed the trigger, packet `at`.
+pub fn crossing(reference: &Trace, at: usize) -> Vec<PacketId> {
+    (0..at).filter(|i| crossed(reference, *i, at)).map(|i| reference.packets[i].id()).collect()
+}
+
+/// The packets of the trigger's flow (the trigger, packet `at` of `reference`, left out) that
+/// may reach a reader of the mirror ahead of its replay: those captured within [`CROSSING_NS`]
+/// of it, before or after.
+pub fn near(reference: &Trace, at: usize) -> Vec<PacketId> {
+    let trigger = &reference.packets[at];
+    let id = trigger.id();
+    let close = |p: &&Packet| {
+        p.flow() == trigger.flow() && p.ts_ns.abs_diff(trigger.ts_ns) <= CROSSING_NS && p.id() != id
+    };
+    reference.packets.iter().filter(close).map(|p| p.id()).collect()
+}
+
+impl TriggeredFlow {
+    /// Whether a mark that charged `n` packets agrees: every packet from the trigger on, and
+    /// any of those that crossed it.
+    pub fn admits(&self, n: u64) -> bool {
+        (self.packets..=self.packets + self.crossing).contains(&n)
+    }
 }
 
 /// The expected mirror of a reference capture.
@@ -127,6 +181,8 @@ pub struct Expected {
     pub triggered: Vec<TriggeredFlow>,
     /// The packets the mirror must carry, in reference order.
     pub packets: Vec<PacketId>,
+    /// The packets the mirror may carry, once each: those that crossed a trigger.
+    pub crossing: Vec<PacketId>,
     /// Every connection of the reference capture.
     pub flows: BTreeSet<FlowKey>,
 }
@@ -156,6 +212,7 @@ impl Expected {
                     flow: c.flow,
                     status: r.status,
                     packets: 0,
+                    crossing: 0,
                     method: request.map(|q| q.method.clone()),
                     target: request.map(|q| q.target.clone()),
                 };
@@ -186,6 +243,7 @@ impl Expected {
                 flow: c.flow,
                 status: 0,
                 packets: 0,
+                crossing: 0,
                 method: request.map(|q| q.method.clone()),
                 target: request.map(|q| q.target.clone()),
             };
@@ -195,7 +253,8 @@ impl Expected {
     }
 
     /// The expected mirror given, per triggered flow, the index of its first packet to mirror
-    /// (what the flow's trigger says in `packets`, which this counts).
+    /// (what the flow's trigger says in `packets`, which this counts), and the packets of the
+    /// other side sent within [`CROSSING_NS`] before it (`crossing`).
     pub fn from_first(reference: &Trace, first: BTreeMap<FlowKey, (usize, TriggeredFlow)>) -> Expected {
         let mut e = Expected::default();
         let mut order: Vec<(usize, TriggeredFlow)> = first.into_values().collect();
@@ -210,6 +269,9 @@ impl Expected {
                 if i >= at {
                     e.triggered[t].packets += 1;
                     e.packets.push(p.id());
+                } else if crossed(reference, i, at) {
+                    e.triggered[t].crossing += 1;
+                    e.crossing.push(p.id());
                 }
             }
         }
@@ -230,7 +292,7 @@ impl Expected {
     }
 
     /// What differs between `mirror` and the expected packets; `Ok` when it holds exactly them,
-    /// each as often as the reference.
+    /// each as often as the reference, and of the packets that crossed a trigger, any.
     pub fn compare_mirror(&self, mirror: &Trace) -> Result<(), String> {
         let not_tcp = mirror.other + mirror.datagrams.len() + mirror.replayed_datagrams.len();
         if not_tcp != 0 {
@@ -242,13 +304,20 @@ impl Expected {
             m
         };
         let want = count(&mut self.packets.iter().copied());
+        let may = count(&mut self.crossing.iter().copied());
         let got = count(&mut mirror.packets.iter().map(|p| p.id()));
         let keys: BTreeSet<&PacketId> = want.keys().chain(got.keys()).collect();
         let diff: Vec<String> = keys
             .into_iter()
             .filter_map(|id| {
-                let (w, g) = (want.get(id).copied().unwrap_or(0), got.get(id).copied().unwrap_or(0));
-                (w != g).then(|| format!("  expected {w}, mirrored {g}: {id}"))
+                let of = |m: &BTreeMap<PacketId, i64>| m.get(id).copied().unwrap_or(0);
+                let (w, m, g) = (of(&want), of(&may), of(&got));
+                let shown = if m > 0 {
+                    format!("{w} (or up to {} as it crossed the trigger)", w + m)
+                } else {
+                    w.to_string()
+                };
+                (g < w || g > w + m).then(|| format!("  expected {shown}, mirrored {g}: {id}"))
             })
             .collect();
         if diff.is_empty() {
@@ -274,12 +343,15 @@ pub struct WantedReplay<'a> {
     pub segment: &'a Packet,
     /// The start of the request's line: method and target, e.g. `GET /bar `.
     pub line: &'a str,
+    /// The packets that may reach a reader ahead of the replay ([`near`]; others' are left
+    /// out); else only a client's ACK may.
+    pub near: &'a [PacketId],
 }
 
 /// The replay of `want` on `mirror`: the flow's only one, the request's segment (its addresses,
 /// ports, sequence and acknowledgment numbers and flags; its payload the segment's, up to what
 /// was kept, holding the request's line; its IP length what it carries), ahead of every copy
-/// of the flow that carries data. Why not, otherwise.
+/// of the flow that carries data, but those near the trigger. Why not, otherwise.
 pub fn check_replay<'m>(mirror: &'m Trace, want: &WantedReplay) -> Result<&'m Replayed, String> {
     let of_flow = |p: &Packet| want.keys.contains(&p.flow());
     let replays: Vec<&Replayed> = mirror.replayed.iter().filter(|r| of_flow(&r.packet)).collect();
@@ -306,11 +378,12 @@ pub fn check_replay<'m>(mirror: &'m Trace, want: &WantedReplay) -> Result<&'m Re
     if p.len as usize != p.payload.len() {
         wrong.push(format!("its IP header says {} bytes, it carries {}", p.len, p.payload.len()));
     }
-    // A packet handled on another CPU as the trigger was (a client's ACK) may reach a reader
-    // through its own CPU's queue first; none that carries data may.
+    // A packet handled on another CPU as the trigger was, after the mark, may reach a reader
+    // through its own CPU's queue first: a client's ACK, or a packet near the trigger (see
+    // CROSSING_NS). No other may, nor the trigger's own copy.
     let before: Vec<String> = mirror.packets[..r.after_copies]
         .iter()
-        .filter(|c| of_flow(c) && c.len > 0)
+        .filter(|c| of_flow(c) && c.len > 0 && !want.near.contains(&c.id()))
         .map(|c| c.id().to_string())
         .collect();
     if !before.is_empty() {
@@ -326,4 +399,90 @@ pub fn check_replay<'m>(mirror: &'m Trace, want: &WantedReplay) -> Result<&'m Re
         wrong.join("; "),
         String::from_utf8_lossy(&p.payload)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    const MS: u64 = 1_000_000;
+
+    /// A packet of the client (port 40000) or the server (port 80), at `ms` ms.
+    fn packet(from_server: bool, seq: u32, len: u32, ms: u64) -> Packet {
+        let (c, s): (SocketAddr, SocketAddr) =
+            ("198.18.1.3:40000".parse().unwrap(), "198.18.1.2:80".parse().unwrap());
+        let (src, dst) = if from_server { (s, c) } else { (c, s) };
+        Packet { ts_ns: ms * MS, src, dst, seq, ack: 0, flags: 0x18, len, payload: vec![b'x'; len as usize] }
+    }
+
+    fn mirror(of: &[&Packet]) -> Trace {
+        Trace { packets: of.iter().map(|p| (*p).clone()).collect(), ..Trace::default() }
+    }
+
+    #[test]
+    fn only_packets_that_crossed_the_trigger_may_be_copied_or_not() {
+        let early = packet(false, 1, 10, 0); // the request
+        let answer = packet(true, 1, 20, 1); // the server's, long before
+        let before = packet(false, 11, 5, 80); // the client's, 20 ms before
+        let crossed = packet(false, 16, 5, 95); // the client's, 5 ms before
+        let trigger = packet(true, 21, 30, 100);
+        let after = packet(false, 21, 0, 101);
+        let reference = mirror(&[&early, &answer, &before, &crossed, &trigger, &after]);
+        let t = TriggeredFlow {
+            flow: trigger.flow(),
+            status: 500,
+            packets: 0,
+            crossing: 0,
+            method: None,
+            target: None,
+        };
+        let e = Expected::from_first(&reference, BTreeMap::from([(trigger.flow(), (4, t))]));
+        assert_eq!(e.packets, vec![trigger.id(), after.id()]);
+        assert_eq!(e.crossing, vec![crossed.id()]);
+        let t = &e.triggered[0];
+        assert_eq!((t.packets, t.crossing), (2, 1));
+        assert!(t.admits(2) && t.admits(3) && !t.admits(1) && !t.admits(4));
+        // The crossed packet, copied or not, once at most; nothing earlier; nothing missing.
+        assert!(e.compare_mirror(&mirror(&[&trigger, &after])).is_ok());
+        assert!(e.compare_mirror(&mirror(&[&crossed, &trigger, &after])).is_ok());
+        assert!(e.compare_mirror(&mirror(&[&crossed, &crossed, &trigger, &after])).is_err());
+        assert!(e.compare_mirror(&mirror(&[&before, &trigger, &after])).is_err());
+        assert!(e.compare_mirror(&mirror(&[&answer, &trigger, &after])).is_err());
+        assert!(e.compare_mirror(&mirror(&[&crossed, &trigger])).is_err());
+        assert_eq!(crossing(&reference, 4), e.crossing);
+    }
+
+    #[test]
+    fn a_packet_sent_after_the_trigger_that_came_first_may_have_crossed_it() {
+        let trigger = packet(true, 100, 40, 100);
+        let overtook = packet(true, 140, 40, 99); // sent after it, came 1 ms before
+        let earlier = packet(true, 60, 40, 99); // sent before it
+        let reference = mirror(&[&earlier, &overtook, &trigger]);
+        assert_eq!(crossing(&reference, 2), vec![overtook.id()]);
+    }
+
+    #[test]
+    fn only_copies_near_the_trigger_may_reach_a_reader_ahead_of_the_replay() {
+        let request = packet(false, 1, 30, 0);
+        let before = packet(false, 31, 30, 50); // another request, 50 ms before
+        let crossed = packet(false, 61, 30, 99); // another, 1 ms before
+        let trigger = packet(true, 1, 40, 100);
+        let soon = packet(true, 41, 40, 102); // the next answer, 2 ms after
+        let late = packet(true, 81, 40, 150); // one 50 ms after
+        let reference = mirror(&[&request, &before, &crossed, &trigger, &soon, &late]);
+        let ahead = |copy: &Packet| Trace {
+            packets: vec![copy.clone(), trigger.clone()],
+            replayed: vec![Replayed { after_copies: 1, packet: request.clone() }],
+            ..Trace::default()
+        };
+        let near = near(&reference, 3);
+        assert_eq!(near, vec![crossed.id(), soon.id()]);
+        let want = WantedReplay { keys: &[trigger.flow()], segment: &request, line: "xxx", near: &near };
+        assert!(check_replay(&ahead(&crossed), &want).is_ok());
+        assert!(check_replay(&ahead(&soon), &want).is_ok());
+        assert!(check_replay(&ahead(&before), &want).is_err());
+        assert!(check_replay(&ahead(&late), &want).is_err());
+        assert!(check_replay(&ahead(&trigger), &want).is_err());
+    }
 }

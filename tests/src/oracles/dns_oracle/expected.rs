@@ -3,6 +3,7 @@
 //! answers; lookups through a search path.
 
 use super::*;
+use crate::oracles::oracle::CROSSING_NS;
 
 /// A flow a rule marks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,12 +125,6 @@ impl Sent {
     }
 }
 
-/// How long before a flow's mark (the marking response as the client captured it) a query can
-/// have been sent and still reach the classifier after the mark: the client's capture sees a
-/// query before the classifier on the node-side veth does, and a response after it, and the two
-/// run on different CPUs.
-const CAPTURE_SKEW_NS: u64 = 10_000_000;
-
 /// A query the data path must replay: the query of an exchange of a marked flow, sent before its
 /// mark and answered at or after it.
 #[derive(Debug, Clone)]
@@ -141,7 +136,7 @@ struct Replay {
     /// The query as the client sent it.
     query: Sent,
     /// The query as copied, when it may have reached the classifier after the mark (another
-    /// query than the marking one's, sent within CAPTURE_SKEW_NS of the mark): then copied
+    /// query than the marking one's, sent within [`CROSSING_NS`] of the mark): then copied
     /// once with its marked flow instead of replayed, it is on the mirror once all the same.
     late: Option<Wire>,
     /// Its answer, as copied.
@@ -260,7 +255,7 @@ impl DnsExpected {
                     Transport::Tcp => Sent::Segment(trace.packets[e.query].clone()),
                 };
                 let sent = ts_of(trace, e.transport, e.query);
-                let late = (i != mark.exchange && sent + CAPTURE_SKEW_NS >= mark.ts_ns)
+                let late = (i != mark.exchange && sent + CROSSING_NS >= mark.ts_ns)
                     .then(|| Wire::at(trace, e.transport, e.query, port))
                     .flatten();
                 let answer = Wire::at(trace, e.transport, answer, port);

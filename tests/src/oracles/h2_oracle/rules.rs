@@ -201,6 +201,7 @@ impl H2Expected {
                     flow: t.flow,
                     status: t.code as u16,
                     packets: 0,
+                    crossing: 0,
                     method: t.request.as_ref().map(|r| r.method.clone()),
                     target: t.request.as_ref().map(|r| r.path.clone()),
                 };
