@@ -170,6 +170,31 @@ fn under_pipelining_each_trigger_carries_the_request_it_concerns() {
     assert_eq!((events[0].kind, events[0].target.as_deref()), (TriggerKind::NoResponse, Some("/a")));
 }
 
+/// An answer seen again (a retransmission, or a segment that another CPU's queue let a later
+/// one overtake) answers no second request, though its direction is not framed (it answered the
+/// only request pending): the next 500 names the request it answered.
+#[test]
+fn an_answer_seen_twice_answers_one_request() {
+    let Some(bed) = Bed::new(&["status=500"]) else { return };
+    let dp = &bed.dp;
+    let reqs: [&[u8]; 3] =
+        [b"GET /a HTTP/1.1\r\n\r\n", b"GET /b HTTP/1.1\r\n\r\n", b"GET /c HTTP/1.1\r\n\r\n"];
+    let answer = to_client(45310, 5000, RESP_200);
+    ingress(dp, &to_server(45310, PORT_HTTP, 1000, reqs[0]));
+    ingress(dp, &answer);
+    let mut seq = 1000 + reqs[0].len() as u32;
+    for r in &reqs[1..] {
+        ingress(dp, &to_server(45310, PORT_HTTP, seq, r));
+        seq += r.len() as u32;
+    }
+    ingress(dp, &answer);
+    let d = ingress(dp, &to_client(45310, 5000 + RESP_200.len() as u32, RESP_500));
+    assert_eq!(d.get(S::STAT_TRIGGERS), 1, "{d:?}");
+    let events = bed.take();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].target.as_deref(), Some("/b"), "the 500 answered /b");
+}
+
 /// Filters: only the triggers whose request passes; the turned-down ones counted.
 #[test]
 fn request_filters_pick_the_requests_a_rule_applies_to() {

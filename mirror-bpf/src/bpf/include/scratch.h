@@ -38,7 +38,9 @@ enum http_stream_state {
     HTTP_ANSWERED = 5, /* responses only, their framing not followed: the last one answered the
                         * only request pending. A segment that starts with a status line is the
                         * next response when a request is pending again (the client sends the
-                        * next one only after this answer ended), body otherwise */
+                        * next one only after this answer ended), body otherwise. Followed
+                        * by sequence number all the same (stream_begin): a segment seen
+                        * already starts nothing, one past a gap loses the framing */
     HTTP2_FRAME = 6,   /* HTTP/2: the next frame header starts at next_seq */
     HTTP2_PARTIAL = 7, /* HTTP/2: a frame header starts at next_seq, its first partial_len bytes
                         * kept (partial) */

@@ -67,7 +67,20 @@ static __always_inline int stream_begin(struct http_scratch *s, struct flow_timi
     if (was == HTTP_CLOSE)
         return 0;
     if (was == HTTP_ANSWERED) {
-        /* Body, unless a request is pending: then a response may start the segment. */
+        /* Not framed, but followed by sequence number (next_seq: the end of the latest
+         * segment): a segment seen already (a retransmission, or one that another CPU's queue
+         * let a later one overtake) starts nothing, and one past a gap is a loss of framing (a
+         * response may hide in what was not seen). Else body, unless a request is pending:
+         * then a response may start the segment. */
+        if (delta > 0 && (__u32)delta >= len)
+            return 0;
+        if (delta < 0) {
+            pos->unframed = 1;
+            pos->state = HTTP_SCAN;
+            return 1;
+        }
+        st->next_seq = m->seq + len;
+        pos->off = delta;
         return t->req_head != t->req_tail;
     }
     if (was == HTTP_PARTIAL || was == HTTP2_PARTIAL) {
@@ -152,7 +165,8 @@ static __always_inline void stream_end(struct http_scratch *s, struct flow_cache
         !(pos->state == HTTP_ANSWERED && pos->was == HTTP_ANSWERED)) {
         struct http_stream *st = &t->stream[dir];
         st->state = pos->state;
-        st->next_seq = m->seq + pos->off;
+        /* An answered direction is followed to the end of its latest segment (stream_begin). */
+        st->next_seq = m->seq + (pos->state == HTTP_ANSWERED ? m->payload_len : pos->off);
         st->partial_len = 0;
     }
 }
