@@ -234,7 +234,13 @@ fn judge(
                     .and_then(|c| c.responses.get(k))
                     .map_or_else(Vec::new, |r| oracle::near(&rec.reference, r.packet));
                 let Some(segment) = segment else {
-                    t.wrong.push(format!("{what}: not in the client's capture"));
+                    let read: Vec<&str> = conversation
+                        .map_or_else(Vec::new, |c| c.requests.iter().map(|q| q.target.as_str()).collect());
+                    let packets = rec.reference.packets.iter().filter(|p| p.flow() == e.key).count();
+                    t.wrong.push(format!(
+                        "{what}: not in the client's capture (its {packets} packets there read as the requests \
+                         {read:?})"
+                    ));
                     continue;
                 };
                 let line = format!("GET {target} ");
