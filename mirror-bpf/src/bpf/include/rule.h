@@ -54,8 +54,13 @@ static __always_inline struct rule_action *rule_pick(struct rule_entry *e, __u64
     return rule_unfiltered(e, took);
 }
 
-/* rule_entries - the entries of (@port, @status) in @scope: port-scoped in @scoped (NULL when
- * the port has no rules of its own), any port's returned. */
+/*
+ * rule_entries - the entries of (@port, @status) in @scope: port-scoped in @scoped (NULL when
+ * the port has no rules of its own), any port's returned. The status_rules lookup is made in
+ * every scope: were it one branch and the port_rules lookup the other, the compiler could merge
+ * the two into one call on either map, which the verifier then cannot inline (a call through
+ * the map's operations instead of a few instructions).
+ */
 static __always_inline struct rule_entry *rule_entries(__u16 port, __u16 status, __u32 scope,
                                                        struct rule_entry **scoped)
 {
@@ -67,11 +72,12 @@ static __always_inline struct rule_entry *rule_entries(__u16 port, __u16 status,
         struct port_status_key k = {.port = port, .status = status, .scope = scope};
         *scoped = bpf_map_lookup_elem(&port_rules, &k);
     }
+    struct rule_entry *e = bpf_map_lookup_elem(&status_rules, &idx);
     if (scope) {
         struct port_status_key k = {.port = 0, .status = status, .scope = scope};
-        return bpf_map_lookup_elem(&port_rules, &k);
+        e = bpf_map_lookup_elem(&port_rules, &k);
     }
-    return bpf_map_lookup_elem(&status_rules, &idx);
+    return e;
 }
 
 /*
