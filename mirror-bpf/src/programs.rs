@@ -73,6 +73,56 @@ pub fn prog_info(fd: BorrowedFd<'_>) -> std::io::Result<(u32, u32)> {
     Ok((info.id, info.verified_insns))
 }
 
+/// The kernel's generic map helpers. The verifier turns a program's map lookup into a few
+/// inlined instructions (arrays) or a direct call of the map's own function (hash maps), and an
+/// update or delete into such a call, except where one call instruction may see two maps (the
+/// compiler merged two calls into one): that call stays a call of the helper, which calls the
+/// map's function through a pointer, a retpoline on this kind of CPU.
+const GENERIC_MAP_HELPERS: [&str; 3] = ["bpf_map_lookup_elem", "bpf_map_update_elem", "bpf_map_delete_elem"];
+
+/// The instruction offsets at which the program behind `fd`, as the verifier translated it,
+/// calls one of the generic map helpers (see GENERIC_MAP_HELPERS). Needs root: the kernel
+/// gives the calls' targets and its symbols' addresses only to it.
+pub fn generic_map_calls(fd: BorrowedFd<'_>) -> std::io::Result<Vec<usize>> {
+    let syms = std::fs::read_to_string("/proc/kallsyms")?;
+    let addr = |name: &str| {
+        syms.lines().find_map(|l| {
+            let mut f = l.split_whitespace();
+            let a = u64::from_str_radix(f.next()?, 16).ok()?;
+            (f.nth(1)? == name && a != 0).then_some(a)
+        })
+    };
+    let missing =
+        |what: &str| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{what}: no address"));
+    let base = addr("__bpf_call_base").ok_or_else(|| missing("__bpf_call_base"))?;
+    // A helper call's immediate is its address less __bpf_call_base (kernel/bpf/core.c).
+    let targets = GENERIC_MAP_HELPERS
+        .iter()
+        .map(|h| addr(h).map(|a| a.wrapping_sub(base) as i32).ok_or_else(|| missing(h)))
+        .collect::<std::io::Result<Vec<i32>>>()?;
+    let mut info = libbpf_sys::bpf_prog_info::default();
+    info_into(fd, &mut info)?;
+    let mut insns = vec![0u64; info.xlated_prog_len as usize / 8];
+    let mut info = libbpf_sys::bpf_prog_info {
+        xlated_prog_len: (insns.len() * 8) as u32,
+        xlated_prog_insns: insns.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    info_into(fd, &mut info)?;
+    // struct bpf_insn: code, registers (source in the high nibble), offset, immediate.
+    const CALL: u8 = 0x85; // BPF_JMP | BPF_CALL
+    Ok(insns
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| {
+            let b = i.to_le_bytes();
+            let imm = i32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+            b[0] == CALL && b[1] >> 4 == 0 && targets.contains(&imm)
+        })
+        .map(|(at, _)| at)
+        .collect())
+}
+
 /// Every program of `obj` that was loaded, with what loading it cost.
 pub(crate) fn stats(obj: &Object) -> Vec<ProgramStats> {
     let times = VERIFY_TIMES.lock().map(|t| t.clone()).unwrap_or_default();

@@ -1,8 +1,11 @@
 //! The classifier under BPF_PROG_TEST_RUN: parsing, HTTP recognition, rules, marks, limits,
 //! exactly-once across interfaces, fail-open. Needs root (fails without it in CI).
 
+use std::os::fd::AsFd;
 use std::thread::sleep;
 use std::time::Duration;
+
+use libbpf_rs::skel::Skel;
 
 use mirror_bpf::testing::rig::{self, Rig};
 use mirror_bpf::testing::{self, consts::*, fixtures, packet::*, SkbContext, VERDICT_CONTINUE};
@@ -58,6 +61,26 @@ fn fixtures_decide_as_expected() {
         failed.extend(decided.err());
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// No map lookup, update or delete of the data path is left to the kernel's generic helper:
+/// each is inlined or a direct call (see `generic_map_calls`). A lookup of the rules' status
+/// array that the compiler merged with a hash lookup once cost every HTTP/2 answer a call
+/// through the map's operations.
+#[test]
+fn every_map_call_of_the_data_path_is_inlined_or_direct() {
+    let Some(dp) = load() else { return };
+    let mut checked = 0;
+    let mut generic = Vec::new();
+    for p in dp.skel().object().progs().filter(|p| p.autoload()) {
+        let at = mirror_bpf::programs::generic_map_calls(p.as_fd()).expect("the translated program");
+        checked += 1;
+        if !at.is_empty() {
+            generic.push(format!("{}: at {at:?}", p.name().to_string_lossy()));
+        }
+    }
+    assert!(checked >= 5, "only {checked} programs were checked");
+    assert!(generic.is_empty(), "calls of the generic map helpers: {}", generic.join("; "));
 }
 
 /// test_run itself refuses frames shorter than Ethernet + 1 byte, and untagged IPv4/IPv6
