@@ -72,7 +72,8 @@ impl Capture {
             cmd.arg(filter);
         }
         let mut proc = Proc::spawn(&format!("tcpdump on {dev} in {}", ns.name()), &mut cmd);
-        proc.wait_for_output("listening on", Duration::from_secs(5));
+        // Its ring is allocated before it listens: a large -B on a busy machine took over 5 s.
+        proc.wait_for_output("listening on", Duration::from_secs(30));
         Capture { proc, file: file.to_path_buf() }
     }
 
