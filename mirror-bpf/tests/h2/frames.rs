@@ -415,3 +415,87 @@ fn streams_past_a_connections_ring_are_kept() {
         (TriggerKind::Status, 500, Some(1), Some("GET"), Some("/ring/s1"), Some("ring.example"))
     );
 }
+
+/// The streams of the table that hold a request: (bucket, stream) of each way taken.
+fn ways_taken(bed: &Bed) -> Vec<(u32, u32)> {
+    let map = &bed.dp.skel().maps.h2_streams;
+    let buckets = mirror_bpf::types::mirror_limits::H2_STREAM_BUCKETS.0;
+    let ways = mirror_bpf::types::mirror_limits::H2_STREAM_WAYS.0 as usize;
+    let mut taken = Vec::new();
+    for b in 0..buckets {
+        let v = map.lookup(&b.to_ne_bytes(), libbpf_rs::MapFlags::ANY).unwrap().expect("a bucket");
+        // The bucket's heads first, struct h2_way_head each: seq, stream (u32), time (u64).
+        for w in 0..ways {
+            let stream = u32::from_ne_bytes(v[16 * w + 4..16 * w + 8].try_into().unwrap());
+            if stream != 0 {
+                taken.push((b, stream));
+            }
+        }
+    }
+    taken
+}
+
+/// Across NAT a connection's answers pass under its other tuple (the pod's address, not the
+/// Service's): each answer finds the stream its request opened, and the stream is freed at
+/// its end, whether its END_STREAM comes in the segment of its HEADERS or in a later one, or
+/// the server resets it. The table holds no stream after.
+#[test]
+fn streams_answered_across_nat_are_freed_at_their_end() {
+    use mirror_bpf::testing::consts::V4_CLIENT;
+    use mirror_bpf::testing::packet::{tcp_flags, PacketBuilder};
+    use std::net::{Ipv4Addr, SocketAddr};
+    let Some(bed) = Bed::new(&["status=500"]) else { return };
+    let pod = Ipv4Addr::new(198, 18, 9, 9);
+    let mut c = Conn::new(47700, PORT_HTTP);
+    let service = c.key();
+    let behind = mirror_bpf::FlowKey::new(
+        SocketAddr::new(V4_CLIENT.into(), c.cport),
+        SocketAddr::new(pod.into(), PORT_HTTP),
+        6,
+    );
+    // What conntrack teaches the data path: each tuple's other one (struct flow_nat: the peer's
+    // key first).
+    for (k, peer) in [(service, behind), (behind, service)] {
+        let mut value = vec![0u8; std::mem::size_of::<mirror_bpf::types::flow_nat>()];
+        let peer = peer.to_raw();
+        let peer = testing::key_bytes(&peer);
+        value[..peer.len()].copy_from_slice(peer);
+        let k = k.to_raw();
+        bed.dp.skel().maps.flow_nat.update(testing::key_bytes(&k), &value, libbpf_rs::MapFlags::ANY).unwrap();
+    }
+    let heads: Vec<u8> = [1u32, 3, 5]
+        .iter()
+        .flat_map(|s| {
+            Headers::new(*s, &Block::request("GET", &format!("/nat/{s}"), "nat.example")).end_stream().build()
+        })
+        .collect();
+    assert_eq!(h2c(&bed.run(&client_opens(&mut c, &heads))).requests, 3);
+    assert_eq!(ways_taken(&bed).len(), 3, "the three requests' streams");
+    // The server's stream as the pod sends it.
+    let mut next = 0u32;
+    let mut from_pod = |payload: &[u8]| {
+        let seq = h2::FIRST_SEQ.wrapping_add(next);
+        next += payload.len() as u32;
+        PacketBuilder::ipv4(pod, V4_CLIENT)
+            .tcp(PORT_HTTP, c.cport, tcp_flags::ACK | tcp_flags::PSH)
+            .seq(seq)
+            .payload(payload)
+            .build()
+    };
+    let answer = |s: u32| h2::headers(s, &Block::new().status(200));
+    // Stream 1 ends in its answer's segment, 3 in the next segment, 5 is reset by the server.
+    let segments = [
+        [h2::server_settings(), h2::settings_ack(), answer(1), h2::data(1, true, b"one")].concat(),
+        answer(3),
+        h2::data(3, true, b"three"),
+        [answer(5), h2::rst_stream(5, 8)].concat(),
+    ];
+    let (mut responses, mut missed) = (0, 0);
+    for seg in &segments {
+        let d = h2c(&bed.run(&from_pod(seg)));
+        responses += d.responses;
+        missed += d.stream_missed;
+    }
+    assert_eq!((responses, missed), (3, 0), "each answer found its stream");
+    assert_eq!(ways_taken(&bed), vec![], "streams left in the table");
+}

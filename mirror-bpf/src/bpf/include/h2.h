@@ -544,7 +544,7 @@ __noinline int h2_frame(struct __sk_buff *skb, struct http_scratch *s, struct fl
         h2_header_frame(skb, s, t, pay, f.len, f.type, f.flags, f.stream, rel + H2_FRAME_HEADER,
                         peeked);
     else if ((f.type == H2_DATA && f.flags & H2_END_STREAM) || f.type == H2_RST_STREAM)
-        h2_stream_end(s, f.stream, f.type == H2_RST_STREAM);
+        h2_stream_end(skb, s, t, f.stream, f.type == H2_RST_STREAM);
     if (pos->off >= len)
         pos->stop = 1;
     return 0;
@@ -571,6 +571,7 @@ __noinline int h2_segment(struct __sk_buff *skb, struct http_scratch *s, struct 
     pos->stop = 0;
     s->h2.win_len = 0;
     s->h2.win_far = 0;
+    s->h2.open_stream = 0;
     for (int i = 0; i < H2_SEGMENT_FRAMES; i++) {
         if (pos->stop || pos->off >= len || pos->state < HTTP2_FRAME)
             break;

@@ -32,17 +32,33 @@ static __always_inline void h2_stream_key_of(struct h2_stream_key *k, const stru
 
 /*
  * h2_stream_end - a DATA frame with END_STREAM or a RST_STREAM (@rst) of @stream in s->meta's
- * direction: the stream is over when the server ends it (or either side resets it).
+ * direction: the stream is over when the server ends it (or either side resets it). The answer
+ * whose HEADERS came earlier in this segment (h2.open_stream) is freed where h2_decide found
+ * it, unless its way was written since; any other stream is looked up, as h2_decide does: under
+ * this key, or across NAT under the other (@skb, @t: the flow's shared entry).
  */
-static __always_inline void h2_stream_end(struct http_scratch *s, __u32 stream, int rst)
+static __always_inline void h2_stream_end(struct __sk_buff *skb, struct http_scratch *s,
+                                          struct flow_timing *t, __u32 stream, int rst)
 {
-    struct h2_stream_key *k = &s->h2.key;
-    __u32 way = 0, seq = 0;
-
-    h2_stream_key_of(k, &s->meta.key, stream);
+    struct h2_scratch *h = &s->h2;
+    struct pkt_meta *m = &s->meta;
+    struct h2_stream_key *k = &h->key;
+    __u32 way = 0, seq = 0, idx = 0;
     struct h2_stream_bucket *b = NULL;
-    if (h2_stream_lookup(k, &b, &way, &seq) && b &&
-        (rst || b->way[way & (H2_STREAM_WAYS - 1)].st.dir != s->meta.dir))
+
+    if (stream && stream == h->open_stream) {
+        h->open_stream = 0;
+        b = h2_bucket(h->open_bucket);
+        if (b && h2_stream_close(b, h->open_way, h->open_seq))
+            return;
+    }
+    h2_stream_key_of(k, &m->key, stream);
+    int e = h2_stream_lookup(k, &b, &idx, &way, &seq);
+    if (!e && nat_peer(skb, m, t, &s->peer, 0)) {
+        h2_stream_key_of(k, &s->peer, stream);
+        e = h2_stream_lookup(k, &b, &idx, &way, &seq);
+    }
+    if (e && b && (rst || b->way[way & (H2_STREAM_WAYS - 1)].st.dir != m->dir))
         h2_stream_close(b, way, seq);
 }
 
@@ -158,12 +174,12 @@ __noinline int h2_decide(struct __sk_buff *skb, struct http_scratch *s, struct f
     /* The stream's request: under this key, or across NAT under the other. */
     struct h2_stream_key *k = &h->key;
     h2_stream_key_of(k, &m->key, stream);
-    __u32 way = 0, seq = 0;
+    __u32 way = 0, seq = 0, idx = 0;
     struct h2_stream_bucket *b = NULL;
-    int e = h2_stream_lookup(k, &b, &way, &seq);
+    int e = h2_stream_lookup(k, &b, &idx, &way, &seq);
     if (!e && nat_peer(skb, m, t, &s->peer, 1)) {
         h2_stream_key_of(k, &s->peer, stream);
-        e = h2_stream_lookup(k, &b, &way, &seq);
+        e = h2_stream_lookup(k, &b, &idx, &way, &seq);
     }
     __u16 port = m->src_port;
     __u32 grpc_code = GRPC_STATUS_BASE + ((grpc - 1) & (GRPC_STATUS_CODES - 1));
@@ -176,9 +192,11 @@ __noinline int h2_decide(struct __sk_buff *skb, struct http_scratch *s, struct f
      * not written meanwhile (h2_streams.h). */
     struct h2_stream *rq = &h->stream;
     __u64 ts = 0;
+    __u32 server = 0;
     if (e && b) {
         const struct h2_stream *st = &b->way[way & (H2_STREAM_WAYS - 1)].st;
         ts = st->req.ts_ns;
+        server = st->dir != m->dir;
         if (want)
             __builtin_memcpy(rq, st, sizeof(*rq));
         if (!h2_stream_stable(b, way, seq)) {
@@ -231,8 +249,15 @@ __noinline int h2_decide(struct __sk_buff *skb, struct http_scratch *s, struct f
         if (want)
             h->rule_grpc = grpc_code;
     }
-    if (e && b && flags & H2_END_STREAM)
+    if (e && b && flags & H2_END_STREAM) {
         h2_stream_close(b, way, seq);
+    } else if (e && b && server) {
+        /* The server's answer, its body to come: where its END_STREAM frees it. */
+        h->open_stream = stream;
+        h->open_bucket = idx;
+        h->open_way = way;
+        h->open_seq = seq;
+    }
     return 0;
 }
 

@@ -42,29 +42,28 @@ static __always_inline __u64 h2_stream_conn(const struct h2_stream_key *k)
     return flow_key_mix(&k->key, 0);
 }
 
-/* h2_ring_bucket - the ring bucket of stream @k of the connection hashed @conn (NULL only if
- * the map is smaller): ids 2n and 2n + 1 share one, the next ids the next one. */
-static __always_inline struct h2_stream_bucket *h2_ring_bucket(__u64 conn,
-                                                               const struct h2_stream_key *k)
+/* h2_ring_index - the ring bucket of stream @k of the connection hashed @conn: ids 2n and
+ * 2n + 1 share one, the next ids the next one. */
+static __always_inline __u32 h2_ring_index(__u64 conn, const struct h2_stream_key *k)
 {
-    __u32 idx =
-        ((__u32)(conn >> 32) + ((k->stream >> 1) & (H2_STREAM_RING - 1))) & (H2_STREAM_BUCKETS - 1);
-
-    return bpf_map_lookup_elem(&h2_streams, &idx);
+    return ((__u32)(conn >> 32) + ((k->stream >> 1) & (H2_STREAM_RING - 1))) & (H2_STREAM_BUCKETS - 1);
 }
 
-/* h2_spill_bucket - the spill bucket of stream @k of the connection hashed @conn: a hash of
- * the connection and the id, outside the connection's ring (full when a stream spills). */
-static __always_inline struct h2_stream_bucket *h2_spill_bucket(__u64 conn,
-                                                                const struct h2_stream_key *k)
+/* h2_spill_index - the spill bucket of stream @k of the connection hashed @conn: a hash of the
+ * connection and the id, outside the connection's ring (full when a stream spills). */
+static __always_inline __u32 h2_spill_index(__u64 conn, const struct h2_stream_key *k)
 {
     __u64 h = flow_key_mix(&k->key, (__u64)k->stream << 32 | k->stream);
     __u32 base = (__u32)(conn >> 32), idx = (__u32)(h >> 32);
 
     if (((idx - base) & (H2_STREAM_BUCKETS - 1)) < H2_STREAM_RING)
         idx += H2_STREAM_RING;
-    idx &= H2_STREAM_BUCKETS - 1;
+    return idx & (H2_STREAM_BUCKETS - 1);
+}
 
+/* h2_bucket - bucket @idx of the table (NULL only if the map is smaller). */
+static __always_inline struct h2_stream_bucket *h2_bucket(__u32 idx)
+{
     return bpf_map_lookup_elem(&h2_streams, &idx);
 }
 
@@ -101,26 +100,28 @@ static __always_inline int h2_stream_find(struct h2_stream_bucket *b, const stru
 
 /*
  * h2_stream_lookup - the way holding stream @k: in its ring bucket, else in its spill bucket.
- * @b: set to the bucket (NULL when no way holds the stream). @way, @seq: see h2_stream_find.
+ * @b: set to the bucket (NULL when no way holds the stream), @idx to its index.
+ * @way, @seq: see h2_stream_find.
  * @return 1 when found.
  */
 static __always_inline int h2_stream_lookup(const struct h2_stream_key *k,
-                                            struct h2_stream_bucket **b, __u32 *way, __u32 *seq)
+                                            struct h2_stream_bucket **b, __u32 *idx, __u32 *way,
+                                            __u32 *seq)
 {
     __u64 conn = h2_stream_conn(k);
-    struct h2_stream_bucket *r = h2_ring_bucket(conn, k);
+    __u32 at = h2_ring_index(conn, k);
+    struct h2_stream_bucket *r = h2_bucket(at);
 
     *b = NULL;
-    if (h2_stream_find(r, k, way, seq)) {
-        *b = r;
-        return 1;
+    if (!h2_stream_find(r, k, way, seq)) {
+        at = h2_spill_index(conn, k);
+        r = h2_bucket(at);
+        if (!h2_stream_find(r, k, way, seq))
+            return 0;
     }
-    r = h2_spill_bucket(conn, k);
-    if (h2_stream_find(r, k, way, seq)) {
-        *b = r;
-        return 1;
-    }
-    return 0;
+    *b = r;
+    *idx = at;
+    return 1;
 }
 
 /* h2_stream_stable - was way @way of @b left as it was since its count read @seq
@@ -168,10 +169,10 @@ static __always_inline int h2_stream_open(const struct h2_stream_key *k, const s
     if (!k->stream)
         return -1;
     __u64 conn = h2_stream_conn(k);
-    struct h2_stream_bucket *b = h2_ring_bucket(conn, k);
+    struct h2_stream_bucket *b = h2_bucket(h2_ring_index(conn, k));
     int pick = b ? h2_stream_way(b, k, 0) : -1;
     if (pick < 0) {
-        b = h2_spill_bucket(conn, k);
+        b = h2_bucket(h2_spill_index(conn, k));
         if (!b)
             return -1;
         pick = h2_stream_way(b, k, 1);
@@ -189,15 +190,19 @@ static __always_inline int h2_stream_open(const struct h2_stream_key *k, const s
     return 0;
 }
 
-/* h2_stream_close - free way @way of @b, unless it was written since its count read @seq. */
-static __always_inline void h2_stream_close(struct h2_stream_bucket *b, __u32 way, __u32 seq)
+/*
+ * h2_stream_close - free way @way of @b, unless it was written since its count read @seq.
+ * @return 1 when freed.
+ */
+static __always_inline int h2_stream_close(struct h2_stream_bucket *b, __u32 way, __u32 seq)
 {
     struct h2_way_head *h = &b->head[way & (H2_STREAM_WAYS - 1)];
 
     if (__sync_val_compare_and_swap(&h->seq, seq, seq + 1) != seq)
-        return;
+        return 0;
     h->stream = 0;
     __sync_fetch_and_add(&h->seq, 1);
+    return 1;
 }
 
 #endif /* MIRROR_H2_STREAMS_H */

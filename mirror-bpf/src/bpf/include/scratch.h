@@ -189,6 +189,12 @@ struct h2_scratch {
     __u16 rule_status;  /* h2_decide: a :status some rule covers (0: none) */
     __u16 rule_grpc;    /* h2_decide: a grpc-status pseudo-status some rule covers (0: none) */
     __u32 rule_scope;   /* h2_decide: the scope whose rules h2_rule looks up (scope.h) */
+    /* h2_decide: the stream whose answer's HEADERS this segment carried, left open for its
+     * DATA to end (0: none), and where: its bucket, its way, the way's count when found. */
+    __u32 open_stream;
+    __u32 open_bucket;
+    __u32 open_way;
+    __u32 open_seq;
     __u8 hdr[24];       /* a frame header: bytes kept from earlier segments, then these */
     __u8 method[16];
     __u8 path[H2_TEXT];
