@@ -46,7 +46,8 @@ static __always_inline __u64 h2_stream_conn(const struct h2_stream_key *k)
  * 2n + 1 share one, the next ids the next one. */
 static __always_inline __u32 h2_ring_index(__u64 conn, const struct h2_stream_key *k)
 {
-    return ((__u32)(conn >> 32) + ((k->stream >> 1) & (H2_STREAM_RING - 1))) & (H2_STREAM_BUCKETS - 1);
+    return ((__u32)(conn >> 32) + ((k->stream >> 1) & (H2_STREAM_RING - 1))) &
+           (H2_STREAM_BUCKETS - 1);
 }
 
 /* h2_spill_index - the spill bucket of stream @k of the connection hashed @conn: a hash of the

@@ -195,7 +195,7 @@ struct h2_scratch {
     __u32 open_bucket;
     __u32 open_way;
     __u32 open_seq;
-    __u8 hdr[24];       /* a frame header: bytes kept from earlier segments, then these */
+    __u8 hdr[24]; /* a frame header: bytes kept from earlier segments, then these */
     __u8 method[16];
     __u8 path[H2_TEXT];
     __u8 text[H2_TEXT + 8]; /* a string decoded (Huffman) or copied */
