@@ -195,6 +195,32 @@ fn an_answer_seen_twice_answers_one_request() {
     assert_eq!(events[0].target.as_deref(), Some("/b"), "the 500 answered /b");
 }
 
+/// An answer past a gap in its direction (a segment not seen, or one handled at the same time
+/// on another CPU) names no request: an answer may have hidden in what was not seen. Three
+/// requests pipelined, the answer to the first seen, the second's not, then the 500 to the
+/// third: it is not kept, never named /b.
+#[test]
+fn an_answer_past_a_gap_names_no_request() {
+    let Some(bed) = Bed::new(&["status=500"]) else { return };
+    let dp = &bed.dp;
+    let mut seq = 1000;
+    for r in [b"GET /a HTTP/1.1\r\n\r\n", b"GET /b HTTP/1.1\r\n\r\n", b"GET /c HTTP/1.1\r\n\r\n"] {
+        ingress(dp, &to_server(45320, PORT_HTTP, seq, r));
+        seq += r.len() as u32;
+    }
+    ingress(dp, &to_client(45320, 5000, RESP_200));
+    // The answer to /b, at 5000 + RESP_200.len(), is not seen.
+    let d = ingress(dp, &to_client(45320, 5000 + 2 * RESP_200.len() as u32, RESP_500));
+    assert_eq!((d.get(S::STAT_TRIGGERS), d.get(S::STAT_REQUEST_NOT_KEPT)), (1, 1), "{d:?}");
+    let events = bed.take();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        (events[0].request_state, events[0].target.as_deref()),
+        (mirror_bpf::event::RequestState::NotKept, None),
+        "the 500 past the gap"
+    );
+}
+
 /// Filters: only the triggers whose request passes; the turned-down ones counted.
 #[test]
 fn request_filters_pick_the_requests_a_rule_applies_to() {

@@ -7,8 +7,10 @@
 //! request its first 5xx answered, whose segment is the replay on the mirror ahead of the flow's
 //! copies, or says `not kept` and nothing is replayed: never another request. (The copies
 //! themselves are judged by the accuracy and replay tests.) A flow keeps
-//! HTTP_PIPELINE (8) requests pending: the answer to one pushed out by the eighth after it is
-//! the only one allowed to say `not kept`. Prints a table per stack: right, not kept, wrong.
+//! HTTP_PIPELINE (8) requests pending: the answer to one pushed out by the eighth after it may
+//! say `not kept`, and so may an answer on a connection whose segments of one side the
+//! classifier may have handled two at once, on two CPUs (a loss of framing there, which the
+//! data path must have counted). Prints a table per stack: right, not kept, wrong.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -130,6 +132,8 @@ struct Tally {
     not_kept: usize,
     /// Of those, on a connection whose answers came out of order (see [`out_of_order`]).
     reordered: usize,
+    /// Of those, on a connection whose segments of one side came close together (see [`raced`]).
+    raced: usize,
     wrong: Vec<String>,
 }
 
@@ -146,6 +150,21 @@ fn out_of_order(reference: &Trace, flow: FlowKey, server: SocketAddr) -> bool {
         end = Some(p.seq.wrapping_add(p.len));
     }
     false
+}
+
+/// Whether two segments in a row of one side of `flow` were captured so close together
+/// (within [`oracle::CROSSING_NS`]) that the classifier may have handled them at the same
+/// time, each on a CPU of its own: TCP sends a connection's segments from the writer's CPU and
+/// from the one that handles its ACKs. The later one then finds its direction's framing not
+/// yet moved past the earlier one, a gap: the answers from there name no request until the
+/// count is certain again ("not kept"), never another one.
+fn raced(reference: &Trace, flow: FlowKey) -> bool {
+    let mut last: BTreeMap<SocketAddr, u64> = BTreeMap::new();
+    reference.packets.iter().filter(|p| p.flow() == flow && p.len > 0).any(|p| {
+        let close = last.get(&p.src).is_some_and(|t| p.ts_ns.saturating_sub(*t) <= oracle::CROSSING_NS);
+        last.insert(p.src, p.ts_ns);
+        close
+    })
 }
 
 /// Runs one stack's connections, all at once, and judges each event.
@@ -276,6 +295,9 @@ fn judge(
                 {
                     t.not_kept += 1;
                     t.reordered += 1;
+                } else if raced(&rec.reference, e.key) {
+                    t.not_kept += 1;
+                    t.raced += 1;
                 } else {
                     t.wrong.push(format!("{what}: not kept, though at most {depth} were pending before it"));
                 }
@@ -296,9 +318,14 @@ fn judge(
     if c.get(stat_idx::STAT_REQUEST_NOT_KEPT) < t.not_kept as u64 {
         t.wrong.push(format!("{} not kept, counted {}", t.not_kept, c.get(stat_idx::STAT_REQUEST_NOT_KEPT)));
     }
+    // A race loses a direction's framing: the data path counted one at least.
+    if t.raced > 0 && c.get(stat_idx::STAT_HTTP_UNFRAMED) == 0 {
+        t.wrong.push(format!("{} not kept after segments close together, but no framing was lost", t.raced));
+    }
     eprintln!(
         "{}: {} connections, {} got a 5xx: {} named right ({} replayed in a segment kept up to \
-         before it), {} not kept ({} on a connection whose answers came out of order), {} wrong\n{}",
+         before it), {} not kept ({} on a connection whose answers came out of order, {} whose \
+         segments came close together), {} wrong\n{}",
         stack.name,
         t.connections,
         t.failing,
@@ -306,6 +333,7 @@ fn judge(
         t.cut,
         t.not_kept,
         t.reordered,
+        t.raced,
         t.wrong.len(),
         t.wrong.join("\n")
     );

@@ -45,6 +45,19 @@ static __always_inline struct flow_cache_slot *slot_get(const struct pkt_meta *m
 }
 
 /*
+ * stream_gap - the segment of s->meta starts past where its direction's next message was due
+ * (a segment not seen, or one another CPU is handling at this very time): the framing is lost,
+ * and the request queue of @t is uncertain from here (request_gap) before any message of this
+ * segment is matched, since one may have hidden in what was not seen.
+ */
+static __always_inline void stream_gap(struct http_scratch *s, struct flow_timing *t)
+{
+    s->pos.unframed = 1;
+    s->pos.state = HTTP_SCAN;
+    request_gap(t, s->meta.dir & 1);
+}
+
+/*
  * stream_begin - where the direction of s->meta stands before this segment, from its shared
  * entry @t (may be NULL: not followed yet), into s->pos.
  * @return 1 when the segment is to be read, 0 when it cannot start a message (body, or a
@@ -75,8 +88,7 @@ static __always_inline int stream_begin(struct http_scratch *s, struct flow_timi
         if (delta > 0 && (__u32)delta >= len)
             return 0;
         if (delta < 0) {
-            pos->unframed = 1;
-            pos->state = HTTP_SCAN;
+            stream_gap(s, t);
             return 1;
         }
         st->next_seq = m->seq + len;
@@ -84,15 +96,17 @@ static __always_inline int stream_begin(struct http_scratch *s, struct flow_timi
         return t->req_head != t->req_tail;
     }
     if (was == HTTP_PARTIAL || was == HTTP2_PARTIAL) {
-        /* The continuation starts right after the kept bytes; anything else: forget them. */
+        /* The continuation starts right after the kept bytes; anything else: forget them, and
+         * the message they began with them (a gap: it may not be found again). */
         pos->partial = delta + (__s32)st->partial_len == 0;
-        pos->state = !pos->partial ? HTTP_SCAN : was == HTTP_PARTIAL ? HTTP_AT : HTTP2_FRAME;
-        pos->unframed = was == HTTP2_PARTIAL && !pos->partial;
+        if (pos->partial)
+            pos->state = was == HTTP_PARTIAL ? HTTP_AT : HTTP2_FRAME;
+        else
+            stream_gap(s, t);
     } else if (was != HTTP_SCAN) {
         if (delta < 0) {
             /* Past the next message without having seen it: a gap. */
-            pos->unframed = 1;
-            pos->state = HTTP_SCAN;
+            stream_gap(s, t);
         } else if ((__u32)delta >= len) {
             return 0; /* body only (or a retransmission of it) */
         } else {
