@@ -221,6 +221,42 @@ fn an_answer_past_a_gap_names_no_request() {
     );
 }
 
+/// A gap on the answers' side after one on the requests' side: the answers are uncertain from
+/// the oldest pending request, not only from the requests after the first gap. Four requests,
+/// the fourth's segment not seen and a fifth past it; the answer to /a seen, /b's not, then
+/// the 500 to /c: not kept, never named /b.
+#[test]
+fn a_gap_in_the_answers_after_one_in_the_requests_names_no_request() {
+    let Some(bed) = Bed::new(&["status=500"]) else { return };
+    let dp = &bed.dp;
+    let mut seq = 1000;
+    for (i, r) in [
+        b"GET /a HTTP/1.1\r\n\r\n",
+        b"GET /b HTTP/1.1\r\n\r\n",
+        b"GET /c HTTP/1.1\r\n\r\n",
+        b"GET /d HTTP/1.1\r\n\r\n",
+        b"GET /e HTTP/1.1\r\n\r\n",
+    ]
+    .iter()
+    .enumerate()
+    {
+        if i != 3 {
+            ingress(dp, &to_server(45330, PORT_HTTP, seq, *r));
+        }
+        seq += r.len() as u32;
+    }
+    ingress(dp, &to_client(45330, 5000, RESP_200));
+    let d = ingress(dp, &to_client(45330, 5000 + 2 * RESP_200.len() as u32, RESP_500));
+    assert_eq!((d.get(S::STAT_TRIGGERS), d.get(S::STAT_REQUEST_NOT_KEPT)), (1, 1), "{d:?}");
+    let events = bed.take();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        (events[0].request_state, events[0].target.as_deref()),
+        (mirror_bpf::event::RequestState::NotKept, None),
+        "the 500 past the answers' gap"
+    );
+}
+
 /// Filters: only the triggers whose request passes; the turned-down ones counted.
 #[test]
 fn request_filters_pick_the_requests_a_rule_applies_to() {

@@ -171,12 +171,15 @@ static __always_inline __u16 server_port(const struct flow_timing *t)
  * request_gap - the framing of direction @dir of @t was lost: which request the coming answers
  * answer is uncertain, from the next request on when the requests' side lost it (a request may
  * hide after those found), from the oldest pending one when the answers' side did (an answer
- * may). Unless uncertain already.
+ * may). Unless uncertain from an earlier request already.
  */
 static __always_inline void request_gap(struct flow_timing *t, __u32 dir)
 {
-    if (t && !t->req_gap)
-        t->req_gap = (t->req_dir == dir + 1 ? t->req_tail : t->req_head) + 1;
+    if (!t)
+        return;
+    __u32 from = (t->req_dir == dir + 1 ? t->req_tail : t->req_head) + 1;
+    if (!t->req_gap || (__s32)(from - t->req_gap) < 0)
+        t->req_gap = from;
 }
 
 /*
