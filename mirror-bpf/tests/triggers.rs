@@ -195,66 +195,45 @@ fn an_answer_seen_twice_answers_one_request() {
     assert_eq!(events[0].target.as_deref(), Some("/b"), "the 500 answered /b");
 }
 
-/// An answer past a gap in its direction (a segment not seen, or one handled at the same time
-/// on another CPU) names no request: an answer may have hidden in what was not seen. Three
-/// requests pipelined, the answer to the first seen, the second's not, then the 500 to the
-/// third: it is not kept, never named /b.
-#[test]
-fn an_answer_past_a_gap_names_no_request() {
+/// Requests `/a` to `/e` pipelined from client port `port` (those of `unseen_requests` sent
+/// but not seen), the answer to `/a` seen, the one to `/b` not, then the 500 to `/c`: the 500
+/// triggers and its event names no request ("not kept"), never `/b`.
+fn the_500_to_c_names_none(port: u16, unseen_requests: &[usize]) {
     let Some(bed) = Bed::new(&["status=500"]) else { return };
     let dp = &bed.dp;
     let mut seq = 1000;
-    for r in [b"GET /a HTTP/1.1\r\n\r\n", b"GET /b HTTP/1.1\r\n\r\n", b"GET /c HTTP/1.1\r\n\r\n"] {
-        ingress(dp, &to_server(45320, PORT_HTTP, seq, r));
-        seq += r.len() as u32;
-    }
-    ingress(dp, &to_client(45320, 5000, RESP_200));
-    // The answer to /b, at 5000 + RESP_200.len(), is not seen.
-    let d = ingress(dp, &to_client(45320, 5000 + 2 * RESP_200.len() as u32, RESP_500));
-    assert_eq!((d.get(S::STAT_TRIGGERS), d.get(S::STAT_REQUEST_NOT_KEPT)), (1, 1), "{d:?}");
-    let events = bed.take();
-    assert_eq!(events.len(), 1, "{events:?}");
-    assert_eq!(
-        (events[0].request_state, events[0].target.as_deref()),
-        (mirror_bpf::event::RequestState::NotKept, None),
-        "the 500 past the gap"
-    );
-}
-
-/// A gap on the answers' side after one on the requests' side: the answers are uncertain from
-/// the oldest pending request, not only from the requests after the first gap. Four requests,
-/// the fourth's segment not seen and a fifth past it; the answer to /a seen, /b's not, then
-/// the 500 to /c: not kept, never named /b.
-#[test]
-fn a_gap_in_the_answers_after_one_in_the_requests_names_no_request() {
-    let Some(bed) = Bed::new(&["status=500"]) else { return };
-    let dp = &bed.dp;
-    let mut seq = 1000;
-    for (i, r) in [
-        b"GET /a HTTP/1.1\r\n\r\n",
-        b"GET /b HTTP/1.1\r\n\r\n",
-        b"GET /c HTTP/1.1\r\n\r\n",
-        b"GET /d HTTP/1.1\r\n\r\n",
-        b"GET /e HTTP/1.1\r\n\r\n",
-    ]
-    .iter()
-    .enumerate()
-    {
-        if i != 3 {
-            ingress(dp, &to_server(45330, PORT_HTTP, seq, *r));
+    for (i, r) in ["/a", "/b", "/c", "/d", "/e"].iter().enumerate() {
+        let r = format!("GET {r} HTTP/1.1\r\n\r\n");
+        if !unseen_requests.contains(&i) {
+            ingress(dp, &to_server(port, PORT_HTTP, seq, r.as_bytes()));
         }
         seq += r.len() as u32;
     }
-    ingress(dp, &to_client(45330, 5000, RESP_200));
-    let d = ingress(dp, &to_client(45330, 5000 + 2 * RESP_200.len() as u32, RESP_500));
+    ingress(dp, &to_client(port, 5000, RESP_200));
+    let d = ingress(dp, &to_client(port, 5000 + 2 * RESP_200.len() as u32, RESP_500));
     assert_eq!((d.get(S::STAT_TRIGGERS), d.get(S::STAT_REQUEST_NOT_KEPT)), (1, 1), "{d:?}");
     let events = bed.take();
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(
         (events[0].request_state, events[0].target.as_deref()),
         (mirror_bpf::event::RequestState::NotKept, None),
-        "the 500 past the answers' gap"
+        "the 500 to /c"
     );
+}
+
+/// An answer past a gap in its direction (a segment not seen, or one handled at the same time
+/// on another CPU) names no request: an answer may have hidden in what was not seen.
+#[test]
+fn an_answer_past_a_gap_names_no_request() {
+    the_500_to_c_names_none(45320, &[]);
+}
+
+/// A gap on the answers' side after one on the requests' side (the fourth request's segment
+/// not seen, the fifth past it): the answers are uncertain from the oldest pending request,
+/// not only from the requests after the first gap.
+#[test]
+fn a_gap_in_the_answers_after_one_in_the_requests_names_no_request() {
+    the_500_to_c_names_none(45330, &[3]);
 }
 
 /// Filters: only the triggers whose request passes; the turned-down ones counted.
