@@ -7,6 +7,7 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use libbpf_rs::{MapCore, MapFlags};
 use mirror_bpf::testing::{self, consts::*, fixtures, packet::*, SkbContext, VERDICT_CONTINUE};
 use mirror_bpf::types::stat_idx as S;
 use mirror_bpf::{AttachMode, Datapath, DatapathOptions, MirrorDelivery, MirrorMethod};
@@ -260,5 +261,64 @@ fn a_replay_written_by_the_agent_goes_where_copies_go() {
         let counted = dp.budget_refused().unwrap().packets - before;
         assert_eq!((seen, counted), if refused.is_some() { (0, 3) } else { (3, 0) }, "{pps} a second");
     }
+    dp.detach_replay(hook).unwrap();
+}
+
+/// Two CPUs triggering one connection at once: only the trigger holding the connection's claim
+/// replays the request behind it and marks the flow, so the replay on the mirror is always the
+/// marking trigger's. A trigger that finds the claim held (here by the test, as another CPU's
+/// run holds it while it replays) sends nothing to the mirror and marks nothing. Once the claim
+/// is let go, the next trigger replays its own request ahead of its copy, and leaves no claim.
+#[test]
+fn a_trigger_that_finds_its_connection_claimed_replays_nothing() {
+    let Some(mut dp) = load() else { return };
+    marked_flow(&mut dp, 51400);
+    let mir0 = testing::ifindex("mir0");
+    dp.set_mirror_target(mir0, MirrorDelivery::Egress).unwrap();
+    let hook = dp.attach_replay(mir0).expect("attaching the replay program");
+    let (cport, a, b): (u16, &[u8], &[u8]) = (51401, b"GET /a HTTP/1.1\r\n\r\n", b"GET /b HTTP/1.1\r\n\r\n");
+    let to_server = |seq: u32, text: &[u8]| {
+        let tcp =
+            PacketBuilder::ipv4(V4_CLIENT, V4_SERVER).tcp(cport, PORT_HTTP, tcp_flags::ACK | tcp_flags::PSH);
+        tcp.seq(seq).payload(text).build()
+    };
+    let to_client = |seq: u32| {
+        let tcp =
+            PacketBuilder::ipv4(V4_SERVER, V4_CLIENT).tcp(PORT_HTTP, cport, tcp_flags::ACK | tcp_flags::PSH);
+        tcp.seq(seq).payload(RESP_500).build()
+    };
+    let key = flow_key(cport).to_raw();
+    let claims = &dp.skel().maps.trigger_claims;
+    let unclaimed = || claims.keys().count() == 0;
+
+    // Held: the 500 to /a neither replays, nor marks, nor reports.
+    run(&dp, &to_server(1000, a));
+    claims.update(testing::key_bytes(&key), &0u64.to_ne_bytes(), MapFlags::NO_EXIST).unwrap();
+    let tap = Tap::on("mir1");
+    let d = run(&dp, &to_client(5000));
+    assert_eq!(
+        (d.get(S::STAT_TRIGGERS), d.get(S::STAT_REPLAYED), d.get(S::STAT_MIRRORED_PACKETS)),
+        (0, 0, 0),
+        "{d:?}"
+    );
+    assert!(dp.mark(&flow_key(cport)).unwrap().is_none(), "marked by the trigger that lost");
+    assert_eq!(tap.read(Duration::from_millis(200)).len(), 0, "the mirror got a copy");
+
+    // Let go: the 500 to /b replays /b ahead of its own copy, marks the flow, frees its claim.
+    claims.delete(testing::key_bytes(&key)).unwrap();
+    run(&dp, &to_server(1000 + a.len() as u32, b));
+    let answer = to_client(5000 + RESP_500.len() as u32);
+    let d = run(&dp, &answer);
+    assert_eq!(
+        (d.get(S::STAT_TRIGGERS), d.get(S::STAT_REPLAYED), d.get(S::STAT_MIRRORED_PACKETS)),
+        (1, 1, 1),
+        "{d:?}"
+    );
+    assert!(dp.mark(&flow_key(cport)).unwrap().is_some(), "the flow is marked");
+    let seen: Vec<Vec<u8>> = tap.read(Duration::from_millis(200)).into_iter().map(|(_, f)| f).collect();
+    assert_eq!(seen.len(), 2, "the replay and the copy: {seen:?}");
+    assert!(seen[0].ends_with(b), "the replay is /b's segment: {:?}", String::from_utf8_lossy(&seen[0]));
+    assert_eq!(seen[1], answer, "then the 500 itself");
+    assert!(unclaimed(), "a claim was left behind");
     dp.detach_replay(hook).unwrap();
 }

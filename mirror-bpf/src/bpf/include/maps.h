@@ -40,6 +40,20 @@ struct {
 } mirror_marks SEC(".maps");
 
 /*
+ * Key: struct flow_key, the lesser of a connection's keys. Value: when it was claimed (ns).
+ * A trigger claims its connection here before it replays the request behind it and frees the
+ * claim once the flow is marked (trigger.h): of two CPUs triggering one connection at once,
+ * only the holder replays and marks. An entry lives within one program run, so a few per
+ * CPU are plenty; when it is full, a trigger goes on unclaimed.
+ */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 512);
+    __type(key, struct flow_key);
+    __type(value, __u64);
+} trigger_claims SEC(".maps");
+
+/*
  * Key: slot. Value: struct flow_timing, owned by the flow in its key.
  * Handshake times, each direction's HTTP framing (where the next message starts) and the
  * requests awaiting answers, written in place and read on any CPU. Packets with a payload,

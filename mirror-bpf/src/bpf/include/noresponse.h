@@ -55,7 +55,13 @@ static __always_inline void noresponse_report(struct http_scratch *s, struct cou
     if (n)
         s->peer = n->peer;
     struct replay_slot *r = replay_slot_of(ti->replay, key);
-    if (!mark_flow(key, n ? &s->peer : NULL, ra, ti, now, &s->mark, cnt))
+    const struct flow_key *peer = n ? &s->peer : NULL;
+    int taken = trigger_claim(key, peer, now);
+    if (taken == CLAIM_HELD)
+        return; /* a status or reset trigger is marking the flow: its request is replayed */
+    int marked = mark_flow(key, peer, ra, ti, now, &s->mark, cnt);
+    trigger_release(key, peer, taken);
+    if (!marked)
         return;
     int sent = emit_trigger(key, dir, ifindex, ra, ti, &s->req, NULL, n ? &s->peer : NULL, r, cnt);
     if (sent || !r)

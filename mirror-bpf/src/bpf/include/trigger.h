@@ -131,6 +131,60 @@ static __always_inline int mark_flow(const struct flow_key *key, const struct fl
     return 1;
 }
 
+/* trigger_claim's answers. */
+#define CLAIM_HELD -1 /* another run holds the connection's claim: it replays and marks */
+#define CLAIM_NONE 0  /* the claims table is full: go on unclaimed */
+#define CLAIM_TAKEN 1 /* held until trigger_release */
+
+/* claim_key - the key a connection is claimed under: the lesser of @key and @peer (NULL
+ * when not translated), so that a trigger seen under either key finds one claim. */
+static __always_inline const struct flow_key *claim_key(const struct flow_key *key,
+                                                        const struct flow_key *peer)
+{
+    if (!peer)
+        return key;
+    const __u32 *a = (const __u32 *)key, *b = (const __u32 *)peer;
+#pragma unroll
+    for (int i = 0; i < sizeof(*key) / sizeof(__u32); i++)
+        if (a[i] != b[i])
+            return a[i] < b[i] ? key : peer;
+    return key;
+}
+
+/*
+ * trigger_claim - claim the connection of @key (@peer: its other key, or NULL) for one trigger
+ * at @now, then look at its mark again: a trigger that lost the race to another CPU finds
+ * either the claim held or, once the holder let it go, the flow marked. Only the holder
+ * replays and marks, so the replay on the mirror is always the marking trigger's request.
+ * @return CLAIM_HELD (held, or marked meanwhile: nothing to do), CLAIM_NONE or CLAIM_TAKEN.
+ */
+static __always_inline int trigger_claim(const struct flow_key *key, const struct flow_key *peer,
+                                         __u64 now)
+{
+    const struct flow_key *ck = claim_key(key, peer);
+    int taken = CLAIM_TAKEN;
+    long err = bpf_map_update_elem(&trigger_claims, ck, &now, BPF_NOEXIST);
+
+    if (err == -EEXIST)
+        return CLAIM_HELD;
+    if (err)
+        taken = CLAIM_NONE;
+    if (bpf_map_lookup_elem(&mirror_marks, key)) {
+        if (taken == CLAIM_TAKEN)
+            bpf_map_delete_elem(&trigger_claims, ck);
+        return CLAIM_HELD;
+    }
+    return taken;
+}
+
+/* trigger_release - let go of a claim trigger_claim answered @taken for. */
+static __always_inline void trigger_release(const struct flow_key *key, const struct flow_key *peer,
+                                            int taken)
+{
+    if (taken == CLAIM_TAKEN)
+        bpf_map_delete_elem(&trigger_claims, claim_key(key, peer));
+}
+
 /*
  * mirror_trigger - a packet of @m's flow (@skb) matched @ra: replay the request behind it
  * ahead of the packet, mark the flow (and, across NAT, the connection's other key), report. The
@@ -153,14 +207,18 @@ __noinline int mirror_trigger(struct __sk_buff *skb, struct pkt_meta *m, struct 
     int nat = nat_peer(skb, m, t, peer, 1);
     if (bpf_map_lookup_elem(&mirror_marks, &m->key))
         return 0; /* marked before: nothing to do */
+    const struct flow_key *other = nat ? peer : NULL;
+    int taken = trigger_claim(&m->key, other, m->now);
+    if (taken == CLAIM_HELD)
+        return 0; /* another CPU triggers this connection: it replays and marks */
     /* The request before the trigger goes to the mirror first, the mark after: a packet copied
-     * because of the mark, on any CPU, is handled after the replay has left. (Two CPUs
-     * triggering the same flow at once may both replay; only one marks.) */
+     * because of the mark, on any CPU, is handled after the replay has left. */
     struct replay_slot *r = replay_trigger(skb, s, ti, cnt);
-    if (!mark_flow(&m->key, nat ? peer : NULL, ra, ti, m->now, &s->mark, cnt))
+    int marked = mark_flow(&m->key, other, ra, ti, m->now, &s->mark, cnt);
+    trigger_release(&m->key, other, taken);
+    if (!marked)
         return 0;
-    emit_trigger(&m->key, m->dir, skb->ifindex, ra, ti, &s->req, &s->host, nat ? peer : NULL, r,
-                 cnt);
+    emit_trigger(&m->key, m->dir, skb->ifindex, ra, ti, &s->req, &s->host, other, r, cnt);
     return 1;
 }
 
