@@ -159,6 +159,11 @@ impl Tracing {
         &self.fexit
     }
 
+    /// The loaded programs and their maps.
+    pub fn skel(&self) -> &TracingSkel<'static> {
+        &self.skel
+    }
+
     /// Whether a group is on.
     pub fn is_on(&self, group: TraceGroup) -> bool {
         match group {

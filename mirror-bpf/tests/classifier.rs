@@ -63,23 +63,30 @@ fn fixtures_decide_as_expected() {
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
-/// No map lookup, update or delete of the data path is left to the kernel's generic helper:
-/// each is inlined or a direct call (see `generic_map_calls`). A lookup of the rules' status
-/// array that the compiler merged with a hash lookup once cost every HTTP/2 answer a call
-/// through the map's operations.
+/// No map lookup, update or delete of the data path or of the tracing programs is left to the
+/// kernel's generic helper: each is inlined or a direct call (see `generic_map_calls`). A
+/// lookup of the rules' status array that the compiler merged with a hash lookup once cost
+/// every HTTP/2 answer a call through the map's operations.
 #[test]
 fn every_map_call_of_the_data_path_is_inlined_or_direct() {
-    let Some(dp) = load() else { return };
-    let mut checked = 0;
+    let Some(mut dp) = load() else { return };
+    let loaded = |obj: &libbpf_rs::Object| -> Vec<(String, std::os::fd::OwnedFd)> {
+        let progs = obj.progs().filter(|p| p.autoload());
+        progs
+            .map(|p| (p.name().to_string_lossy().into_owned(), p.as_fd().try_clone_to_owned().unwrap()))
+            .collect()
+    };
+    let mut progs = loaded(dp.skel().object());
+    progs.extend(loaded(dp.load_tracing().expect("loading the tracing programs").skel().object()));
     let mut generic = Vec::new();
-    for p in dp.skel().object().progs().filter(|p| p.autoload()) {
-        let at = mirror_bpf::programs::generic_map_calls(p.as_fd()).expect("the translated program");
-        checked += 1;
+    for (name, fd) in &progs {
+        let at = mirror_bpf::programs::generic_map_calls(fd.as_fd()).expect("the translated program");
         if !at.is_empty() {
-            generic.push(format!("{}: at {at:?}", p.name().to_string_lossy()));
+            generic.push(format!("{name}: at {at:?}"));
         }
     }
-    assert!(checked >= 5, "only {checked} programs were checked");
+    assert!(progs.len() >= 10, "only {} programs were checked", progs.len());
+    assert!(progs.iter().any(|(name, _)| name == "cpu_softirq_entry"), "no tracing program was checked");
     assert!(generic.is_empty(), "calls of the generic map helpers: {}", generic.join("; "));
 }
 
