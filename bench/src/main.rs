@@ -117,6 +117,7 @@ fn run_datapath(quick: bool, out: Option<&Path>) -> Result<()> {
     let rows = datapath::run(plan, cpu)?;
     let loads = datapath::loads::measure(if quick { 1 } else { 5 })?;
     let timers = datapath::timers::measure(10_000, std::time::Duration::from_secs(1))?;
+    let units = datapath::units::measure(plan.runs, plan.repeat)?;
     let checks = report::checks(&rows);
     let command = command_line();
     let header = report::Header {
@@ -139,6 +140,7 @@ fn run_datapath(quick: bool, out: Option<&Path>) -> Result<()> {
     let mut text = report::render(&header, &rows, &checks);
     text.push_str(&datapath::loads::render(&loads));
     text.push_str(&datapath::timers::render(&timers));
+    text.push_str(&datapath::units::render(&units));
     publish(&text, out)
 }
 

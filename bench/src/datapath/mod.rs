@@ -5,6 +5,7 @@
 pub mod loads;
 mod measure;
 pub mod timers;
+pub mod units;
 
 use anyhow::{Context, Result};
 use mirror_bpf::testing::rig::{FIRST_RULE_PORT, RULE};

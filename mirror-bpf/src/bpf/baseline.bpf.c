@@ -156,3 +156,72 @@ int tcx_floor_egress(struct __sk_buff *skb)
         floor_count(skb);
     return -1; /* TCX_NEXT */
 }
+
+/*
+ * What one step costs on this CPU, its mitigations included (the data-path benchmark times
+ * each program under test_run against the one without the step): UNIT_STEPS calls of a BPF
+ * function and their returns (against the same work inlined), UNIT_STEPS reads of 16 packet
+ * bytes with bpf_skb_load_bytes (from the linear area: TCP payload in page fragments costs
+ * more), and one tail call (into tc_empty, through unit_tail_to).
+ */
+#define UNIT_STEPS 8
+
+static __always_inline int unit_work(struct __sk_buff *skb, int x)
+{
+    return x * 3 + skb->len;
+}
+
+__noinline int unit_step(struct __sk_buff *skb, int x)
+{
+    return skb ? unit_work(skb, x) : 0;
+}
+
+SEC("tc")
+int tc_unit_inline(struct __sk_buff *skb)
+{
+    int a = 0;
+
+#pragma unroll
+    for (int i = 0; i < UNIT_STEPS; i++) {
+        a = unit_work(skb, a + i);
+        asm volatile("" : "+r"(a)); /* a step each, as the calls are */
+    }
+    return a == 1 ? 0 : -1;
+}
+
+SEC("tc")
+int tc_unit_calls(struct __sk_buff *skb)
+{
+    int a = 0;
+
+#pragma unroll
+    for (int i = 0; i < UNIT_STEPS; i++)
+        a = unit_step(skb, a + i);
+    return a == 1 ? 0 : -1;
+}
+
+SEC("tc")
+int tc_unit_reads(struct __sk_buff *skb)
+{
+    __u8 buf[16];
+    int a = 0;
+
+#pragma unroll
+    for (int i = 0; i < UNIT_STEPS; i++)
+        a += bpf_skb_load_bytes(skb, i, buf, sizeof(buf)) + buf[i];
+    return a == 1 ? 0 : -1;
+}
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, __u32);
+} unit_tail_to SEC(".maps");
+
+SEC("tc")
+int tc_unit_tail(struct __sk_buff *skb)
+{
+    bpf_tail_call_static(skb, &unit_tail_to, 0);
+    return -1;
+}
