@@ -112,7 +112,7 @@ pub struct TriggeredFlow {
     pub flow: FlowKey,
     /// The status that triggered it.
     pub status: u16,
-    /// Its packets from the trigger on.
+    /// Its packets from the trigger on, but for those that may have crossed it.
     pub packets: u64,
     /// Its packets that may have crossed the trigger (see [`CROSSING_NS`]): on the mirror or
     /// not, each at most once, and counted by the mark when they are.
@@ -130,7 +130,8 @@ pub struct TriggeredFlow {
 ///   its way (an ACK, a pipelined request, an HTTP/2 frame): the data path rightly copies it
 ///   when it passed after the mark, and rightly not when before;
 /// - a packet the server sent after the trigger may reach the client before it (TCP sends from
-///   two CPUs at once: the writer's and an ACK's; each CPU's queue is drained on its own);
+///   two CPUs at once: the writer's and an ACK's; each CPU's queue is drained on its own), and
+///   one it sent before the trigger (its ACK of the request) may reach the client after it;
 /// - a copy made on another CPU after the mark may reach a reader of the mirror ahead of the
 ///   replay, which waits in the trigger's CPU's queue.
 ///
@@ -138,20 +139,24 @@ pub struct TriggeredFlow {
 pub const CROSSING_NS: u64 = 10_000_000;
 
 /// Whether packet `i` of `reference` may have crossed the trigger, packet `at` (see
-/// [`CROSSING_NS`]): of the same flow, captured at most that long before it, and the other
-/// side's or sent after the trigger (its sequence number past the trigger's).
+/// [`CROSSING_NS`]): of the same flow, captured at most that long from it, and either captured
+/// before it and the other side's or sent after the trigger (its sequence number past the
+/// trigger's), or captured after it and sent before by the trigger's side (ending where the
+/// trigger starts or before: a pure ACK sent ahead of the trigger carries its very sequence
+/// number).
 pub fn crossed(reference: &Trace, i: usize, at: usize) -> bool {
     let (p, trigger) = (&reference.packets[i], &reference.packets[at]);
-    let sent_after = p.src == trigger.src && (p.seq.wrapping_sub(trigger.seq) as i32) > 0;
-    i < at
-        && p.flow() == trigger.flow()
-        && (p.src == trigger.dst || sent_after)
-        && p.ts_ns + CROSSING_NS >= trigger.ts_ns
+    let past = |seq: u32| (seq.wrapping_sub(trigger.seq) as i32) > 0;
+    let near = p.flow() == trigger.flow() && p.ts_ns.abs_diff(trigger.ts_ns) <= CROSSING_NS;
+    let sent_after = p.src == trigger.src && past(p.seq);
+    let sent_before = p.src == trigger.src && !past(p.seq.wrapping_add(p.len));
+    near && ((i < at && (p.src == trigger.dst || sent_after)) || (i > at && sent_before))
 }
 
 /// The packets of `reference` that may have crossed the trigger, packet `at`.
 pub fn crossing(reference: &Trace, at: usize) -> Vec<PacketId> {
-    (0..at).filter(|i| crossed(reference, *i, at)).map(|i| reference.packets[i].id()).collect()
+    let all = 0..reference.packets.len();
+    all.filter(|i| crossed(reference, *i, at)).map(|i| reference.packets[i].id()).collect()
 }
 
 /// The packets of the trigger's flow (the trigger, packet `at` of `reference`, left out) that
@@ -253,8 +258,8 @@ impl Expected {
     }
 
     /// The expected mirror given, per triggered flow, the index of its first packet to mirror
-    /// (what the flow's trigger says in `packets`, which this counts), and the packets of the
-    /// other side sent within [`CROSSING_NS`] before it (`crossing`).
+    /// (what the flow's trigger says in `packets`, which this counts), and the packets that may
+    /// have crossed it (`crossing`, see [`crossed`]).
     pub fn from_first(reference: &Trace, first: BTreeMap<FlowKey, (usize, TriggeredFlow)>) -> Expected {
         let mut e = Expected::default();
         let mut order: Vec<(usize, TriggeredFlow)> = first.into_values().collect();
@@ -266,12 +271,12 @@ impl Expected {
             let flow = p.flow();
             e.flows.insert(flow);
             if let Some(&(at, t)) = index.get(&flow) {
-                if i >= at {
-                    e.triggered[t].packets += 1;
-                    e.packets.push(p.id());
-                } else if crossed(reference, i, at) {
+                if crossed(reference, i, at) {
                     e.triggered[t].crossing += 1;
                     e.crossing.push(p.id());
+                } else if i >= at {
+                    e.triggered[t].packets += 1;
+                    e.packets.push(p.id());
                 }
             }
         }
@@ -460,6 +465,34 @@ mod tests {
         let earlier = packet(true, 60, 40, 99); // sent before it
         let reference = mirror(&[&earlier, &overtook, &trigger]);
         assert_eq!(crossing(&reference, 2), vec![overtook.id()]);
+    }
+
+    #[test]
+    fn a_packet_sent_before_the_trigger_that_came_after_may_have_crossed_it() {
+        let trigger = packet(true, 100, 40, 100);
+        let ack = packet(true, 100, 0, 101); // the server's ACK sent before it, came 1 ms after
+        let earlier = packet(true, 60, 40, 101); // a segment sent before it, came after
+        let next = packet(true, 140, 40, 101); // sent after it
+        let client = packet(false, 1, 0, 101); // the client's ACK of the trigger
+        let reference = mirror(&[&trigger, &ack, &earlier, &next, &client]);
+        assert_eq!(crossing(&reference, 0), vec![ack.id(), earlier.id()]);
+        let t = TriggeredFlow {
+            flow: trigger.flow(),
+            status: 500,
+            packets: 0,
+            crossing: 0,
+            method: None,
+            target: None,
+        };
+        let e = Expected::from_first(&reference, BTreeMap::from([(trigger.flow(), (0, t))]));
+        assert_eq!(e.packets, vec![trigger.id(), next.id(), client.id()]);
+        assert!(e.compare_mirror(&mirror(&[&trigger, &next, &client])).is_ok());
+        assert!(e.compare_mirror(&mirror(&[&trigger, &ack, &earlier, &next, &client])).is_ok());
+        assert!(e.compare_mirror(&mirror(&[&trigger, &ack, &ack, &next, &client])).is_err());
+        assert!(e.compare_mirror(&mirror(&[&trigger, &ack, &client])).is_err());
+        // 50 ms after, the same ACK would have to be copied.
+        let late = Packet { ts_ns: 150 * MS, ..ack.clone() };
+        assert!(crossing(&mirror(&[&trigger, &late]), 0).is_empty());
     }
 
     #[test]
