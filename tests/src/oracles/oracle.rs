@@ -425,6 +425,13 @@ mod tests {
         Trace { packets: of.iter().map(|p| (*p).clone()).collect(), ..Trace::default() }
     }
 
+    /// The expected mirror of `reference` when its packet `at` is a 500 that triggers.
+    fn expected(reference: &Trace, at: usize) -> Expected {
+        let flow = reference.packets[at].flow();
+        let t = TriggeredFlow { flow, status: 500, packets: 0, crossing: 0, method: None, target: None };
+        Expected::from_first(reference, BTreeMap::from([(flow, (at, t))]))
+    }
+
     #[test]
     fn only_packets_that_crossed_the_trigger_may_be_copied_or_not() {
         let early = packet(false, 1, 10, 0); // the request
@@ -434,15 +441,7 @@ mod tests {
         let trigger = packet(true, 21, 30, 100);
         let after = packet(false, 21, 0, 101);
         let reference = mirror(&[&early, &answer, &before, &crossed, &trigger, &after]);
-        let t = TriggeredFlow {
-            flow: trigger.flow(),
-            status: 500,
-            packets: 0,
-            crossing: 0,
-            method: None,
-            target: None,
-        };
-        let e = Expected::from_first(&reference, BTreeMap::from([(trigger.flow(), (4, t))]));
+        let e = expected(&reference, 4);
         assert_eq!(e.packets, vec![trigger.id(), after.id()]);
         assert_eq!(e.crossing, vec![crossed.id()]);
         let t = &e.triggered[0];
@@ -476,15 +475,7 @@ mod tests {
         let client = packet(false, 1, 0, 101); // the client's ACK of the trigger
         let reference = mirror(&[&trigger, &ack, &earlier, &next, &client]);
         assert_eq!(crossing(&reference, 0), vec![ack.id(), earlier.id()]);
-        let t = TriggeredFlow {
-            flow: trigger.flow(),
-            status: 500,
-            packets: 0,
-            crossing: 0,
-            method: None,
-            target: None,
-        };
-        let e = Expected::from_first(&reference, BTreeMap::from([(trigger.flow(), (0, t))]));
+        let e = expected(&reference, 0);
         assert_eq!(e.packets, vec![trigger.id(), next.id(), client.id()]);
         assert!(e.compare_mirror(&mirror(&[&trigger, &next, &client])).is_ok());
         assert!(e.compare_mirror(&mirror(&[&trigger, &ack, &earlier, &next, &client])).is_ok());
