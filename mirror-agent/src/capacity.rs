@@ -314,8 +314,8 @@ mod tests {
         assert_eq!(m.marks, 16_384 * 216);
         // Buckets are a power of two.
         assert_eq!(TableMemory::of(0, 65_537, 1, 1).marks, 131_072 * 16 + 65_537 * 200);
-        // One slot of 696 bytes per flow whose request is kept.
-        assert_eq!(m.replay, 4096 * 696);
+        // One slot of 704 bytes per flow whose request is kept.
+        assert_eq!(m.replay, 4096 * 704);
         // The other maps: 46,162,656 bytes as the kernel counted them (bpftool's memlock) on 2
         // CPUs, the flow cache (1,052,672), the HTTP/2 maps (h2_conns 4,211,584, h2_streams
         // 2,425,728 then, an LRU hash; 2,490,368 as the array of buckets it is now), the DNS

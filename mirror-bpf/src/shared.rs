@@ -35,7 +35,7 @@ plain_types! {
     hist_key = 8,
     latency_hist = 16 + 8 * types::mirror_limits::HIST_BUCKETS.0 as usize,
     trigger_event = 936,
-    replay_slot = 696,
+    replay_slot = 704,
     settings = 40,
     dns_rcode_counts = 8 * types::mirror_limits::DNS_RCODES.0 as usize,
     drop_counts = 8 * types::mirror_limits::DROP_REASONS.0 as usize,

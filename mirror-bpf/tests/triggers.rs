@@ -170,6 +170,56 @@ fn under_pipelining_each_trigger_carries_the_request_it_concerns() {
     assert_eq!((events[0].kind, events[0].target.as_deref()), (TriggerKind::NoResponse, Some("/a")));
 }
 
+/// A request left unanswered is reported with its own kept segment or none, never a later
+/// request's. Its answer may come, and the connection's next request be kept in the slot it
+/// held, while the timer reads the flow on another CPU. Test_run cannot run the two at once, so
+/// the flow is brought there by hand: `/a` answered, `/b` kept in `/a`'s slot, then the queue put
+/// back to `/a` pending, as the timer finds it when it looked before the answer. The event names
+/// `/a` and carries no segment (the build before sent `/b`'s). Beside it, a request alone on its
+/// flow is reported with its own segment.
+#[test]
+fn a_request_left_unanswered_never_carries_a_later_requests_segment() {
+    let Some(bed) = Bed::new(&["noresponse>200ms"]) else { return };
+    let dp = &bed.dp;
+    let (a, b, x): (&[u8], &[u8], &[u8]) =
+        (b"GET /a HTTP/1.1\r\n\r\n", b"GET /b HTTP/1.1\r\n\r\n", b"GET /x HTTP/1.1\r\n\r\n");
+    let started = Instant::now();
+    ingress(dp, &to_server(45401, PORT_HTTP, 1000, x));
+    ingress(dp, &to_server(45400, PORT_HTTP, 1000, a));
+    ingress(dp, &to_client(45400, 5000, RESP_200));
+    let d = ingress(dp, &to_server(45400, PORT_HTTP, 1000 + a.len() as u32, b));
+    assert_eq!(d.get(S::STAT_REPLAY_KEPT), 1, "{d:?}");
+    let key = v4_flow(45400).to_raw();
+    let was = mirror_bpf::testing::change_timing(dp, &key, |t| {
+        t.req_head = 0;
+        t.req_tail = 1;
+        t.req_done = 0;
+    })
+    .expect("changing the flow's entry")
+    .expect("the flow has an entry");
+    let (ra, rb) = (&was.req[0], &was.req[1]);
+    assert_eq!((was.req_head, was.req_tail), (1, 2), "/a answered, /b pending");
+    assert!(ra.replay != 0 && ra.replay == rb.replay, "/b took over /a's slot: {} {}", ra.replay, rb.replay);
+    assert_ne!(ra.replay_req, rb.replay_req, "each keep of the slot has a mark of its own");
+
+    let mut events = Vec::new();
+    while started.elapsed() < Duration::from_millis(700) && events.len() < 2 {
+        events.extend(bed.take());
+    }
+    events.sort_by_key(|e| e.key.to_raw().port_lo);
+    assert_eq!(events.len(), 2, "{events:?}");
+    let (late, alone) = (&events[0], &events[1]);
+    assert_eq!(
+        (late.kind, late.key, late.target.as_deref()),
+        (TriggerKind::NoResponse, v4_flow(45400), Some("/a"))
+    );
+    let sent = late.request.as_ref().and_then(|r| r.payload().map(<[u8]>::to_vec));
+    assert_eq!(sent, None, "no segment rather than /b's");
+    assert_eq!((alone.key, alone.target.as_deref()), (v4_flow(45401), Some("/x")));
+    let sent = alone.request.as_ref().and_then(|r| r.payload().map(<[u8]>::to_vec));
+    assert_eq!(sent.as_deref(), Some(x), "a request alone on its flow comes with its segment");
+}
+
 /// An answer seen again (a retransmission, or a segment that another CPU's queue let a later
 /// one overtake) answers no second request, though its direction is not framed (it answered the
 /// only request pending): the next 500 names the request it answered.

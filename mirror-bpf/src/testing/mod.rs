@@ -83,6 +83,25 @@ pub fn timing_slot(dp: &Datapath<'_>, key: &types::flow_key) -> Option<u32> {
     Some(u32::from_ne_bytes(v.try_into().ok()?))
 }
 
+/// Changes the shared entry (flow_timing slot) of the flow of `key` with `change`, as a state
+/// the classifier could be in but a test cannot bring it to with packets alone (two CPUs at
+/// once). Returns the entry as it was, or `None` when the flow has none.
+pub fn change_timing(
+    dp: &Datapath<'_>,
+    key: &types::flow_key,
+    change: impl FnOnce(&mut types::flow_timing),
+) -> Result<Option<types::flow_timing>, libbpf_rs::Error> {
+    use libbpf_rs::{MapCore, MapFlags};
+    let m = &dp.skel().maps;
+    let Some(slot) = timing_slot(dp, key) else { return Ok(None) };
+    let Some(bytes) = m.flow_timing.lookup(&slot.to_ne_bytes(), MapFlags::ANY)? else { return Ok(None) };
+    let was: types::flow_timing = crate::shared::read_plain(&bytes);
+    let mut now = was;
+    change(&mut now);
+    m.flow_timing.update(&slot.to_ne_bytes(), crate::shared::bytes_of(&now), MapFlags::ANY)?;
+    Ok(Some(was))
+}
+
 /// Gives back the flow_timing slot the flow of `key` owns, if any (the slot zeroed, its index
 /// entry deleted).
 pub fn forget_timing(dp: &Datapath<'_>, key: &types::flow_key) -> Result<(), libbpf_rs::Error> {

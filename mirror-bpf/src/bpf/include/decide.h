@@ -48,8 +48,10 @@ static __always_inline int decide_response(struct __sk_buff *skb, struct http_sc
     ti->stream = 0;
     ti->request = src ? REQUEST_KEPT : state;
     ti->replay = 0;
+    ti->replay_req = 0;
     if (src) {
         ti->replay = src->replay;
+        ti->replay_req = src->replay_req;
         ti->replay_key = *kept;
     }
     request_head_copy(&s->req, src);
@@ -137,6 +139,7 @@ __noinline int decide_reset(struct __sk_buff *skb, struct http_scratch *s,
     ti->stream = 0;
     ti->request = state;
     ti->replay = req->replay;
+    ti->replay_req = req->replay_req;
     ti->replay_key = owner->key;
     if (req != &s->req) {
         s->req.ts_ns = req->ts_ns;

@@ -138,6 +138,7 @@ static __always_inline int dns_decide(struct __sk_buff *skb, struct http_scratch
     ti->stream = 0;
     ti->request = q ? REQUEST_KEPT : REQUEST_NONE;
     ti->replay = q ? q->replay : 0;
+    ti->replay_req = 0; /* a slot of its own (replay_take) */
     ti->replay_key = *kept;
     ti->dns_type = d->qtype;
     ti->dns_id = d->id;
@@ -160,6 +161,7 @@ static __always_inline void dns_replay_marked(struct __sk_buff *skb, struct http
         return;
     struct trigger_info *ti = &s->trigger;
     ti->replay = q->replay;
+    ti->replay_req = 0;
     ti->replay_key = *kept;
     replay_trigger(skb, s, ti, cnt);
 }

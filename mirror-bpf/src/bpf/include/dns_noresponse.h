@@ -66,6 +66,7 @@ static long dns_noresponse_check(struct bpf_map *map, struct dns_key *k, struct 
     ti->stream = 0;
     ti->request = REQUEST_KEPT;
     ti->replay = q->replay;
+    ti->replay_req = 0; /* a slot of its own (replay_take) */
     ti->replay_key = k->key;
     ti->dns_type = q->qtype;
     ti->dns_id = k->id;

@@ -156,7 +156,11 @@ __noinline __u32 filter_pick(const struct rule_entry *e, __u64 took, const struc
         if (f->action.min_latency_ns && (!took || took < f->action.min_latency_ns))
             continue;
         if (f->host_len && !host && !looked) {
-            filter_host(replay_slot_of(req->replay, key), &s->host);
+            const struct replay_slot *r = replay_slot_of(req->replay, key, req->replay_req);
+            filter_host(r, &s->host);
+            /* Taken over while it was read (noresponse.h): no Host is known. */
+            if (r && !replay_intact(r, req->replay_req))
+                s->host.len = 0;
             host = &s->host;
             looked = 1;
         }

@@ -93,6 +93,7 @@ __noinline int h2_rule(struct __sk_buff *skb, struct http_scratch *s, struct flo
     ti->proto = HTTP_PROTO_2;
     ti->stream = h->key.stream;
     ti->replay = st->req.replay;
+    ti->replay_req = st->req.replay_req;
     ti->request = found ? REQUEST_KEPT : REQUEST_NOT_KEPT;
     ti->replay_key = h->key.key;
     __builtin_memcpy(&s->req, &st->req, sizeof(s->req));
@@ -139,6 +140,7 @@ __noinline int h2_request(struct __sk_buff *skb, struct http_scratch *s, struct 
     ns->req.head_len = ml + 1 + pl;
     ns->req.ts_ns = m->now;
     ns->req.replay = replay_keep(skb, s, t, 0, 0);
+    ns->req.replay_req = ns->req.replay ? s->pos.replay_req : 0;
     ns->dir = m->dir;
     t->req_dir = m->dir + 1;
     struct h2_stream_key *k = &h->key;

@@ -54,7 +54,7 @@ static __always_inline void noresponse_report(struct http_scratch *s, struct cou
     struct flow_nat *n = bpf_map_lookup_elem(&flow_nat, key);
     if (n)
         s->peer = n->peer;
-    struct replay_slot *r = replay_slot_of(ti->replay, key);
+    struct replay_slot *r = replay_slot_of(ti->replay, key, ti->replay_req);
     const struct flow_key *peer = n ? &s->peer : NULL;
     int taken = trigger_claim(key, peer, now);
     if (taken == CLAIM_HELD)
@@ -68,11 +68,15 @@ static __always_inline void noresponse_report(struct http_scratch *s, struct cou
         return;
     /* No event, so no replay by the agent: the next packet of the flow (either key) makes it. */
     struct mirror_mark *mk = bpf_map_lookup_elem(&mirror_marks, key);
-    if (mk)
+    if (mk) {
+        mk->replay_req = ti->replay_req;
         mk->replay_due = ti->replay;
+    }
     mk = n ? bpf_map_lookup_elem(&mirror_marks, &s->peer) : NULL;
-    if (mk)
+    if (mk) {
+        mk->replay_req = ti->replay_req;
         mk->replay_due = ti->replay;
+    }
 }
 
 /*
@@ -100,6 +104,7 @@ static __always_inline void noresponse_mark(struct flow_timing *t, const struct 
     ti->stream = 0;
     ti->request = REQUEST_KEPT;
     ti->replay = req->replay;
+    ti->replay_req = req->replay_req;
     ti->replay_key = t->key;
     s->req.ts_ns = req->ts_ns;
     s->req.head_len = req->head_len;

@@ -28,6 +28,15 @@
 /* skb->mark of a replay the agent writes to the sink (its packet socket's SO_MARK): "rply". */
 #define REPLAY_AGENT_MARK 0x72706c79
 
+/* A slot's req while a keep writes it: no request was kept under it. */
+#define REPLAY_WRITING 0xffffffffU
+
+/*
+ * replay_fence - the slot's req and its other fields stay in the order written and read around
+ * it. A compiler barrier: x86 keeps stores in order, and loads in order (see replay_intact).
+ */
+#define replay_fence() asm volatile("" ::: "memory")
+
 /*
  * replay_mask - the slot of hand-out number n is n & replay_mask(): replay_requests is a power
  * of two. With none (0), every lookup misses: nothing is kept then (settings.replay_keep).
@@ -59,16 +68,35 @@ static __always_inline int replay_held(__u32 n)
     return n && replay_next - (n - 1) <= replay_requests;
 }
 
-/* replay_slot_of - the slot of hand-out number @n - 1, kept under @key; NULL when it is no
- * longer that request's. */
-static __always_inline struct replay_slot *replay_slot_of(__u32 n, const struct flow_key *key)
+/*
+ * replay_slot_of - the slot of hand-out number @n - 1, kept under @key by the keep whose req
+ * was @req (struct replay_slot); NULL when it is no longer that request's: handed out again,
+ * or taken over by a later request of the flow (whose answer may have come while a timer was
+ * reading this one's: noresponse.h).
+ */
+static __always_inline struct replay_slot *replay_slot_of(__u32 n, const struct flow_key *key,
+                                                          __u32 req)
 {
     if (!replay_held(n))
         return NULL;
     __u32 idx = (n - 1) & replay_mask();
     struct replay_slot *r = bpf_map_lookup_elem(&request_replay, &idx);
     /* Its owner wrote its key with the segment: a racing newer owner is caught here. */
-    return r && flow_key_eq(&r->key, key) ? r : NULL;
+    if (!r || !flow_key_eq(&r->key, key) || r->req != req)
+        return NULL;
+    replay_fence();
+    return r;
+}
+
+/*
+ * replay_intact - after reading slot @r, found by replay_slot_of for @req: was it left
+ * alone meanwhile? A keep marks the slot REPLAY_WRITING before it writes, and gives it its
+ * req after: whatever was read between the two reads of req is that request's.
+ */
+static __always_inline int replay_intact(const struct replay_slot *r, __u32 req)
+{
+    replay_fence();
+    return *(volatile const __u32 *)&r->req == req;
 }
 
 /*
@@ -153,6 +181,8 @@ __noinline __u32 replay_take(struct __sk_buff *skb, const struct pkt_meta *m)
     if (!r)
         return 0;
     r->key = m->key;
+    r->req = REPLAY_WRITING;
+    replay_fence();
     __u32 len = replay_load(skb, r);
     r->len = len;
     if (!len)
@@ -160,6 +190,8 @@ __noinline __u32 replay_take(struct __sk_buff *skb, const struct pkt_meta *m)
     r->req_off = m->payload_off;
     r->wire_len = skb->len;
     r->ts_ns = m->now;
+    replay_fence();
+    r->req = 0; /* a slot of its own: never taken over */
     cnt->v[STAT_REPLAY_KEPT]++;
     return number + 1;
 }
@@ -210,6 +242,8 @@ static __always_inline __u32 replay_keep(struct __sk_buff *skb, struct http_scra
         return 0;
     /* Written, never read here: the slot's lines are not loaded before they are overwritten. */
     r->key = m->key;
+    r->req = REPLAY_WRITING;
+    replay_fence();
     __u32 len = off || !loaded ? 0 : replay_from_scratch(skb, r, s, m->payload_off, loaded);
     if (!len)
         len = replay_load(skb, r);
@@ -221,22 +255,29 @@ static __always_inline __u32 replay_keep(struct __sk_buff *skb, struct http_scra
     r->req_off = m->payload_off + off;
     r->wire_len = skb->len;
     r->ts_ns = m->now;
+    /* This keep's mark: the number this request takes in its flow's queue (timing_request). */
+    __u32 req = t->req_tail + 1;
+    replay_fence();
+    r->req = req;
     cnt->v[STAT_REPLAY_KEPT]++;
     s->pos.replay = number + 1;
+    s->pos.replay_req = req;
     return number + 1;
 }
 
 /*
- * replay_send - send the request kept in slot @idx to the mirror, through the replay program:
- * one clone of @skb, which the program reshapes into it. Within the node-wide budget.
+ * replay_send - send the request kept in slot @idx under @req (struct replay_slot) to the
+ * mirror, through the replay program: one clone of @skb, which the program reshapes into it.
+ * Within the node-wide budget.
  */
 static __always_inline void replay_send(struct __sk_buff *skb, struct http_scratch *s,
                                         const struct settings *set, const struct replay_slot *r,
-                                        __u32 idx, struct counters *cnt)
+                                        __u32 idx, __u32 req, struct counters *cnt)
 {
     if (!set->replay_ifindex || !set->mirror_ifindex || !budget_admit(r->len))
         return;
     s->replay_arm = idx + 1;
+    s->replay_arm_req = req;
     if (bpf_clone_redirect(skb, set->replay_ifindex, 0))
         cnt->v[STAT_REPLAY_FAILED]++;
     /* Still armed: no replay program ran (the clone went out unchanged). */
@@ -262,13 +303,13 @@ static __always_inline struct replay_slot *replay_trigger(struct __sk_buff *skb,
 
     if (!set || set->replay_keep == REPLAY_OFF)
         return NULL;
-    struct replay_slot *r = replay_slot_of(ti->replay, &ti->replay_key);
+    struct replay_slot *r = replay_slot_of(ti->replay, &ti->replay_key, ti->replay_req);
     if (!r || !r->len) {
         cnt->v[STAT_REPLAY_MISSED]++;
         return NULL;
     }
     /* A replay is a copy: within the node-wide budget (refusals counted there). */
-    replay_send(skb, s, set, r, (ti->replay - 1) & replay_mask(), cnt);
+    replay_send(skb, s, set, r, (ti->replay - 1) & replay_mask(), ti->replay_req, cnt);
     return r;
 }
 
@@ -300,11 +341,11 @@ __noinline int replay_due(struct __sk_buff *skb, struct mirror_mark *mk)
         return 0;
     __u32 idx = (n - 1) & replay_mask();
     struct replay_slot *r = bpf_map_lookup_elem(&request_replay, &idx);
-    if (!r || !r->len || !replay_held(n)) {
+    if (!r || !r->len || !replay_held(n) || r->req != owner->replay_req) {
         cnt->v[STAT_REPLAY_MISSED]++;
         return 0;
     }
-    replay_send(skb, s, set, r, idx, cnt);
+    replay_send(skb, s, set, r, idx, owner->replay_req, cnt);
     return 1;
 }
 
@@ -381,13 +422,18 @@ __noinline int replay_reshape(struct __sk_buff *skb)
     __u32 idx = s->replay_arm - 1;
     s->replay_arm = 0;
     struct replay_slot *r = bpf_map_lookup_elem(&request_replay, &idx);
-    if (!r)
+    __u32 req = s->replay_arm_req;
+    if (!r || r->req != req)
         goto fail;
+    replay_fence();
     __u64 len = r->len;
     asm volatile("%0 &= 0x3ff" : "+r"(len));
     if (len < 54 || len > REPLAY_FRAME_MAX)
         goto fail;
     if (bpf_skb_change_tail(skb, len, 0) || bpf_skb_store_bytes(skb, 0, r->frame, len, 0))
+        goto fail;
+    /* Taken over while it was copied (a keep on another CPU): not this request's any more. */
+    if (!replay_intact(r, req))
         goto fail;
     __u8 mac[6] = {REPLAY_MAC_0, REPLAY_MAC_1, REPLAY_MAC_2,
                    REPLAY_MAC_3, REPLAY_MAC_4, REPLAY_MAC_5};

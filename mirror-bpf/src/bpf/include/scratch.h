@@ -215,7 +215,7 @@ struct trigger_info {
     struct flow_key replay_key; /* the key it was kept under (the other one across NAT) */
     __u16 dns_type;             /* DNS (proto PROTO_DNS): the question's type */
     __u16 dns_id;               /* DNS: the message's id */
-    __u32 _pad;
+    __u32 replay_req;           /* the slot's req it was kept under (struct replay_slot) */
 };
 
 /* A DNS query, by its flow and id (dns_queries key). */
@@ -274,22 +274,23 @@ struct pkt_meta {
 
 /* Where the HTTP stage stands in one segment (carried from one http_message() to the next). */
 struct http_pos {
-    __u32 off;      /* payload offset of the next message or chunk-size line */
-    __u32 state;    /* enum http_stream_state of the direction at off */
-    __u32 hook;     /* enum hook_kind, for events */
-    __u8 partial;   /* the message at off continues the bytes kept in the stream state */
-    __u8 triggered; /* a response of this segment marked the flow */
-    __u8 unframed;  /* the framing was lost */
-    __u8 stop;      /* nothing more to look at in this segment */
-    __u8 kept;      /* the stream state was written here (kept bytes): leave it */
-    __u8 created;   /* the flow's shared entry was created here */
-    __u8 seen;      /* a request or status line was found */
-    __u8 answered;  /* the response at off answered the only request pending */
-    __u32 replay;   /* the request_replay slot number + 1 this segment was kept in (0: none):
+    __u32 off;        /* payload offset of the next message or chunk-size line */
+    __u32 state;      /* enum http_stream_state of the direction at off */
+    __u32 hook;       /* enum hook_kind, for events */
+    __u8 partial;     /* the message at off continues the bytes kept in the stream state */
+    __u8 triggered;   /* a response of this segment marked the flow */
+    __u8 unframed;    /* the framing was lost */
+    __u8 stop;        /* nothing more to look at in this segment */
+    __u8 kept;        /* the stream state was written here (kept bytes): leave it */
+    __u8 created;     /* the flow's shared entry was created here */
+    __u8 seen;        /* a request or status line was found */
+    __u8 answered;    /* the response at off answered the only request pending */
+    __u32 replay;     /* the request_replay slot number + 1 this segment was kept in (0: none):
                      * the other requests it carries share it */
-    __u8 was;       /* the direction's state before this segment (stream.h) */
-    __u8 handed;    /* set up by the program that tail-called this one (stream.h) */
-    __u8 tls;       /* the segment starts a TLS record: the direction is not followed */
+    __u32 replay_req; /* that slot's req (struct replay_slot) */
+    __u8 was;         /* the direction's state before this segment (stream.h) */
+    __u8 handed;      /* set up by the program that tail-called this one (stream.h) */
+    __u8 tls;         /* the segment starts a TLS record: the direction is not followed */
     __u8 _pad;
 };
 
@@ -318,15 +319,15 @@ struct http_scratch {
     struct trigger_info trigger;     /* a response that matched a rule */
     __u32 replay_arm;                /* request_replay slot + 1 to replay: set around the clone
                                       * sent to the replay program (replay.h), on this CPU */
-    __u32 _pad;
-    struct flow_key peer;         /* the other key of a translated connection */
-    struct mirror_mark mark;      /* a new mark, before its insert */
-    struct host_text host;        /* the Host or :authority a host= filter compares (filter.h) */
-    struct dns_msg dns;           /* the DNS message of the packet (dns.h) */
-    struct dns_key dns_key;       /* its query's dns_queries key */
-    struct dns_query dns_query;   /* a query, before its insert */
-    struct h2_scratch h2;         /* the HTTP/2 header block being read (h2.h, hpack.h) */
-    __u8 buf[HTTP_SCAN_MAX + 64]; /* a message's header block (slack for 8-byte reads) */
+    __u32 replay_arm_req;            /* the req the slot is replayed under (struct replay_slot) */
+    struct flow_key peer;            /* the other key of a translated connection */
+    struct mirror_mark mark;         /* a new mark, before its insert */
+    struct host_text host;           /* the Host or :authority a host= filter compares (filter.h) */
+    struct dns_msg dns;              /* the DNS message of the packet (dns.h) */
+    struct dns_key dns_key;          /* its query's dns_queries key */
+    struct dns_query dns_query;      /* a query, before its insert */
+    struct h2_scratch h2;            /* the HTTP/2 header block being read (h2.h, hpack.h) */
+    __u8 buf[HTTP_SCAN_MAX + 64];    /* a message's header block (slack for 8-byte reads) */
 };
 _Static_assert(__builtin_offsetof(struct http_scratch, req.head) + HTTP_REQUEST_PREFIX <= 192,
                "what every packet touches fits the scratch area's first three cache lines");

@@ -210,6 +210,7 @@ static __always_inline int timing_request(struct flow_timing *t, struct http_scr
     r->head_len = avail < HTTP_REQUEST_HEAD_LEN ? avail : HTTP_REQUEST_HEAD_LEN;
     r->ts_ns = timing_group_on(set, TIMING_HTTP) ? now : 0;
     r->replay = replay;
+    r->replay_req = s->pos.replay_req; /* with replay 0, never looked at */
     r->number = n;
     t->req_tail = n + 1;
     return 0;

@@ -72,6 +72,12 @@ static __always_inline int emit_trigger(const struct flow_key *key, __u32 dir, _
         ev->replay_wire_len = r->wire_len;
         ev->replay_len = r->len;
         __builtin_memcpy(ev->replay, r->frame, REPLAY_FRAME_MAX);
+        /* Taken over while it was copied (the request's answer came, and a later request of
+         * the flow was kept in its slot: noresponse.h): not this request's segment. */
+        if (!replay_intact(r, ti->replay_req)) {
+            ev->replay_len = 0;
+            cnt->v[STAT_REPLAY_MISSED]++;
+        }
     }
     bpf_ringbuf_submit(ev, 0);
     return 1;

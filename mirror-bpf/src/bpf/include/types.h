@@ -453,7 +453,7 @@ struct mirror_mark {
      * flow after the mark (a noresponse mark whose event was lost: else the agent replays it);
      * 0: none. */
     __u32 replay_due;
-    __u32 _pad;
+    __u32 replay_req; /* the slot's req that request was kept under (struct replay_slot) */
 };
 
 /* One direction's stream state (in struct flow_timing, shared by all CPUs). */
@@ -467,13 +467,14 @@ struct http_stream {
 
 /* A request awaiting its response. */
 struct http_request {
-    __u64 ts_ns;    /* its first segment, packet_time() */
-    __u32 head_len; /* valid bytes in head */
-    __u32 replay;   /* hand-out number + 1 of the request_replay slot of its segment (0: none;
+    __u64 ts_ns;      /* its first segment, packet_time() */
+    __u32 head_len;   /* valid bytes in head */
+    __u32 replay;     /* hand-out number + 1 of the request_replay slot of its segment (0: none;
                      * the slot is number & replay_mask: replay.h) */
-    __u32 number;   /* HTTP/1.x: its place among the connection's requests (req_tail when
+    __u32 number;     /* HTTP/1.x: its place among the connection's requests (req_tail when
                      * queued): the entry is that request's while number == the one looked for */
-    __u32 _pad;
+    __u32 replay_req; /* the slot's req when its segment was kept: the slot still holds that
+                       * segment while its req says so (struct replay_slot) */
     __u8 head[HTTP_REQUEST_HEAD_LEN]; /* raw "METHOD target HTTP/1.x" prefix */
 };
 
@@ -514,11 +515,17 @@ struct flow_timing {
  * the request behind a trigger reaches the mirror ahead of the response (replay.h).
  */
 struct replay_slot {
-    struct flow_key key;          /* the flow that owns the slot */
-    __u64 ts_ns;                  /* when the request passed */
-    __u32 wire_len;               /* the segment's length (more than len: kept truncated) */
-    __u16 len;                    /* bytes kept in frame */
-    __u16 req_off;                /* where the request starts in frame */
+    struct flow_key key; /* the flow that owns the slot */
+    __u64 ts_ns;         /* when the request passed */
+    __u32 wire_len;      /* the segment's length (more than len: kept truncated) */
+    __u16 len;           /* bytes kept in frame */
+    __u16 req_off;       /* where the request starts in frame */
+    /* Which keep of its flow wrote the slot, as the requests kept in it remember it: the
+     * number + 1 of the flow's HTTP/1.x request that kept it (a later request of the flow
+     * takes the slot over once that one is answered: replay_keep), 0 for a message kept in a
+     * slot of its own (replay_take), REPLAY_WRITING while a keep writes it. */
+    __u32 req;
+    __u32 _pad;
     __u8 frame[REPLAY_FRAME_MAX]; /* from the Ethernet header on */
 };
 
