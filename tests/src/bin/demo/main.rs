@@ -166,8 +166,11 @@ fn demo(bins: &Binaries) {
     expected.assert_mirror(&mirror);
     say(&format!(
         "{} packets: the 500 responses and everything after them on connections A and C,\n\
-         each packet once; nothing of B and D (checked against the client's own capture).",
-        mirror.packets.len()
+         each packet once, and each one's request replayed ahead of them ({} replays, from\n\
+         Ethernet source 02:72:65:70:6c:79); nothing of B and D (checked against the client's\n\
+         own capture).",
+        mirror.packets.len(),
+        mirror.replayed.len()
     ));
 
     step("6. The flows, as the agent sees them");
@@ -178,7 +181,7 @@ fn demo(bins: &Binaries) {
     mirrorctl(&env, &["status"]);
     say("duplicate: packets seen twice on the node (leaving one pod's veth and entering the\n\
          other's), counted once and skipped the second time, so each is mirrored once.\n\
-         non_tcp: packets that are not TCP (ARP, ICMP, UDP such as DNS): passed on, not followed.");
+         non_tcp: packets that are not TCP (ARP, ICMP, UDP other than DNS): passed on, not followed.");
 
     step("8. The agent's log of the triggers");
     for line in agent.output().lines().filter(|l| l.contains("trigger")) {
